@@ -1,0 +1,38 @@
+# One-command set-up: every target creates .venv and installs the project with the CPU extras first.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+PACKAGES := producer trainer shared manifests
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export VLLM_HOST_IP := 127.0.0.1
+
+.PHONY: install test lint types demo bench clean
+
+# Strict editable installs do not see new modules, so reinstall whenever the module list changes.
+install:
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@find $(PACKAGES) -name '*.py' | sort > $(VENV)/modules.new
+	@if ! cmp -s $(VENV)/modules.new $(VENV)/modules.txt || [ pyproject.toml -nt $(VENV)/modules.txt ]; then \
+	  $(BIN)/pip install -q -e '.[cpu,dev]' --config-settings editable_mode=strict || exit 1; \
+	  $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true; \
+	  mv $(VENV)/modules.new $(VENV)/modules.txt; \
+	fi
+
+# python -P keeps the repo root off sys.path, so `shared` never imports twice (style.md 2.2).
+lint: install
+	$(BIN)/python -P -m ruff check $(PACKAGES) tests benchmarks
+	$(BIN)/python -P -m mypy $(PACKAGES)
+
+test: install lint
+	$(BIN)/python -P -m pytest
+
+demo: install
+	$(BIN)/sparkforge demo --out_dir demo-out
+
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build demo-out .pytest_cache .mypy_cache .ruff_cache

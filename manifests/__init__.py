@@ -1,0 +1,1 @@
+"""The producer -> trainer contract: manifest schema, parsing, store validation and its CLI."""

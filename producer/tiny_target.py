@@ -1,0 +1,123 @@
+"""Build a tiny Qwen3-shaped target (model, tokenizer, chat template) offline, for demos and tests.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE trained on an embedded synthetic corpus and
+the weights are random (std 0.08, so next-token distributions are not near-uniform).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+# ChatML with {% generation %} markers around assistant content: HF's
+# ``return_assistant_tokens_mask`` reads them to build the loss mask.
+CHATML_GENERATION_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{% generation %}{{- message['content'] + '<|im_end|>' -}}{% endgeneration %}{{- '\\n' -}}"
+    "{%- else -%}"
+    "{{- message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# The same rendering without markers: the loss mask must then be found by prefix diffing.
+CHATML_PLAIN_TEMPLATE = CHATML_GENERATION_TEMPLATE.replace("{% generation %}", "").replace(
+    "{% endgeneration %}", ""
+)
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>")
+MASK_TOKEN = "<|mask|>"
+
+_WORDS = (
+    "the a an of to and in is was for on that with as by at from it be this are or have not but "
+    "which one all were when we there can been has more if will no out so up said what its about "
+    "into than them only other new some time could these two may first then do any like my now "
+    "over such our man me even most made after also did many before must through back years where "
+    "much your way well down should because each just those people how too little state good very "
+    "make world still own see men work long get here between both life being under never day same "
+    "another know while last might us great old year off come since against go came right used take "
+    "three number value sum list graph model token layer draft block anchor cache shard train loss"
+).split()
+
+
+def synthetic_corpus(num_lines: int = 4000, *, seed: int = 0) -> list[str]:
+    """Deterministic English-like lines with digits and punctuation, for tokenizer training."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(num_lines):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 16))]
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), str(rng.randint(0, 9999)))
+        lines.append(" ".join(words).capitalize() + rng.choice([".", "?", "!", ",", ":"]))
+    return lines
+
+
+def build_tokenizer(out_dir: Path, *, vocab_size: int = 1024, generation_markers: bool = True) -> None:
+    """Train a byte-level BPE tokenizer of exactly ``vocab_size`` tokens and save it HF-style."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=[MASK_TOKEN],
+    )
+    fast.chat_template = CHATML_GENERATION_TEMPLATE if generation_markers else CHATML_PLAIN_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+
+
+def build_tiny_target(
+    out_dir: str | Path,
+    *,
+    num_hidden_layers: int = 4,
+    hidden_size: int = 128,
+    head_dim: int = 32,
+    vocab_size: int = 1024,
+    generation_markers: bool = True,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> Path:
+    """Write a tiny Qwen3ForCausalLM + tokenizer to ``out_dir`` and return the path.
+
+    head_dim stays >= 32 because vLLM's CPU attention supports no smaller head size.
+    """
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out, vocab_size=vocab_size, generation_markers=generation_markers)
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=hidden_size // head_dim,
+        num_key_value_heads=max(1, hidden_size // head_dim // 2),
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        initializer_range=0.08,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
+    model.save_pretrained(str(out))
+    return out

@@ -1,0 +1,1 @@
+"""Dependency-light pieces every sparkforge package uses: the cache format, storage, logging."""

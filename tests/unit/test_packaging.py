@@ -1,0 +1,41 @@
+"""Packaging guards: every package folder ships in the wheel, and the import direction holds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    """Each folder with an __init__.py under a mapped package is in [tool.setuptools].packages."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for dotted, folder in config["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([dotted, *rel.parts]))
+    assert found == set(config["packages"])
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        ("sparkforge.trainer", "vllm"),
+        ("sparkforge.manifests.cli", "torch"),
+        ("sparkforge.manifests.cli", "vllm"),
+        ("sparkforge.shared.cli", "torch"),
+    ],
+)
+def test_import_does_not_pull_in(module: str, forbidden: str) -> None:
+    """Importing a package must not import a heavy dependency it does not need."""
+    code = f"import sys, {module}; print({forbidden!r} in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False", out.stderr
