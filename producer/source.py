@@ -1,0 +1,54 @@
+"""The hidden-state source interface that every capture backend (vLLM, transformers) implements."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaptureRequest:
+    """One teacher-forced sequence to run through the target."""
+
+    sample_id: int
+    input_ids: np.ndarray
+    """[T] int32 token ids, sent as ids (never re-tokenized text)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaptureResult:
+    """What a backend returns for one request; ``error`` set means it failed after retries."""
+
+    sample_id: int
+    aux_hidden: torch.Tensor | None = None
+    """[T, F, H] model dtype, CPU: residual after each captured layer, ids ascending."""
+    final_hidden: torch.Tensor | None = None
+    """[T, H] model dtype, CPU: post-final-norm state (lm_head input)."""
+    topk_ids: torch.Tensor | None = None
+    """[T, k] int32: top-k of the distribution computed from row t (it predicts token t+1)."""
+    topk_logprobs: torch.Tensor | None = None
+    """[T, k] float32 log-probabilities matching ``topk_ids``."""
+    error: str | None = None
+
+
+class HiddenStateSource(Protocol):
+    """A running target that captures hidden states for batches of requests."""
+
+    layer_ids: tuple[int, ...]
+    """Captured layers as HF ``hidden_states`` indices (= vLLM aux ids), sorted and unique."""
+
+    def capture(self, requests: Sequence[CaptureRequest]) -> Iterator[CaptureResult]:
+        """Run ``requests``; yield exactly one result per request, in completion order."""
+        ...
+
+    def engine_info(self) -> dict[str, Any]:
+        """Engine name, version and parallel sizes, for the manifest's capture section."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine and any scratch space."""
+        ...

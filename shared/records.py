@@ -1,0 +1,60 @@
+"""Plain records that cross the producer -> cache boundary: one sample, one unit's accounting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Split = Literal["train", "eval"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleRecord:
+    """One captured sample, row-aligned and unshifted, in the cache's storage dtypes."""
+
+    sample_id: int
+    """Global and deterministic: the source row index in the input dataset."""
+    source_row: int
+    """Row index in the input dataset."""
+    source_hash: str
+    """Hex digest of the raw input row, so a changed dataset is detected on resume."""
+    split: Split
+    input_ids: np.ndarray
+    """[T] int32 token ids."""
+    loss_mask: np.ndarray
+    """[T] uint8, 1 on assistant tokens."""
+    aux_hidden: np.ndarray
+    """[T, F, H] residual stream after each captured layer (uint16 bf16 bits, float16 or float32)."""
+    final_hidden: np.ndarray
+    """[T, H] post-final-norm hidden state (what lm_head consumes), same dtype rule."""
+    topk_ids: np.ndarray | None = None
+    """Optional [T, k] int32: top-k ids of the distribution computed from row t (predicting t+1)."""
+    topk_logprobs: np.ndarray | None = None
+    """Optional [T, k] float32 log-probabilities matching ``topk_ids``."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Sequence length T."""
+        return int(self.input_ids.shape[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitAccounting:
+    """What happened to every input row of one commit unit."""
+
+    input_rows: int
+    written: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Reason -> count, e.g. {"empty_assistant": 2, "too_long": 1}."""
+    failed: int = 0
+    """Rows whose capture failed after retries."""
+
+    def __post_init__(self) -> None:
+        total = self.written + sum(self.skipped.values()) + self.failed
+        if total != self.input_rows:
+            raise ValueError(
+                f"unit accounting does not add up: written {self.written} + skipped "
+                f"{sum(self.skipped.values())} + failed {self.failed} != input_rows {self.input_rows}"
+            )
