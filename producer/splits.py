@@ -12,27 +12,36 @@ import fsspec
 from sparkforge.shared.records import Split
 
 
-def load_eval_ids(uri: str, storage_options: Mapping[str, Any] | None = None) -> frozenset[str]:
-    """Read an id list: one id per line (blank lines ignored)."""
+def load_eval_ids(uri: str, storage_options: Mapping[str, Any] | None = None) -> frozenset[int]:
+    """Read the eval row indices: one integer per line (blank lines ignored).
+
+    Raises:
+        ValueError: A line is not a non-negative integer (naming --eval_ids and the line).
+    """
+    ids = set()
     with fsspec.open(uri, "r", **dict(storage_options or {})) as f:
-        return frozenset(line.strip() for line in f if line.strip())
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                if not line.strip().isdigit():
+                    raise ValueError(f"--eval_ids {uri} line {number}: expected a row index, "
+                                     f"got {line.strip()!r}")
+                ids.add(int(line))
+    return frozenset(ids)
 
 
 @dataclass(frozen=True)
 class SplitRule:
-    """Eval by fraction (seeded hash of the row's content) or by id, never both."""
+    """Eval by fraction (seeded hash of the row's content) or by row index, never both."""
 
     eval_fraction: float = 0.0
-    eval_ids: frozenset[str] | None = None
-    """Ids matched against the row's ``id`` field, or its row index when it has none."""
+    eval_ids: frozenset[int] | None = None
+    """Input row indices (= sample ids) of the eval split."""
     seed: int = 0
 
-    def split_of(self, *, index: int, content_hash: str, row: Mapping[str, Any] | None) -> Split:
-        """The split of one row. Equal rows share a split, so duplicates never leak across."""
+    def split_of(self, *, index: int, content_hash: str) -> Split:
+        """The split of one row. By fraction, equal rows share a split (no leak across)."""
         if self.eval_ids is not None:
-            row_id = row.get("id") if row is not None else None
-            key = str(row_id) if row_id is not None else str(index)
-            return "eval" if key in self.eval_ids else "train"
+            return "eval" if index in self.eval_ids else "train"
         if self.eval_fraction <= 0.0:
             return "train"
         digest = hashlib.blake2b(f"{self.seed}:{content_hash}".encode(), digest_size=8).digest()
