@@ -91,7 +91,7 @@ def tokenizer_hash(tokenizer: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def validate_messages(
+def clean_messages(
     messages: object, reasoning: ReasoningPolicy
 ) -> list[dict[str, str]] | SkipReason:
     """Check the OpenAI ``messages`` shape and apply the reasoning policy.
@@ -114,7 +114,15 @@ def validate_messages(
         if out["role"] == "assistant" and not (content.strip() or out.get("reasoning_content")):
             return SkipReason.EMPTY_ASSISTANT
         clean.append(out)
-    if not any(m["role"] == "assistant" for m in clean):
+    return clean
+
+
+def validate_messages(
+    messages: object, reasoning: ReasoningPolicy
+) -> list[dict[str, str]] | SkipReason:
+    """:func:`clean_messages`, and at least one assistant turn to learn from."""
+    clean = clean_messages(messages, reasoning)
+    if not isinstance(clean, SkipReason) and not any(m["role"] == "assistant" for m in clean):
         return SkipReason.MISSING_ASSISTANT
     return clean
 

@@ -91,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ArgumentError) as exc:
         print(f"sparkforge {command}: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return job(cfg)
     except (ValueError, RuntimeError) as exc:

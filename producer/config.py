@@ -23,7 +23,7 @@ RUN_LOCAL_ENGINE_FIELDS = frozenset({
 
 @dataclass(frozen=True, kw_only=True)
 class ProducerConfig:
-    """``sparkforge produce``: run the frozen target teacher-forced and write a hidden-state cache."""
+    """``sparkforge produce``: run the frozen target teacher-forced, write a hidden-state cache."""
 
     data: str
     """Chat dataset: a JSONL/Parquet file, a folder or a glob, local or any fsspec URI."""
@@ -122,7 +122,8 @@ class ProducerConfig:
         elif self.num_workers is not None and not 0 <= self.worker_index < self.num_workers:  # type: ignore[operator]
             problems.append(f"--worker_index must be in [0, --num_workers={self.num_workers})")
         if self.parity_samples and self.backend != "vllm":
-            problems.append("--parity_samples compares vLLM with transformers: needs --backend vllm")
+            problems.append("--parity_samples compares vLLM with transformers: "
+                            "needs --backend vllm")
         if problems:
             raise ValueError("invalid producer config:\n  " + "\n  ".join(problems))
 

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from sparkforge.manifests.finalize import finalize_cache, read_run_header
 from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
 from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
-from sparkforge.producer.dataset import RawRow, describe_sources, iter_rows
+from sparkforge.producer.dataset import DataSource, RawRow, describe_sources, iter_rows
 from sparkforge.producer.header import build_header
 from sparkforge.producer.layer_ids import default_feature_ids, feature_to_hf, validate_feature_ids
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
@@ -36,7 +36,7 @@ from sparkforge.producer.target_files import (
     target_files,
     target_identity,
 )
-from sparkforge.producer.units import WorkerShare, num_units, owned_units, resolve_share
+from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.shared import storage
 from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
 from sparkforge.shared.writer import CacheSpec, CacheWriter
@@ -86,12 +86,14 @@ def to_storage(tensor: torch.Tensor, hidden_dtype: str) -> np.ndarray:
     return tensor.to(getattr(torch, hidden_dtype)).contiguous().numpy()
 
 
-def _check_result(result: CaptureResult, pending: _Pending, num_layers: int, topk: int) -> str | None:
+def _check_result(
+    result: CaptureResult, pending: _Pending, num_layers: int, topk: int
+) -> str | None:
     """Shape errors at the source boundary, as a failure message (None: fine)."""
     t = pending.input_ids.shape[0]
     aux, final = result.aux_hidden, result.final_hidden
     if aux is None or final is None or aux.shape[:2] != (t, num_layers) or final.shape[0] != t:
-        shapes = (None if aux is None else tuple(aux.shape), None if final is None else tuple(final.shape))
+        shapes = [None if x is None else tuple(x.shape) for x in (aux, final)]
         return f"expected aux [{t}, {num_layers}, H] and final [{t}, H], got {shapes}"
     if topk and (result.topk_ids is None or tuple(result.topk_ids.shape) != (t, topk)):
         return f"expected top-{topk} ids of shape [{t}, {topk}]"
@@ -99,7 +101,8 @@ def _check_result(result: CaptureResult, pending: _Pending, num_layers: int, top
 
 
 def _record(result: CaptureResult, pending: _Pending, hidden_dtype: str) -> SampleRecord:
-    assert result.aux_hidden is not None and result.final_hidden is not None
+    assert result.aux_hidden is not None
+    assert result.final_hidden is not None
     topk_ids = result.topk_ids
     topk_lp = result.topk_logprobs
     return SampleRecord(
@@ -161,21 +164,9 @@ class _Worker:
         return records, accounting
 
 
-def _units_of_rows(rows: Iterator[RawRow], rows_per_unit: int) -> Iterator[tuple[int, list[RawRow]]]:
-    """Group an ordered row stream into (unit, rows) batches."""
-    current, batch = -1, []
-    for raw in rows:
-        unit = raw.index // rows_per_unit
-        if unit != current and batch:
-            yield current, batch
-            batch = []
-        current = unit
-        batch.append(raw)
-    if batch:
-        yield current, batch
-
-
-def make_source(cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int]) -> HiddenStateSource:
+def make_source(
+    cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int]
+) -> HiddenStateSource:
     """Start the configured capture backend."""
     if cfg.backend == "vllm":
         from sparkforge.producer.vllm_source import VllmSource
@@ -192,12 +183,14 @@ def make_source(cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int
                     topk=cfg.topk, device=device)
 
 
-def try_finalize(output: str, *, expected_units: int, storage_options: Mapping[str, object]) -> bool:
+def try_finalize(
+    output: str, *, expected_units: int, storage_options: Mapping[str, object]
+) -> bool:
     """Finalize if every unit is committed; False (and a log line) while some are missing."""
     try:
         finalize_cache(output, expected_units=expected_units, storage_options=storage_options)
     except CacheIncompleteError as exc:
-        logger.info("not finalizing yet (another worker will, or run `sparkforge finalize`): %s", exc)
+        logger.info("not finalizing yet (the last worker will, or `sparkforge finalize`): %s", exc)
         return False
     return True
 
@@ -237,7 +230,8 @@ def run(
     total_units = num_units(num_rows, cfg.rows_per_unit)
     eval_ids = load_eval_ids(cfg.eval_ids, cfg.storage_options) if cfg.eval_ids else None
     header = build_header(cfg, target=target_identity(cfg.engine, model_dir), hf_layer_ids=hf_ids,
-                          encoder=encoder, sources=sources, num_units=total_units, eval_ids=eval_ids)
+                          encoder=encoder, sources=sources, num_units=total_units,
+                          eval_ids=eval_ids)
     spec = CacheSpec(hidden_size=target_config["hidden_size"], num_aux_layers=len(hf_ids),
                      hidden_dtype=cfg.hidden_dtype, max_seq_len=cfg.seq_len,
                      aux_codec=cfg.aux_codec, topk=cfg.topk, shard_rows=cfg.shard_rows,
@@ -266,7 +260,7 @@ def _capture_units(
     cfg: ProducerConfig,
     worker: _Worker,
     writer: CacheWriter,
-    sources: list,  # list[DataSource]
+    sources: list[DataSource],
     todo: list[int],
     source: HiddenStateSource | None,
     model_dir: Path,
@@ -279,13 +273,14 @@ def _capture_units(
     active = make_source(cfg, model_dir, hf_ids) if source is None else source
     start = time.monotonic()
     try:
-        with tqdm(total=len(todo), unit="unit", disable=not cfg.progress, dynamic_ncols=True) as bar:
-            for unit, unit_rows in _units_of_rows(rows, cfg.rows_per_unit):
+        with tqdm(total=len(todo), unit="unit", disable=not cfg.progress) as bar:
+            for unit, unit_rows in rows_by_unit(rows, cfg.rows_per_unit):
                 records, accounting = worker.capture_unit(active, unit_rows)
                 writer.write_unit(unit, records, accounting)
                 worker.summary.add_unit(records, accounting)
                 bar.update(1)
-                bar.set_postfix_str(worker.summary.progress(time.monotonic() - start), refresh=False)
+                elapsed = time.monotonic() - start
+                bar.set_postfix_str(worker.summary.progress(elapsed), refresh=False)
     finally:
         worker.summary.seconds = time.monotonic() - start
         if owned_source:

@@ -117,7 +117,8 @@ def target_files(model_dir: Path, *, hidden_dtype: str) -> dict[str, bytes]:
     norm = _find(locations, "norm.weight", exclude="layers.")
     if head is None and config.get("tie_word_embeddings"):
         head = embed
-    missing = [k for k, v in {"embed_tokens": embed, "lm_head": head, "norm": norm}.items() if not v]
+    found = {"embed_tokens": embed, "lm_head": head, "norm": norm}
+    missing = [k for k, v in found.items() if not v]
     if missing:
         raise ValueError(f"target: checkpoint {model_dir} has no {missing} weight")
     dtype = getattr(torch, hidden_dtype)

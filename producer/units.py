@@ -7,8 +7,9 @@ along the dataset). The worker index and count default from the scheduler's envi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 # (index variable, count variable, offset variable) in order of precedence.
 _SCHEDULER_VARS = (
@@ -45,6 +46,28 @@ def unit_rows(unit: int, *, num_rows: int, rows_per_unit: int) -> range:
 def owned_units(total_units: int, share: WorkerShare) -> list[int]:
     """The units ``share`` is responsible for, ascending."""
     return list(range(share.worker_index, total_units, share.num_workers))
+
+
+class _Indexed(Protocol):
+    @property
+    def index(self) -> int: ...
+
+
+RowT = TypeVar("RowT", bound=_Indexed)
+
+
+def rows_by_unit(rows: Iterable[RowT], rows_per_unit: int) -> Iterator[tuple[int, list[RowT]]]:
+    """Group an index-ordered row stream into ``(unit, rows)`` batches."""
+    current, batch = -1, []
+    for row in rows:
+        unit = row.index // rows_per_unit
+        if unit != current and batch:
+            yield current, batch
+            batch = []
+        current = unit
+        batch.append(row)
+    if batch:
+        yield current, batch
 
 
 def resolve_share(

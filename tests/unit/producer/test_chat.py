@@ -65,14 +65,16 @@ def test_mask_covers_exactly_the_assistant_turns(encoder: ChatEncoder, messages:
     expected = chatml_assistant_mask(encoder.tokenizer, encoded.input_ids)
     assert expected.sum() > 0
     np.testing.assert_array_equal(encoded.loss_mask, expected)
-    assert encoded.input_ids.dtype == np.int32 and encoded.loss_mask.dtype == np.uint8
+    assert encoded.input_ids.dtype == np.int32
+    assert encoded.loss_mask.dtype == np.uint8
 
 
 def test_two_methods_agree(tiny_target: Path, tiny_target_plain_template: Path) -> None:
     """Generation markers and prefix rendering give identical ids and masks for the same chat."""
     tagged = ChatEncoder(AutoTokenizer.from_pretrained(tiny_target), max_seq_len=512)
     plain = ChatEncoder(AutoTokenizer.from_pretrained(tiny_target_plain_template), max_seq_len=512)
-    assert tagged.uses_generation_tags and not plain.uses_generation_tags
+    assert tagged.uses_generation_tags
+    assert not plain.uses_generation_tags
     assert tagged.template_sha256 != plain.template_sha256
     for messages in CONVERSATIONS:
         a, b = tagged.encode({"messages": messages}), plain.encode({"messages": messages})
@@ -139,7 +141,8 @@ def test_truncation_keeps_head_and_skips_rows_left_without_loss(tiny_target: Pat
     enc = ChatEncoder(tok, max_seq_len=24, overlong="truncate")
     long_answer = {"messages": [OK, {"role": "assistant", "content": "word " * 50}]}
     out = enc.encode(long_answer)
-    assert out.input_ids.shape == (24,) and out.loss_mask.sum() > 0
+    assert out.input_ids.shape == (24,)
+    assert out.loss_mask.sum() > 0
     long_prompt = {"messages": [{"role": "user", "content": "word " * 50}, ANSWER]}
     assert enc.encode(long_prompt) == SkipReason.NO_LOSS_TOKENS
 

@@ -47,7 +47,7 @@ def test_each_problem_names_its_flag(overrides: dict, flags: list[str]) -> None:
 
 def test_all_problems_in_one_error() -> None:
     """Several bad fields are collected into one message, one line each."""
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match="invalid producer config") as info:
         make(rows_per_unit=0, topk=-2, eval_fraction=-1.0)
     assert str(info.value).count("\n") == 3
 
@@ -57,7 +57,8 @@ def test_identity_leaves_out_run_local_fields() -> None:
     a = make(worker_index=0, num_workers=2, window=8, storage_options={"secret": "x"})
     b = make(worker_index=1, num_workers=2, window=64)
     assert a.identity() == b.identity()
-    assert "storage_options" not in a.identity() and a.identity()["max_seq_len"] == 256
+    assert "storage_options" not in a.identity()
+    assert a.identity()["max_seq_len"] == 256
     assert make(topk=4).identity() != a.identity()
 
 
@@ -69,7 +70,8 @@ def test_cli_yaml_with_dotted_overrides_and_print_config(tmp_path: Path, capsys)
                  "--topk", "4", "--print_config"])
     assert code == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["engine"]["tensor_parallel_size"] == 2 and printed["topk"] == 4
+    assert printed["engine"]["tensor_parallel_size"] == 2
+    assert printed["topk"] == 4
     assert printed["data"] == "d.jsonl"
 
 
@@ -79,6 +81,7 @@ def test_cli_config_errors_exit_2_naming_flags(tmp_path: Path, capsys) -> None:
     path.write_text(yaml.safe_dump(BASE))
     assert main(["produce", "--config", str(path), "--rows_per_unit", "0", "--window", "0"]) == 2
     err = capsys.readouterr().err
-    assert "--rows_per_unit" in err and "--window" in err
+    assert "--rows_per_unit" in err
+    assert "--window" in err
     assert main(["produce", "--config", str(path), "--no_such_flag", "1"]) == 2
     assert main(["bogus"]) == 2

@@ -24,11 +24,13 @@ def test_jsonl_bad_lines_become_bad_rows(tmp_path: Path) -> None:
     lines = [json.dumps(ROWS[0]), "{not json", "", json.dumps([1, 2]), json.dumps(ROWS[1])]
     write_jsonl(tmp_path / "d.jsonl", lines)
     (source,) = describe_sources(str(tmp_path / "d.jsonl"))
-    assert source.num_rows == 4 and source.format == "jsonl"
+    assert source.num_rows == 4
+    assert source.format == "jsonl"
     rows = list(iter_rows([source]))
     assert [r.index for r in rows] == [0, 1, 2, 3]
     assert [r.error is None for r in rows] == [True, False, False, True]
-    assert rows[1].error.startswith("malformed_json") and rows[3].row == ROWS[1]
+    assert rows[1].error.startswith("malformed_json")
+    assert rows[3].row == ROWS[1]
     assert len({r.content_hash for r in rows}) == 4
 
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from sparkforge.producer.dataset import RawRow
 from sparkforge.producer.units import (
     WorkerShare,
     num_units,
     owned_units,
     resolve_share,
+    rows_by_unit,
     unit_rows,
 )
 
 
-@pytest.mark.parametrize(("rows", "per_unit", "units"), [(0, 4, 0), (1, 4, 1), (8, 4, 2), (9, 4, 3)])
+@pytest.mark.parametrize(
+    ("rows", "per_unit", "units"), [(0, 4, 0), (1, 4, 1), (8, 4, 2), (9, 4, 3)]
+)
 def test_unit_count(rows: int, per_unit: int, units: int) -> None:
     """Units cover every row; the last unit may be short."""
     assert num_units(rows, per_unit) == units
@@ -51,7 +55,8 @@ def test_share_from_environment(env: dict, expected: tuple[int, int]) -> None:
 def test_flags_override_environment() -> None:
     """Explicit --worker_index/--num_workers win over the scheduler's variables."""
     share = resolve_share(1, 2, {"SLURM_PROCID": "3", "SLURM_NTASKS": "8"})
-    assert (share.worker_index, share.num_workers, share.origin) == (1, 2, "--worker_index/--num_workers")
+    assert (share.worker_index, share.num_workers) == (1, 2)
+    assert share.origin == "--worker_index/--num_workers"
 
 
 @pytest.mark.parametrize(
@@ -67,3 +72,10 @@ def test_bad_shares_are_refused(flags: tuple, env: dict, match: str) -> None:
     """Half-given, out-of-range or non-integer shares raise a ValueError naming the source."""
     with pytest.raises(ValueError, match=match):
         resolve_share(*flags, env)
+
+
+def test_rows_by_unit_groups_an_ordered_stream() -> None:
+    """Rows are grouped by unit in stream order; gaps (units not wanted) just do not appear."""
+    rows = [RawRow(index=i, row={}, content_hash="h") for i in (0, 1, 2, 6, 7, 9)]
+    grouped = [(u, [r.index for r in batch]) for u, batch in rows_by_unit(rows, 3)]
+    assert grouped == [(0, [0, 1, 2]), (2, [6, 7]), (3, [9])]
