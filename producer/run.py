@@ -100,11 +100,11 @@ def _check_result(
     return None
 
 
-def _record(result: CaptureResult, pending: _Pending, hidden_dtype: str) -> SampleRecord:
+def _record(result: CaptureResult, pending: _Pending, hidden_dtype: str, topk: int) -> SampleRecord:
     assert result.aux_hidden is not None
     assert result.final_hidden is not None
-    topk_ids = result.topk_ids
-    topk_lp = result.topk_logprobs
+    topk_ids = result.topk_ids if topk else None  # a source may return more than was asked
+    topk_lp = result.topk_logprobs if topk else None
     return SampleRecord(
         sample_id=pending.raw.index,
         source_row=pending.raw.index,
@@ -115,7 +115,7 @@ def _record(result: CaptureResult, pending: _Pending, hidden_dtype: str) -> Samp
         aux_hidden=to_storage(result.aux_hidden, hidden_dtype),
         final_hidden=to_storage(result.final_hidden, hidden_dtype),
         topk_ids=None if topk_ids is None else topk_ids.to(torch.int32).numpy(),
-        topk_logprobs=None if topk_lp is None else topk_lp.to(torch.float32).numpy(),
+        topk_logprobs=None if topk_lp is None else topk_lp.float().numpy(),
     )
 
 
@@ -157,7 +157,7 @@ class _Worker:
                 self.failures.failed(result.sample_id, error)
                 continue
             self.failures.succeeded()
-            records.append(_record(result, item, self.cfg.hidden_dtype))
+            records.append(_record(result, item, self.cfg.hidden_dtype, self.cfg.topk))
         records.sort(key=lambda r: r.sample_id)
         accounting = UnitAccounting(input_rows=len(rows), written=len(records),
                                     skipped=dict(sorted(skipped.items())), failed=failed)
