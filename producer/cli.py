@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, set_parsing_settings
+from jsonargparse import ArgumentError, ArgumentParser, set_parsing_settings
 
 from sparkforge.producer.config import FinalizeConfig, ProducerConfig, RegenerateConfig
 
@@ -18,14 +18,13 @@ DESCRIPTIONS = {
     "produce": "capture target hidden states into a cache",
     "finalize": "build the manifest once every unit is committed",
     "regenerate": "sample on-policy assistant turns with the target into Parquet",
-    "parity": "compare vLLM capture with a transformers forward on N samples",
 }
 
 
 def _parse(command: str, config_class: type, argv: Sequence[str]) -> Any:
     parser = ArgumentParser(prog=f"sparkforge {command}", description=DESCRIPTIONS[command],
                             exit_on_error=False)
-    parser.add_argument("--config", action=ActionConfigFile, help="YAML config file")
+    parser.add_argument("--config", action="config", help="YAML config file")
     parser.add_class_arguments(config_class, None, as_group=False)
     namespace = parser.parse_args(list(argv))
     namespace.pop("config", None)
@@ -55,19 +54,11 @@ def _regenerate(cfg: RegenerateConfig) -> int:
     return 0
 
 
-def _parity(cfg: ProducerConfig) -> int:
-    from sparkforge.producer.run import parity
-
-    print(parity(cfg).table())
-    return 0
-
-
 # command -> (config dataclass, job). A literal table, not a registry.
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "produce": (ProducerConfig, _produce),
     "finalize": (FinalizeConfig, _finalize),
     "regenerate": (RegenerateConfig, _regenerate),
-    "parity": (ProducerConfig, _parity),
 }
 
 

@@ -112,12 +112,15 @@ def _regenerate_part(
 
     skipped: Counter[str] = Counter()
     kept: list[tuple[RawRow, list[dict[str, str]]]] = []
-    prompts = []
+    prompts: list[list[int]] = []
     for raw in rows:
         prompt = prompt_of(raw.row, cfg)
-        ids = None if isinstance(prompt, SkipReason) else encode(prompt)
-        if isinstance(prompt, SkipReason) or len(ids) >= cfg.engine.max_model_len:
-            skipped[prompt.value if isinstance(prompt, SkipReason) else "too_long"] += 1
+        if isinstance(prompt, SkipReason):
+            skipped[prompt.value] += 1
+            continue
+        ids = encode(prompt)
+        if len(ids) >= cfg.engine.max_model_len:
+            skipped[SkipReason.TOO_LONG.value] += 1
             continue
         kept.append((raw, prompt))
         prompts.append(ids)
@@ -140,14 +143,14 @@ def regenerate(cfg: RegenerateConfig) -> RegenerateSummary:
     """Write the regenerated dataset part by part, skipping parts already present."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir(cfg.engine)))
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(resolve_model_dir(cfg.engine)))
     template = resolve_chat_template(cfg.chat_template, tokenizer)
     params = sampling_parameters(cfg, template=template, tokenizer=tokenizer)
 
     def encode(prompt: list[dict[str, str]]) -> list[int]:
         out = tokenizer.apply_chat_template(prompt, chat_template=template, tokenize=True,
                                             add_generation_prompt=True, return_dict=True)
-        return list(out["input_ids"])
+        return [int(i) for i in out["input_ids"]]
 
     sources = describe_sources(cfg.data, data_format=cfg.data_format,
                                storage_options=cfg.storage_options)

@@ -168,19 +168,22 @@ def make_source(
     cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int]
 ) -> HiddenStateSource:
     """Start the configured capture backend."""
+    source: HiddenStateSource
     if cfg.backend == "vllm":
         from sparkforge.producer.vllm_source import VllmSource
 
-        return VllmSource(cfg.engine, layer_ids=tuple(hf_layer_ids), topk=cfg.topk,
-                          scratch_dir=cfg.scratch_dir, window=cfg.window,
-                          max_retries=cfg.max_retries)
+        source = VllmSource(cfg.engine, layer_ids=tuple(hf_layer_ids), topk=cfg.topk,
+                            scratch_dir=cfg.scratch_dir, window=cfg.window,
+                            max_retries=cfg.max_retries)
+        return source
     from sparkforge.producer.hf_source import HfSource
 
     device = cfg.hf_device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return HfSource(str(model_dir), layer_ids=tuple(hf_layer_ids), dtype=cfg.engine.dtype,
-                    topk=cfg.topk, device=device)
+    source = HfSource(str(model_dir), layer_ids=tuple(hf_layer_ids), dtype=cfg.engine.dtype,
+                      topk=cfg.topk, device=device)
+    return source
 
 
 def try_finalize(

@@ -84,14 +84,14 @@ def _tensor_locations(model_dir: Path) -> dict[str, Path]:
 
 def _load(locations: dict[str, Path], name: str) -> torch.Tensor:
     with safe_open(str(locations[name]), framework="pt") as f:
-        tensor = f.get_tensor(name)
+        tensor: torch.Tensor = f.get_tensor(name)
     if tensor.dtype not in _FLOAT8:
         return tensor.float()
     scale_name = next((name + s for s in ("_scale_inv", "_scale") if name + s in locations), None)
     if scale_name is None:
         raise ValueError(f"target: {name} is {tensor.dtype} without a scale tensor")
     with safe_open(str(locations[scale_name]), framework="pt") as f:
-        scale = f.get_tensor(scale_name).float()
+        scale: torch.Tensor = f.get_tensor(scale_name).float()
     if scale.numel() > 1:  # block scales, e.g. [ceil(O/128), ceil(I/128)]
         rows, cols = (-(-n // s) for n, s in zip(tensor.shape, scale.shape, strict=True))
         scale = scale.repeat_interleave(rows, 0).repeat_interleave(cols, 1)
@@ -122,10 +122,8 @@ def target_files(model_dir: Path, *, hidden_dtype: str) -> dict[str, bytes]:
     if missing:
         raise ValueError(f"target: checkpoint {model_dir} has no {missing} weight")
     dtype = getattr(torch, hidden_dtype)
-    weights = {
-        f"{key}.weight": _load(locations, name).to(dtype).contiguous()
-        for key, name in (("embed_tokens", embed), ("lm_head", head), ("norm", norm))
-    }
+    weights = {f"{key}.weight": _load(locations, str(name)).to(dtype).contiguous()
+               for key, name in found.items()}
     files = {"config.json": (model_dir / "config.json").read_bytes()}
     files |= {n: (model_dir / n).read_bytes() for n in TOKENIZER_FILES if (model_dir / n).exists()}
     files["weights.safetensors"] = save_safetensors(weights)

@@ -58,7 +58,7 @@ RowT = TypeVar("RowT", bound=_Indexed)
 
 def rows_by_unit(rows: Iterable[RowT], rows_per_unit: int) -> Iterator[tuple[int, list[RowT]]]:
     """Group an index-ordered row stream into ``(unit, rows)`` batches."""
-    current, batch = -1, []
+    current, batch = -1, list[RowT]()
     for row in rows:
         unit = row.index // rows_per_unit
         if unit != current and batch:
