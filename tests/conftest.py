@@ -49,9 +49,11 @@ def moto_server() -> Iterator[dict[str, Any]]:
     endpoint = f"http://127.0.0.1:{port}"
     options = {"key": "testing", "secret": "testing", "endpoint_url": endpoint,
                "client_kwargs": {"region_name": "us-east-1"}}
-    import s3fs
+    import boto3
 
-    s3fs.S3FileSystem(**options).mkdir("sparkforge-test")
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                 aws_access_key_id="testing", aws_secret_access_key="testing",
+                 ).create_bucket(Bucket="sparkforge-test")
     try:
         yield {"endpoint": endpoint, "bucket": "sparkforge-test", "storage_options": options}
     finally:
