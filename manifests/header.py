@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from sparkforge.manifests import fields as f
@@ -88,6 +89,15 @@ def parse_spec(data: object, field: str = "storage.spec") -> CacheSpec:
     d = f.obj(data, field, required=_keys("hidden_size", "num_aux_layers", "hidden_dtype",
                                           "max_seq_len", "aux_codec", "topk", "shard_rows",
                                           "rows_per_unit"))
+    try:
+        return _spec(d, field)
+    except ValueError as exc:
+        if isinstance(exc, f.ManifestError):
+            raise
+        raise f.ManifestError(f"manifest field {field!r}: {exc}") from exc
+
+
+def _spec(d: Mapping[str, Any], field: str) -> CacheSpec:
     return CacheSpec(
         hidden_size=f.integer(d["hidden_size"], f"{field}.hidden_size", lo=1, hi=1 << 17),
         num_aux_layers=f.integer(d["num_aux_layers"], f"{field}.num_aux_layers", lo=1, hi=256),
