@@ -47,7 +47,8 @@ def test_finalize_writes_sorted_index_and_is_idempotent(tmp_path: Path) -> None:
     first = finalize_cache(str(tmp_path / "c"), expected_units=3)
     index = pq.read_table(tmp_path / "c/index.parquet")
     ids = index.column("sample_id").to_pylist()
-    assert ids == sorted(ids) and len(ids) == first.accounting.written == 12
+    assert ids == sorted(ids)
+    assert len(ids) == first.accounting.written == 12
     assert first.accounting.skipped == {"too_long": 3}
     assert finalize_cache(str(tmp_path / "c"), expected_units=3) == first
     assert first.git_sha is None or len(first.git_sha) == 40

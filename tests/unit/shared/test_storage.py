@@ -17,7 +17,8 @@ def test_unsafe_keys_are_rejected(key: str) -> None:
         storage.safe_key(key)
 
 
-@pytest.mark.parametrize("key", ["target/config.json", "index.parquet", "_commits/unit_00000001.json"])
+@pytest.mark.parametrize(
+    "key", ["target/config.json", "index.parquet", "_commits/unit_00000001.json"])
 def test_plain_keys_are_accepted(key: str) -> None:
     """Ordinary cache keys pass unchanged."""
     assert storage.safe_key(key) == key
@@ -37,7 +38,7 @@ def test_exclusive_create_never_overwrites(tmp_path: Path, uri_kind: str) -> Non
 
 
 def test_exclusive_create_on_s3_uses_if_none_match(moto_server: dict) -> None:
-    """On S3 the second create is refused by the server (If-None-Match), not by a race-prone check."""
+    """On S3 the server refuses the second create (If-None-Match), not a race-prone check."""
     loc = storage.open_location(f"s3://{moto_server['bucket']}/excl",
                                 moto_server["storage_options"])
     storage.exclusive_create(loc, "k.json", b"first")
