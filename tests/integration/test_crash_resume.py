@@ -1,4 +1,4 @@
-"""The commit protocol under a real SIGKILL, locally and on S3 (moto): resume yields exactly once."""
+"""The commit protocol under a real SIGKILL, locally and on moto S3: resume gives exactly once."""
 
 from __future__ import annotations
 

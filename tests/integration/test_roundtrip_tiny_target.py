@@ -117,7 +117,7 @@ def test_fp8_aux_within_documented_error(tmp_path: Path, tiny_target: Path,
         hand = ((x / scale).to(torch.float8_e4m3fn).float() * scale).to(torch.bfloat16)
         assert torch.equal(got["aux_hidden"], hand)
         assert torch.equal(got["final_hidden"], ref["final"].to(torch.bfloat16))
-        rel_errors.append(((got["aux_hidden"].float() - x).norm(dim=-1) / x.norm(dim=-1)))
+        rel_errors.append((got["aux_hidden"].float() - x).norm(dim=-1) / x.norm(dim=-1))
     rel = torch.cat(rel_errors)
     assert rel.mean() < 0.035, rel.mean()
     assert rel.max() < 0.06, rel.max()
