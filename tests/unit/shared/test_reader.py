@@ -74,3 +74,20 @@ def test_read_sample_matches_read_unit(cache: Path) -> None:
         one = reader.read_sample(sid)
         np.testing.assert_array_equal(one.aux_hidden, s.aux_hidden)
         assert one.split == s.split
+
+
+def test_memory_uri_round_trip() -> None:
+    """A memory:// cache (zarr FsspecStore over a sync filesystem) writes, finalizes and reads."""
+    uri = "memory://reader-round-trip"
+    w = CacheWriter.open(uri, spec=SPEC, header=make_header(SPEC))
+    samples, acc = make_unit(SPEC, 0)
+    w.write_unit(0, samples, acc)
+    w.write_target_files({"config.json": b"{}"})
+    finalize_cache(uri, expected_units=1)
+    reader = open_cache(uri, verify=True)
+    got = reader.read_unit(0)
+    assert [s.sample_id for s in got] == [s.sample_id for s in samples]
+    np.testing.assert_array_equal(got[-1].final_hidden, samples[-1].final_hidden)
+    assert reader.target_file("config.json") == b"{}"
+    with pytest.raises(ValueError, match="escapes the cache root"):
+        reader.target_file("../../etc/passwd")
