@@ -37,6 +37,13 @@ def obj(data: object, field: str, *, required: frozenset[str],
     return data
 
 
+def mapping(data: object, field: str) -> dict[str, Any]:
+    """A free-form JSON object with string keys (e.g. the producer config)."""
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise fail(field, "a JSON object", data)
+    return data
+
+
 def integer(data: object, field: str, *, lo: int = 0, hi: int = MAX_COUNT) -> int:
     """An int in [lo, hi] (bools rejected)."""
     if isinstance(data, bool) or not isinstance(data, int):

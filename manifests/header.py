@@ -201,9 +201,7 @@ def parse_header(data: object) -> RunHeader:
     """
     d = f.obj(data, "header", required=_keys("producer_config", "target", "capture",
                                              "tokenizer", "data"))
-    config = f.obj(d["producer_config"], "producer_config", required=frozenset(),
-                   optional=frozenset(d["producer_config"])
-                   if isinstance(d["producer_config"], dict) else frozenset())
+    config = f.mapping(d["producer_config"], "producer_config")
     return RunHeader(producer_config=dict(config), target=parse_target(d["target"]),
                      capture=parse_capture(d["capture"]),
                      tokenizer=parse_tokenizer(d["tokenizer"]), data=parse_data(d["data"]))

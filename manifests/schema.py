@@ -179,9 +179,7 @@ def parse_created_at(data: object) -> str:
 def parse_accounting(data: object, field: str = "accounting") -> UnitAccounting:
     """Input rows, written, skipped by reason, failed; the four must add up."""
     d = f.obj(data, field, required=frozenset({"input_rows", "written", "skipped", "failed"}))
-    skipped_raw = f.obj(d["skipped"], f"{field}.skipped", required=frozenset(),
-                        optional=frozenset(d["skipped"]) if isinstance(d["skipped"], dict)
-                        else frozenset())
+    skipped_raw = f.mapping(d["skipped"], f"{field}.skipped")
     skipped = {f.string(k, f"{field}.skipped", max_len=64): f.integer(v, f"{field}.skipped.{k}")
                for k, v in skipped_raw.items()}
     input_rows = f.integer(d["input_rows"], f"{field}.input_rows")
@@ -277,15 +275,13 @@ def parse_manifest(data: object) -> CacheManifest:
     """
     d = f.obj(data, "<manifest>", required=MANIFEST_KEYS)
     version = parse_format_version(d["format_version"])
-    config = d["producer_config"]
-    if not isinstance(config, dict):
-        raise f.fail("producer_config", "a JSON object", config)
     manifest = CacheManifest(
         format_version=version, complete=f.boolean(d["complete"], "complete"),
         created_at=parse_created_at(d["created_at"]),
         sparkforge_version=f.string(d["sparkforge_version"], "sparkforge_version", max_len=64),
         git_sha=f.optional(d["git_sha"], f.hexdigest, "git_sha"),
-        producer_config=config, target=parse_target(d["target"]),
+        producer_config=f.mapping(d["producer_config"], "producer_config"),
+        target=parse_target(d["target"]),
         capture=parse_capture(d["capture"]), tokenizer=parse_tokenizer(d["tokenizer"]),
         data=parse_data(d["data"]), accounting=parse_accounting(d["accounting"]),
         storage=parse_storage(d["storage"]))

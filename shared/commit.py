@@ -10,6 +10,7 @@ import crc32c
 import numpy as np
 import numpy.typing as npt
 
+from sparkforge.shared.layout import FORMAT_VERSION
 from sparkforge.shared.records import Split, UnitAccounting
 
 SAMPLE_COLUMNS = ("sample_id", "slot", "row_offset", "length", "num_loss_tokens", "source_row",
@@ -73,7 +74,7 @@ class UnitInfo:
         """The commit record as JSON (sample rows stored column-wise to stay compact)."""
         acc = self.accounting
         return {
-            "format_version": 1,
+            "format_version": FORMAT_VERSION,
             "unit": self.unit,
             "attempt": self.attempt,
             "slots": [{"slot": s.slot, "num_rows": s.num_rows, "crc32c": dict(s.crc32c)}

@@ -133,9 +133,15 @@ def array_layouts(spec: CacheSpec) -> dict[str, ArrayLayout]:
 
 
 def create_arrays(group: zarr.Group, spec: CacheSpec) -> None:
-    """Create every array's metadata once (huge capacity; unwritten slots cost nothing)."""
+    """Create each missing array's metadata (huge capacity; unwritten slots cost nothing).
+
+    Arrays that already exist are kept, so a creation interrupted by a crash can be finished.
+    """
     rows = capacity_rows(spec)
+    existing = set(group.array_keys())
     for a in array_layouts(spec).values():
+        if a.name in existing:
+            continue
         shape = (rows, *a.row_shape)
         row_bytes = a.dtype.itemsize * int(np.prod(a.row_shape, dtype=np.int64))
         attrs: dict[str, Any] = {"dtype_logical": a.dtype_logical}

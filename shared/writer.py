@@ -83,8 +83,7 @@ class CacheWriter:
             raise ValueError(f"header must be JSON-serialisable: {exc}") from exc
         group = zarr.open_group(storage.zarr_store(loc, read_only=False), mode="a")
         if not storage.exists(loc, HEADER_KEY):
-            if not set(array_layouts(spec)) <= set(group.array_keys()):
-                create_arrays(group, spec)
+            create_arrays(group, spec)
             try:
                 storage.exclusive_create(loc, HEADER_KEY, json.dumps(wanted, indent=1).encode())
             except FileExistsError:
