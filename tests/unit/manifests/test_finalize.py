@@ -14,6 +14,7 @@ from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.schema import CacheIncompleteError, ManifestError
 from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.records import UnitAccounting
 from sparkforge.shared.writer import CacheWriter
 
 SPEC = CacheSpec(hidden_size=16, num_aux_layers=1, hidden_dtype="float16", max_seq_len=16,
@@ -90,3 +91,13 @@ def test_tampered_index_is_rejected(tmp_path: Path) -> None:
     index.write_bytes(index.read_bytes() + b"x")
     with pytest.raises(ManifestError, match="index.parquet: sha256"):
         open_cache(str(tmp_path / "c"))
+
+
+def test_units_with_no_written_samples_are_committed(tmp_path: Path) -> None:
+    """A unit whose rows were all skipped or failed still commits and is counted."""
+    w = _cache(tmp_path / "c", [0])
+    w.write_unit(1, [], UnitAccounting(input_rows=2, written=0, skipped={"empty": 1}, failed=1))
+    manifest = finalize_cache(str(tmp_path / "c"), expected_units=2)
+    assert manifest.accounting.failed == 1
+    assert manifest.accounting.input_rows == SPEC.rows_per_unit + 2
+    assert open_cache(str(tmp_path / "c"), verify=True).read_unit(1) == []
