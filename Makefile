@@ -23,7 +23,7 @@ install:
 # python -P keeps the repo root off sys.path, so `shared` never imports twice (style.md 2.2).
 lint: install
 	$(BIN)/python -P -m ruff check $(PACKAGES) tests benchmarks
-	$(BIN)/python -P -m mypy $(PACKAGES)
+	$(BIN)/python -P -m mypy $(addprefix -p sparkforge.,$(PACKAGES))
 
 test: install lint
 	$(BIN)/python -P -m pytest
