@@ -26,6 +26,7 @@ ReasoningPolicy = Literal["keep", "drop"]
 OverlongPolicy = Literal["truncate", "skip"]
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_EMPTY_THINK = re.compile(r"\s*<think>\s*</think>\s*")
 _PROBE = (
     {"role": "system", "content": "Answer in one line."},
     {"role": "user", "content": "Name the model layer."},
@@ -205,8 +206,11 @@ class ChatEncoder:
             upto = self._render(messages[: i + 1], generation_prompt=False)
             if not (full.startswith(before) and full.startswith(upto) and len(upto) > len(before)):
                 return SkipReason.UNSTABLE_TEMPLATE
-            # Whitespace after the end-of-turn marker is never generated, so it is not supervised.
-            spans.append((len(before), len(upto.rstrip())))
+            # Whitespace after the end-of-turn marker is never generated, and an empty think block
+            # that the template inserts is prompt at inference: neither is supervised.
+            start = len(before)
+            empty_think = _EMPTY_THINK.match(full, start)
+            spans.append((empty_think.end() if empty_think else start, len(upto.rstrip())))
         enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
         starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
         mask = np.zeros(len(starts), dtype=np.uint8)

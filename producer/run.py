@@ -150,7 +150,10 @@ class _Worker:
         requests = [CaptureRequest(sample_id=p.raw.index, input_ids=p.input_ids) for p in pending]
         records, failed = [], 0
         for result in source.capture(requests) if requests else ():
-            item = by_id[result.sample_id]
+            item = by_id.pop(result.sample_id, None)
+            if item is None:
+                raise RuntimeError(f"capture backend returned sample {result.sample_id}, which "
+                                   "was not requested or was already returned")
             error = result.error or _check_result(result, item, self.num_layers, self.cfg.topk)
             if error is not None:
                 failed += 1
@@ -158,6 +161,9 @@ class _Worker:
                 continue
             self.failures.succeeded()
             records.append(_record(result, item, self.cfg.hidden_dtype, self.cfg.topk))
+        for sample_id in by_id:  # requests the backend never answered
+            failed += 1
+            self.failures.failed(sample_id, "the capture backend returned no result")
         records.sort(key=lambda r: r.sample_id)
         accounting = UnitAccounting(input_rows=len(rows), written=len(records),
                                     skipped=dict(sorted(skipped.items())), failed=failed)
@@ -241,7 +247,10 @@ def run(
                      rows_per_unit=cfg.rows_per_unit)
     writer = CacheWriter.open(cfg.output, spec=spec, header=header,
                               storage_options=cfg.storage_options)
-    writer.write_target_files(target_files(model_dir, hidden_dtype=cfg.hidden_dtype))
+    files = target_files(model_dir, hidden_dtype=cfg.hidden_dtype)
+    # The template actually used (an override included), so the trainer renders alike.
+    files["chat_template.jinja"] = encoder.template.encode()
+    writer.write_target_files(files)
     mine = owned_units(total_units, share)
     todo = sorted(set(mine) - writer.committed_units())
     summary = RunSummary(output=cfg.output, worker=share, units_owned=len(mine),

@@ -160,3 +160,28 @@ def test_reasoning_policy() -> None:
     kept = validate_messages(msgs, "keep")
     assert kept[1]["reasoning_content"] == "think"
     assert validate_messages(msgs, "drop") == SkipReason.EMPTY_ASSISTANT
+
+
+THINK_TEMPLATE = (  # Qwen3-style: every assistant turn opens with a (possibly empty) think block
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' -}}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{{- '<think>\\n' + (m.get('reasoning_content') or '') + '\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{{- m['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_empty_think_block_is_not_supervised(tiny_target_plain_template: Path) -> None:
+    """A template-inserted empty <think></think> is prompt; real reasoning is supervised."""
+    tok = AutoTokenizer.from_pretrained(tiny_target_plain_template)
+    enc = ChatEncoder(tok, chat_template=THINK_TEMPLATE, max_seq_len=512)
+    plain = enc.encode({"messages": [OK, {"role": "assistant", "content": "The answer."}]})
+    masked = tok.decode(plain.input_ids[plain.loss_mask == 1].tolist())
+    assert masked == "The answer.<|im_end|>"
+    thought = enc.encode({"messages": [OK, {"role": "assistant", "content": "The answer.",
+                                            "reasoning_content": "Sum it."}]})
+    masked = tok.decode(thought.input_ids[thought.loss_mask == 1].tolist())
+    assert masked == "<think>\nSum it.\n</think>\n\nThe answer.<|im_end|>"

@@ -85,3 +85,16 @@ def test_cli_config_errors_exit_2_naming_flags(tmp_path: Path, capsys) -> None:
     assert "--window" in err
     assert main(["produce", "--config", str(path), "--no_such_flag", "1"]) == 2
     assert main(["bogus"]) == 2
+
+
+@pytest.mark.parametrize("name", ["tiny.yaml", "qwen3-8b.yaml"])
+def test_example_configs_parse(name: str) -> None:
+    """The shipped example configs are valid producer configs."""
+    from importlib.resources import files
+
+    from sparkforge.producer.cli import _parse
+
+    path = files("sparkforge.producer") / "examples" / name
+    cfg = _parse("produce", ProducerConfig, ["--config", str(path)])
+    assert cfg.layer_ids
+    assert cfg.seq_len <= cfg.shard_rows
