@@ -18,6 +18,7 @@ DESCRIPTIONS = {
     "produce": "capture target hidden states into a cache",
     "finalize": "build the manifest once every unit is committed",
     "regenerate": "sample on-policy assistant turns with the target into Parquet",
+    "parity": "compare vLLM capture with a transformers forward on --parity_samples rows",
 }
 
 
@@ -54,11 +55,20 @@ def _regenerate(cfg: RegenerateConfig) -> int:
     return 0
 
 
+def _parity(cfg: ProducerConfig) -> int:
+    from sparkforge.producer.run import parity
+
+    report = parity(cfg)
+    print(report.table())
+    return 0 if report.passed else 1
+
+
 # command -> (config dataclass, job). A literal table, not a registry.
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "produce": (ProducerConfig, _produce),
     "finalize": (FinalizeConfig, _finalize),
     "regenerate": (RegenerateConfig, _regenerate),
+    "parity": (ProducerConfig, _parity),
 }
 
 

@@ -159,7 +159,7 @@ class RegenerateConfig:
     max_tokens: int = 2048
     """Longest generated response."""
     seed: int = 0
-    """Sampling seed; part p samples with ``seed + p`` so a resumed part repeats exactly."""
+    """Sampling seed; input row i samples with ``seed + i``, so a resumed part repeats exactly."""
     rows_per_part: int = 1024
     """Input rows per output part (the resume granule)."""
     chat_template: str | None = None

@@ -1,9 +1,9 @@
 """On-policy data: replace each row's last assistant turn with one sampled from the target.
 
 Output is a folder of Parquet parts, one per ``rows_per_part`` input rows, each written to a hidden
-temporary name and renamed into place, so a re-run skips finished parts and repeats none. Part ``p``
-samples with seed ``seed + p``, so a resumed part is the same as it would have been. The sampling
-parameters travel in every part's Parquet metadata (``sparkforge.regenerate``); the producer copies
+temporary name and renamed into place, so a re-run skips finished parts and repeats none. Input
+row ``i`` samples with seed ``seed + i``, so a resumed part is the same as it would have been. The
+sampling parameters travel in every part's Parquet metadata (``sparkforge.regenerate``); the producer copies
 them into the header of a cache made from these parts.
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
@@ -106,13 +107,13 @@ def _write_part(fs: Any, root: str, part: int, table: pa.Table) -> None:
 
 
 def _regenerate_part(
-    cfg: RegenerateConfig, part: int, rows: Sequence[RawRow], encode: Any, params: dict[str, Any]
+    cfg: RegenerateConfig, rows: Sequence[RawRow], encode: Any, params: dict[str, Any]
 ) -> tuple[pa.Table, Counter[str], int]:
     from sparkforge.producer.vllm_source import generate_responses
 
     skipped: Counter[str] = Counter()
     kept: list[tuple[RawRow, list[dict[str, str]]]] = []
-    prompts: list[list[int]] = []
+    prompts: list[np.ndarray] = []
     for raw in rows:
         prompt = prompt_of(raw.row, cfg)
         if isinstance(prompt, SkipReason):
@@ -123,10 +124,11 @@ def _regenerate_part(
             skipped[SkipReason.TOO_LONG.value] += 1
             continue
         kept.append((raw, prompt))
-        prompts.append(ids)
-    responses = generate_responses(cfg.engine, prompts, temperature=cfg.temperature,
-                                   top_p=cfg.top_p, max_tokens=cfg.max_tokens,
-                                   seed=cfg.seed + part) if prompts else []
+        prompts.append(np.asarray(ids, dtype=np.int32))
+    responses = generate_responses(
+        cfg.engine, prompts, temperature=cfg.temperature, top_p=cfg.top_p,
+        max_tokens=cfg.max_tokens, seed=cfg.seed, seeds=[cfg.seed + raw.index for raw, _ in kept],
+    ) if prompts else []
     records = [
         {"messages": [*prompt, {"role": "assistant", "content": response.text}],
          "source_row": raw.index, "source_hash": raw.content_hash,
@@ -136,7 +138,7 @@ def _regenerate_part(
     accounting = {"input_rows": len(rows), "written": len(records), "skipped": dict(skipped)}
     metadata = {REGENERATION_KEY: json.dumps(params), ACCOUNTING_KEY: json.dumps(accounting)}
     table = pa.Table.from_pylist(records, schema=SCHEMA.with_metadata(metadata))
-    return table, skipped, sum(r["num_generated_tokens"] for r in records)
+    return table, skipped, sum(len(response.token_ids) for response in responses)
 
 
 def regenerate(cfg: RegenerateConfig) -> RegenerateSummary:
@@ -164,7 +166,7 @@ def regenerate(cfg: RegenerateConfig) -> RegenerateSummary:
     start = time.monotonic()
     with tqdm(total=len(todo), unit="part", disable=not cfg.progress) as bar:
         for part, part_rows in rows_by_unit(rows, cfg.rows_per_part):
-            table, skipped, tokens = _regenerate_part(cfg, part, part_rows, encode, params)
+            table, skipped, tokens = _regenerate_part(cfg, part_rows, encode, params)
             _write_part(fs, root, part, table)
             summary.parts_done += 1
             summary.input_rows += len(part_rows)

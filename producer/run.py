@@ -8,26 +8,28 @@ resumed cache has the same bytes as an uninterrupted one.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from sparkforge.manifests.finalize import finalize_cache, read_run_header
 from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
-from sparkforge.producer.chat import ChatEncoder, SkipReason
+from sparkforge.producer.capture import CaptureAborted, FailureRun, UnitCapturer
+from sparkforge.producer.chat import ChatEncoder
 from sparkforge.producer.config import ProducerConfig
-from sparkforge.producer.dataset import DataSource, RawRow, describe_sources, iter_rows
+from sparkforge.producer.dataset import DataSource, describe_sources, iter_rows
 from sparkforge.producer.header import build_header
 from sparkforge.producer.layer_ids import default_feature_ids, feature_to_hf, validate_feature_ids
-from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
+from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
 from sparkforge.producer.summary import RunSummary
 from sparkforge.producer.target_files import (
@@ -38,158 +40,106 @@ from sparkforge.producer.target_files import (
 )
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.shared import storage
-from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
 from sparkforge.shared.writer import CacheSpec, CacheWriter
 
+if TYPE_CHECKING:
+    from sparkforge.producer.parity import ParityReport
+
 logger = logging.getLogger(__name__)
+__all__ = ["CaptureAborted", "ParityFailed", "finalize", "make_source", "parity", "run"]
+DEFAULT_PARITY_SAMPLES = 8
 
 
-class CaptureAborted(RuntimeError):
-    """Raised after ``max_consecutive_failures`` requests failed in a row."""
+class ParityFailed(RuntimeError):
+    """Raised when the vLLM capture disagrees with the transformers reference."""
 
 
-@dataclass
-class _Pending:
-    raw: RawRow
-    split: Split
-    input_ids: np.ndarray
-    loss_mask: np.ndarray
+@dataclass(frozen=True)
+class Prepared:
+    """Everything a run derives from its config before touching the cache or an engine."""
+
+    model_dir: Path
+    target_config: dict[str, Any]
+    hf_layer_ids: tuple[int, ...]
+    encoder: ChatEncoder
+    sources: list[DataSource]
+    num_rows: int
+    num_units: int
+    eval_ids: frozenset[int] | None
 
 
-@dataclass
-class _FailureRun:
-    limit: int
-    count: int = 0
-    last_errors: list[str] = field(default_factory=list)
+def prepare(cfg: ProducerConfig) -> Prepared:
+    """Resolve the target, layer ids, tokenizer/template and data sources of ``cfg``."""
+    from transformers import AutoTokenizer
 
-    def failed(self, sample_id: int, error: str) -> None:
-        self.count += 1
-        self.last_errors = [*self.last_errors[-2:], f"sample {sample_id}: {error}"]
-        logger.warning("capture failed for sample %d: %s", sample_id, error)
-        if self.count >= self.limit:
-            raise CaptureAborted(
-                f"{self.count} consecutive capture requests failed (--max_consecutive_failures="
-                f"{self.limit}); the engine is likely broken, so the run stops instead of writing "
-                "an empty cache. Committed units are kept; re-run to resume. Last errors:\n  "
-                + "\n  ".join(self.last_errors)
-            )
-
-    def succeeded(self) -> None:
-        self.count = 0
-
-
-def to_storage(tensor: torch.Tensor, hidden_dtype: str) -> np.ndarray:
-    """A CPU tensor in the cache's storage dtype (bf16 as its uint16 bit pattern)."""
-    if hidden_dtype == "bfloat16":
-        bits = tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy()
-        return bits.view(np.uint16)
-    return tensor.to(getattr(torch, hidden_dtype)).contiguous().numpy()
-
-
-def _check_result(
-    result: CaptureResult, pending: _Pending, num_layers: int, topk: int
-) -> str | None:
-    """Shape errors at the source boundary, as a failure message (None: fine)."""
-    t = pending.input_ids.shape[0]
-    aux, final = result.aux_hidden, result.final_hidden
-    if aux is None or final is None or aux.shape[:2] != (t, num_layers) or final.shape[0] != t:
-        shapes = [None if x is None else tuple(x.shape) for x in (aux, final)]
-        return f"expected aux [{t}, {num_layers}, H] and final [{t}, H], got {shapes}"
-    if topk and (result.topk_ids is None or tuple(result.topk_ids.shape) != (t, topk)):
-        return f"expected top-{topk} ids of shape [{t}, {topk}]"
-    return None
-
-
-def _record(result: CaptureResult, pending: _Pending, hidden_dtype: str, topk: int) -> SampleRecord:
-    assert result.aux_hidden is not None
-    assert result.final_hidden is not None
-    topk_ids = result.topk_ids if topk else None  # a source may return more than was asked
-    topk_lp = result.topk_logprobs if topk else None
-    return SampleRecord(
-        sample_id=pending.raw.index,
-        source_row=pending.raw.index,
-        source_hash=pending.raw.content_hash,
-        split=pending.split,
-        input_ids=pending.input_ids,
-        loss_mask=pending.loss_mask,
-        aux_hidden=to_storage(result.aux_hidden, hidden_dtype),
-        final_hidden=to_storage(result.final_hidden, hidden_dtype),
-        topk_ids=None if topk_ids is None else topk_ids.to(torch.int32).numpy(),
-        topk_logprobs=None if topk_lp is None else topk_lp.float().numpy(),
+    model_dir = resolve_model_dir(cfg.engine)
+    target_config = read_config(model_dir)
+    num_layers = target_config["num_hidden_layers"]
+    feature_ids = (validate_feature_ids(cfg.layer_ids, num_layers) if cfg.layer_ids
+                   else default_feature_ids(num_layers, cfg.num_feature_layers))
+    encoder = ChatEncoder(AutoTokenizer.from_pretrained(str(model_dir)),
+                          chat_template=cfg.chat_template, reasoning=cfg.reasoning,
+                          max_seq_len=cfg.seq_len, overlong=cfg.overlong)
+    sources = describe_sources(cfg.data, data_format=cfg.data_format,
+                               storage_options=cfg.storage_options)
+    num_rows = sum(s.num_rows for s in sources)
+    return Prepared(
+        model_dir=model_dir, target_config=target_config,
+        hf_layer_ids=feature_to_hf(feature_ids), encoder=encoder, sources=sources,
+        num_rows=num_rows, num_units=num_units(num_rows, cfg.rows_per_unit),
+        eval_ids=load_eval_ids(cfg.eval_ids, cfg.storage_options) if cfg.eval_ids else None,
     )
 
 
-@dataclass
-class _Worker:
-    """The per-run state of one worker: encoder, split rule, source and counters."""
-
-    cfg: ProducerConfig
-    encoder: ChatEncoder
-    split_rule: SplitRule
-    num_layers: int
-    failures: _FailureRun
-    summary: RunSummary
-
-    def encode_unit(self, rows: Sequence[RawRow]) -> tuple[list[_Pending], Counter[str]]:
-        skipped: Counter[str] = Counter()
-        pending = []
-        for raw in rows:
-            encoded = SkipReason.MALFORMED_JSON if raw.row is None else self.encoder.encode(raw.row)
-            if isinstance(encoded, SkipReason):
-                skipped[encoded.value] += 1
-                continue
-            split = self.split_rule.split_of(index=raw.index, content_hash=raw.content_hash)
-            pending.append(_Pending(raw, split, encoded.input_ids, encoded.loss_mask))
-        return pending, skipped
-
-    def capture_unit(
-        self, source: HiddenStateSource, rows: Sequence[RawRow]
-    ) -> tuple[list[SampleRecord], UnitAccounting]:
-        pending, skipped = self.encode_unit(rows)
-        by_id = {p.raw.index: p for p in pending}
-        requests = [CaptureRequest(sample_id=p.raw.index, input_ids=p.input_ids) for p in pending]
-        records, failed = [], 0
-        for result in source.capture(requests) if requests else ():
-            item = by_id.pop(result.sample_id, None)
-            if item is None:
-                raise RuntimeError(f"capture backend returned sample {result.sample_id}, which "
-                                   "was not requested or was already returned")
-            error = result.error or _check_result(result, item, self.num_layers, self.cfg.topk)
-            if error is not None:
-                failed += 1
-                self.failures.failed(result.sample_id, error)
-                continue
-            self.failures.succeeded()
-            records.append(_record(result, item, self.cfg.hidden_dtype, self.cfg.topk))
-        for sample_id in by_id:  # requests the backend never answered
-            failed += 1
-            self.failures.failed(sample_id, "the capture backend returned no result")
-        records.sort(key=lambda r: r.sample_id)
-        accounting = UnitAccounting(input_rows=len(rows), written=len(records),
-                                    skipped=dict(sorted(skipped.items())), failed=failed)
-        return records, accounting
-
-
 def make_source(
-    cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int]
+    cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int], *, backend: str | None = None
 ) -> HiddenStateSource:
-    """Start the configured capture backend."""
+    """Start a capture backend (``cfg.backend`` unless ``backend`` is given)."""
     source: HiddenStateSource
-    if cfg.backend == "vllm":
+    if (backend or cfg.backend) == "vllm":
         from sparkforge.producer.vllm_source import VllmSource
 
-        source = VllmSource(cfg.engine, layer_ids=tuple(hf_layer_ids), topk=cfg.topk,
+        Path(cfg.scratch_dir).mkdir(parents=True, exist_ok=True)
+        source = VllmSource(dataclasses.replace(cfg.engine, model=str(model_dir)),
+                            layer_ids=tuple(hf_layer_ids), topk=cfg.topk,
                             scratch_dir=cfg.scratch_dir, window=cfg.window,
                             max_retries=cfg.max_retries)
         return source
+    return _hf_source(cfg, model_dir, hf_layer_ids, dtype=None)
+
+
+def _hf_source(
+    cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int], *, dtype: str | None
+) -> HiddenStateSource:
     from sparkforge.producer.hf_source import HfSource
 
     device = cfg.hf_device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    source = HfSource(str(model_dir), layer_ids=tuple(hf_layer_ids), dtype=cfg.engine.dtype,
-                      topk=cfg.topk, device=device)
+    if dtype is None:
+        config = read_config(model_dir)
+        auto = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+        dtype = cfg.engine.dtype if cfg.engine.dtype != "auto" else str(auto)
+    source: HiddenStateSource = HfSource(str(model_dir), layer_ids=tuple(hf_layer_ids),
+                                         dtype=dtype, topk=cfg.topk, device=device)
     return source
+
+
+def _open_writer(cfg: ProducerConfig, prep: Prepared) -> CacheWriter:
+    header = build_header(cfg, target=target_identity(cfg.engine, prep.model_dir),
+                          hf_layer_ids=prep.hf_layer_ids, encoder=prep.encoder,
+                          sources=prep.sources, num_units=prep.num_units, eval_ids=prep.eval_ids)
+    spec = CacheSpec(hidden_size=prep.target_config["hidden_size"],
+                     num_aux_layers=len(prep.hf_layer_ids), hidden_dtype=cfg.hidden_dtype,
+                     max_seq_len=cfg.seq_len, aux_codec=cfg.aux_codec, topk=cfg.topk,
+                     shard_rows=cfg.shard_rows, rows_per_unit=cfg.rows_per_unit)
+    writer = CacheWriter.open(cfg.output, spec=spec, header=header,
+                              storage_options=cfg.storage_options)
+    files = target_files(prep.model_dir, hidden_dtype=cfg.hidden_dtype)
+    # The template actually used (an override included), so the trainer renders alike.
+    files["chat_template.jinja"] = prep.encoder.template.encode()
+    writer.write_target_files(files)
+    return writer
 
 
 def try_finalize(
@@ -220,82 +170,100 @@ def run(
     Raises:
         CacheMismatchError: The cache exists with a different config, target, data or template.
         CaptureAborted: Too many requests failed in a row.
+        ParityFailed: ``parity_samples`` > 0 and vLLM disagrees with transformers.
     """
     share = resolve_share(cfg.worker_index, cfg.num_workers, os.environ if env is None else env)
-    model_dir = resolve_model_dir(cfg.engine)
-    target_config = read_config(model_dir)
-    num_hidden_layers = target_config["num_hidden_layers"]
-    feature_ids = (validate_feature_ids(cfg.layer_ids, num_hidden_layers) if cfg.layer_ids
-                   else default_feature_ids(num_hidden_layers, cfg.num_feature_layers))
-    hf_ids = feature_to_hf(feature_ids)
-    from transformers import AutoTokenizer
-
-    encoder = ChatEncoder(AutoTokenizer.from_pretrained(str(model_dir)),
-                          chat_template=cfg.chat_template, reasoning=cfg.reasoning,
-                          max_seq_len=cfg.seq_len, overlong=cfg.overlong)
-    sources = describe_sources(cfg.data, data_format=cfg.data_format,
-                               storage_options=cfg.storage_options)
-    num_rows = sum(s.num_rows for s in sources)
-    total_units = num_units(num_rows, cfg.rows_per_unit)
-    eval_ids = load_eval_ids(cfg.eval_ids, cfg.storage_options) if cfg.eval_ids else None
-    header = build_header(cfg, target=target_identity(cfg.engine, model_dir), hf_layer_ids=hf_ids,
-                          encoder=encoder, sources=sources, num_units=total_units,
-                          eval_ids=eval_ids)
-    spec = CacheSpec(hidden_size=target_config["hidden_size"], num_aux_layers=len(hf_ids),
-                     hidden_dtype=cfg.hidden_dtype, max_seq_len=cfg.seq_len,
-                     aux_codec=cfg.aux_codec, topk=cfg.topk, shard_rows=cfg.shard_rows,
-                     rows_per_unit=cfg.rows_per_unit)
-    writer = CacheWriter.open(cfg.output, spec=spec, header=header,
-                              storage_options=cfg.storage_options)
-    files = target_files(model_dir, hidden_dtype=cfg.hidden_dtype)
-    # The template actually used (an override included), so the trainer renders alike.
-    files["chat_template.jinja"] = encoder.template.encode()
-    writer.write_target_files(files)
-    mine = owned_units(total_units, share)
+    prep = prepare(cfg)
+    writer = _open_writer(cfg, prep)
+    mine = owned_units(prep.num_units, share)
     todo = sorted(set(mine) - writer.committed_units())
     summary = RunSummary(output=cfg.output, worker=share, units_owned=len(mine),
-                         units_todo=len(todo), num_rows=num_rows)
+                         units_todo=len(todo), num_rows=prep.num_rows)
     logger.info("worker %d/%d (%s): %d of its %d units to do (cache has %d units)",
                 share.worker_index, share.num_workers, share.origin, len(todo), len(mine),
-                total_units)
+                prep.num_units)
     if todo:
-        worker = _Worker(cfg, encoder, SplitRule(cfg.eval_fraction, eval_ids, cfg.split_seed),
-                         len(hf_ids), _FailureRun(cfg.max_consecutive_failures), summary)
-        _capture_units(cfg, worker, writer, sources, todo, source, model_dir, hf_ids)
+        active = make_source(cfg, prep.model_dir, prep.hf_layer_ids) if source is None else source
+        try:
+            if cfg.parity_samples:
+                _check_parity(cfg, prep, active, writer)
+            _capture_units(cfg, prep, writer, active, todo, summary)
+        finally:
+            if source is None:
+                active.close()
     if cfg.finalize:
-        summary.finalized = try_finalize(cfg.output, expected_units=total_units,
+        summary.finalized = try_finalize(cfg.output, expected_units=prep.num_units,
                                          storage_options=cfg.storage_options)
     return summary
 
 
 def _capture_units(
-    cfg: ProducerConfig,
-    worker: _Worker,
-    writer: CacheWriter,
-    sources: list[DataSource],
-    todo: list[int],
-    source: HiddenStateSource | None,
-    model_dir: Path,
-    hf_ids: Sequence[int],
+    cfg: ProducerConfig, prep: Prepared, writer: CacheWriter, source: HiddenStateSource,
+    todo: list[int], summary: RunSummary,
 ) -> None:
+    capturer = UnitCapturer(prep.encoder, SplitRule(cfg.eval_fraction, prep.eval_ids,
+                                                    cfg.split_seed),
+                            len(prep.hf_layer_ids), cfg.hidden_dtype, cfg.topk,
+                            FailureRun(cfg.max_consecutive_failures))
     todo_set = set(todo)
-    rows = iter_rows(sources, wanted=lambda i: i // cfg.rows_per_unit in todo_set,
+    rows = iter_rows(prep.sources, wanted=lambda i: i // cfg.rows_per_unit in todo_set,
                      batch_rows=cfg.read_batch_rows, storage_options=cfg.storage_options)
-    owned_source = source is None
-    active = make_source(cfg, model_dir, hf_ids) if source is None else source
     start = time.monotonic()
+    with tqdm(total=len(todo), unit="unit", disable=not cfg.progress) as bar:
+        for unit, unit_rows in rows_by_unit(rows, cfg.rows_per_unit):
+            records, accounting = capturer.capture(source, unit_rows)
+            writer.write_unit(unit, records, accounting)
+            summary.add_unit(records, accounting)
+            summary.seconds = time.monotonic() - start
+            bar.update(1)
+            bar.set_postfix_str(summary.progress(summary.seconds), refresh=False)
+
+
+def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> list[CaptureRequest]:
+    requests = []
+    for raw in iter_rows(prep.sources, batch_rows=cfg.read_batch_rows,
+                         storage_options=cfg.storage_options):
+        encoded = None if raw.row is None else prep.encoder.encode(raw.row)
+        if encoded is not None and not isinstance(encoded, str):
+            requests.append(CaptureRequest(sample_id=raw.index, input_ids=encoded.input_ids))
+        if len(requests) == num_samples:
+            break
+    return requests
+
+
+def _parity_report(
+    cfg: ProducerConfig, prep: Prepared, vllm_source: HiddenStateSource, num_samples: int
+) -> ParityReport:
+    from sparkforge.producer.parity import run_parity
+
+    reference = _hf_source(cfg, prep.model_dir, prep.hf_layer_ids, dtype="float32")
     try:
-        with tqdm(total=len(todo), unit="unit", disable=not cfg.progress) as bar:
-            for unit, unit_rows in rows_by_unit(rows, cfg.rows_per_unit):
-                records, accounting = worker.capture_unit(active, unit_rows)
-                writer.write_unit(unit, records, accounting)
-                worker.summary.add_unit(records, accounting)
-                bar.update(1)
-                elapsed = time.monotonic() - start
-                bar.set_postfix_str(worker.summary.progress(elapsed), refresh=False)
+        return run_parity(vllm_source, reference,  # type: ignore[arg-type]
+                          _parity_requests(prep, num_samples, cfg))
     finally:
-        worker.summary.seconds = time.monotonic() - start
-        if owned_source:
+        reference.close()
+
+
+def _check_parity(
+    cfg: ProducerConfig, prep: Prepared, source: HiddenStateSource, writer: CacheWriter
+) -> None:
+    report = _parity_report(cfg, prep, source, cfg.parity_samples)
+    logger.info("parity check:\n%s", report.table())
+    writer.write_target_files({"parity.json": json.dumps(report.to_dict(), indent=1).encode()})
+    if not report.passed:
+        raise ParityFailed("the vLLM capture disagrees with the transformers reference; nothing "
+                           f"was captured:\n{report.table()}")
+
+
+def parity(cfg: ProducerConfig, *, source: HiddenStateSource | None = None) -> ParityReport:
+    """``sparkforge parity``: compare vLLM with transformers on ``parity_samples`` rows (8 if 0)."""
+    prep = prepare(cfg)
+    active = make_source(cfg, prep.model_dir, prep.hf_layer_ids, backend="vllm") if (
+        source is None) else source
+    try:
+        return _parity_report(cfg, prep, active, cfg.parity_samples or DEFAULT_PARITY_SAMPLES)
+    finally:
+        if source is None:
             active.close()
 
 
