@@ -8,7 +8,6 @@ random), and can be told to fail given sample ids to exercise failure accounting
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ class ForwardSource:
     """HiddenStateSource over a plain transformers forward of each request, in order."""
 
     def __init__(self, model_path: Path, *, layer_ids: Sequence[int], topk: int = 0,
-                 fail_ids: frozenset[int] = frozenset(), delay_s: float = 0.0) -> None:
+                 fail_ids: frozenset[int] = frozenset()) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
@@ -36,13 +35,11 @@ class ForwardSource:
         self.layer_ids = tuple(layer_ids)
         self.topk = topk
         self.fail_ids = fail_ids
-        self.delay_s = delay_s
         self.calls = 0
 
     def capture(self, requests: Sequence[CaptureRequest]) -> Iterator[CaptureResult]:
         for request in requests:
             self.calls += 1
-            time.sleep(self.delay_s)
             if request.sample_id in self.fail_ids:
                 yield CaptureResult(sample_id=request.sample_id, error="injected failure")
                 continue
