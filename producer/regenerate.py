@@ -3,8 +3,9 @@
 Output is a folder of Parquet parts, one per ``rows_per_part`` input rows, each written to a hidden
 temporary name and renamed into place, so a re-run skips finished parts and repeats none. Input
 row ``i`` samples with seed ``seed + i``, so a resumed part is the same as it would have been. The
-sampling parameters travel in every part's Parquet metadata (``sparkforge.regenerate``); the producer copies
-them into the header of a cache made from these parts.
+sampling parameters travel in every part's Parquet metadata (``sparkforge.regenerate``); the
+producer copies them into the header of a cache made from these parts. ``generate_responses``
+starts an engine per call, so parts should be large (the default is 1024 rows).
 """
 
 from __future__ import annotations
