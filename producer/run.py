@@ -40,6 +40,7 @@ from sparkforge.producer.target_files import (
 )
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.shared import storage
+from sparkforge.shared.layout import TARGET_PREFIX
 from sparkforge.shared.writer import CacheSpec, CacheWriter
 
 if TYPE_CHECKING:
@@ -135,10 +136,15 @@ def _open_writer(cfg: ProducerConfig, prep: Prepared) -> CacheWriter:
                      shard_rows=cfg.shard_rows, rows_per_unit=cfg.rows_per_unit)
     writer = CacheWriter.open(cfg.output, spec=spec, header=header,
                               storage_options=cfg.storage_options)
-    files = target_files(prep.model_dir, hidden_dtype=cfg.hidden_dtype)
-    # The template actually used (an override included), so the trainer renders alike.
-    files["chat_template.jinja"] = prep.encoder.template.encode()
-    writer.write_target_files(files)
+    # Written last, so its presence means every target file is there (the header already
+    # guarantees it is this target's); other workers and re-runs skip the multi-GB upload.
+    if not storage.exists(writer.loc, f"{TARGET_PREFIX}/weights.safetensors"):
+        files = target_files(prep.model_dir, hidden_dtype=cfg.hidden_dtype)
+        # The template actually used (an override included), so the trainer renders alike.
+        files["chat_template.jinja"] = prep.encoder.template.encode()
+        weights = files.pop("weights.safetensors")
+        writer.write_target_files(files)
+        writer.write_target_files({"weights.safetensors": weights})
     return writer
 
 

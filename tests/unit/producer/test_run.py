@@ -20,7 +20,8 @@ from safetensors.torch import load as load_safetensors
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sparkforge.manifests.open import open_cache
-from sparkforge.producer.run import CaptureAborted, finalize, run
+from sparkforge.producer.cli import main
+from sparkforge.producer.run import CaptureAborted, run
 from sparkforge.shared.writer import CacheMismatchError
 
 HF_IDS = (1, 2, 3)  # DSpark ids 0, 1, 2 of the 4-layer tiny target
@@ -154,12 +155,11 @@ def test_two_workers_equal_one(tiny_target: Path, source, tmp_path: Path) -> Non
     first = run(producer_config(tiny_target, data, shared, eval_fraction=0.3, worker_index=0,
                                 num_workers=2), source=source)
     assert (first.units_done, first.finalized) == (2, False)
-    with pytest.raises(ValueError, match="not"):
-        finalize(shared)
+    assert main(["finalize", "--output", shared]) == 1  # unit 1 missing
     second = run(producer_config(tiny_target, data, shared, eval_fraction=0.3),
                  source=source, env={"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2"})
     assert (second.units_done, second.finalized) == (1, True)
-    finalize(shared)  # idempotent
+    assert main(["finalize", "--output", shared]) == 0  # idempotent
     a, b = cache_samples(single.output), cache_samples(shared)
     assert_same_samples(a, b)
     assert {s["split"] for s in a.values()} == {"train", "eval"}
