@@ -12,13 +12,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from sparkforge.manifests.contract import TrainConfigError, run_contract_from_train_config
 from sparkforge.manifests.plan import plan_cache, plan_table, target_shape_from_config
 from sparkforge.manifests.schema import ManifestError
 from sparkforge.manifests.summary import summarize_cache, summary_table
 from sparkforge.manifests.validate import CacheNotFoundError, validate_cache
+from sparkforge.shared.dtypes import HiddenDtype
 from sparkforge.shared.layout import CacheSpec
 
 USAGE_ERROR = 2
@@ -126,10 +127,11 @@ def _plan(ns: argparse.Namespace) -> int:
         hidden, num_layers, dtype = shape.hidden_size, shape.num_hidden_layers, shape.dtype
     else:
         hidden, num_layers, dtype = ns.hidden_size, None, "bfloat16"
+    dtype = ns.hidden_dtype or dtype
     ids = _layer_ids(ns.layer_ids, num_layers) if ns.layer_ids else None
     try:
         spec = CacheSpec(hidden_size=hidden, num_aux_layers=len(ids) if ids else ns.num_aux_layers,
-                         hidden_dtype=ns.hidden_dtype or dtype, max_seq_len=ns.shard_rows,
+                         hidden_dtype=cast(HiddenDtype, dtype), max_seq_len=ns.shard_rows,
                          aux_codec=ns.aux_codec, topk=ns.topk, shard_rows=ns.shard_rows,
                          rows_per_unit=ns.rows_per_unit)
     except ValueError as exc:

@@ -199,4 +199,5 @@ def _section(data: Mapping[str, Any], *path: str) -> Mapping[str, Any]:
         if not isinstance(node, Mapping):
             raise TrainConfigError(f"train config: {'.'.join(path[:i + 1])} must be a mapping, "
                                    f"got {node!r}")
-    return node
+    out: Mapping[str, Any] = node
+    return out

@@ -52,14 +52,14 @@ def target_shape_from_config(path: str | Path) -> TargetShape:
         data = data["text_config"]
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
-    sizes = {k: data.get(k) for k in ("hidden_size", "num_hidden_layers")}
-    bad = [f"{k}={v!r}" for k, v in sizes.items() if not isinstance(v, int) or v < 1]
-    if bad:
-        raise ValueError(f"{path}: config needs positive integers, got " + ", ".join(bad))
-    dtype = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
-    return TargetShape(hidden_size=sizes["hidden_size"],
-                       num_hidden_layers=sizes["num_hidden_layers"],
-                       dtype=dtype if dtype in LOSSLESS_RATIO else "bfloat16")
+    sizes: dict[str, int] = {}
+    for k in ("hidden_size", "num_hidden_layers"):
+        v = data.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{path}: config field {k} must be a positive integer, got {v!r}")
+        sizes[k] = v
+    dtype = str(data.get("torch_dtype") or data.get("dtype") or "bfloat16")
+    return TargetShape(**sizes, dtype=dtype if dtype in LOSSLESS_RATIO else "bfloat16")
 
 
 def array_ratio(name: str, spec: CacheSpec) -> float:

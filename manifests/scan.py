@@ -53,14 +53,19 @@ def _scan_slot(unit: int, slot: SlotRecord, samples: Sequence[SampleRow],
     findings: dict[tuple[int, str], _Finding] = {}
     for name, arr in arrays.items():
         crc = 0
-        for lo, block in _blocks(arr, base, slot.num_rows):
-            crc = crc32c.crc32c(np.ascontiguousarray(block), crc)
-            checked["bytes_scanned"] += block.nbytes
-            bad = _nonfinite(name, block, spec.hidden_dtype)
-            if bad is not None:
-                _record(findings, name, bad, lo, starts)
-            if name in ("input_ids", "loss_mask"):
-                problems += _token_problems(name, block, lo, samples, starts, m, where)
+        try:
+            for lo, block in _blocks(arr, base, slot.num_rows):
+                crc = crc32c.crc32c(np.ascontiguousarray(block).data.cast("B"), crc)
+                checked["bytes_scanned"] += block.nbytes
+                bad = _nonfinite(name, block, spec.hidden_dtype)
+                if bad is not None:
+                    _record(findings, name, bad, lo, starts)
+                if name in ("input_ids", "loss_mask"):
+                    problems += _token_problems(name, block, lo, samples, starts, m, where)
+        except Exception as exc:  # a corrupt object fails to decode: record it, scan the rest
+            problems.append(f"{where}: array {name}: cannot be decoded "
+                            f"({type(exc).__name__}: {exc})")
+            continue
         expected = slot.crc32c.get(name)
         if crc != expected:
             shown = "none" if expected is None else f"{expected:#010x}"
@@ -88,12 +93,14 @@ def _blocks(arr: zarr.Array[Any], base: int,
 def _nonfinite(name: str, block: npt.NDArray[Any], hidden_dtype: str) -> npt.NDArray[Any] | None:
     """Per row (and per layer slot for aux arrays): True where a value is NaN or infinite."""
     if name == "aux_hidden" and block.dtype == np.uint8:
-        return ((block & 0x7F) == 0x7F).any(axis=-1)  # e4m3fn NaN codes
-    if name in ("aux_hidden", "final_hidden"):
-        return ~np.isfinite(storage_to_float32(block, hidden_dtype)).all(axis=-1)
-    if name == "aux_scale":
-        return ~np.isfinite(block)
-    return None
+        bad = ((block & 0x7F) == 0x7F).any(axis=-1)  # e4m3fn NaN codes
+    elif name in ("aux_hidden", "final_hidden"):
+        bad = ~np.isfinite(storage_to_float32(block, hidden_dtype)).all(axis=-1)
+    elif name == "aux_scale":
+        bad = ~np.isfinite(block)
+    else:
+        return None
+    return np.asarray(bad, dtype=np.bool_)
 
 
 def _record(findings: dict[tuple[int, str], _Finding], name: str, bad: npt.NDArray[Any],

@@ -33,7 +33,8 @@ def summarize_cache(uri: str, *,
     spec = m.storage.spec
     group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
     zarrays = open_arrays(group, spec)
-    arrays, unreferenced = {}, 0
+    arrays: dict[str, dict[str, Any]] = {}
+    unreferenced = 0
     for name, layout in array_layouts(spec).items():
         objects = stored_objects(loc, name)
         keys = {slot_key(name, zarrays[name], s.slot) for u in m.storage.units for s in u.slots}
@@ -48,7 +49,7 @@ def summarize_cache(uri: str, *,
     on_disk = sum(int(i.get("size") or 0) for i in everything.values())
     tokens, data_bytes = m.storage.totals.tokens, sum(a["stored_bytes"] for a in arrays.values())
     logical = sum(a["logical_bytes"] for a in arrays.values())
-    splits: dict[str, dict[str, int]] = {}
+    splits: dict[str, Counter[str]] = {}
     for split, length, loss in zip(index.column("split").to_pylist(),
                                    index.column("length").to_pylist(),
                                    index.column("num_loss_tokens").to_pylist(), strict=True):

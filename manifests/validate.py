@@ -162,18 +162,22 @@ def _entry_diff(entry: UnitEntry, info: UnitInfo) -> list[str]:
 def _check_index(loc: storage.Location, m: CacheManifest, units: Mapping[int, UnitInfo],
                  report: ValidationReport) -> Counter[str]:
     """The index matches its sha256 and schema, and row for row the commit records."""
-    key, splits = m.storage.index_key, Counter(s.split for u in units.values()
-                                                for s in u.samples)
+    key = m.storage.index_key
+    splits: Counter[str] = Counter(s.split for u in units.values() for s in u.samples)
     try:
         raw = storage.read_bytes(loc, key)
-        table = pq.read_table(io.BytesIO(raw))
-    except (FileNotFoundError, pa.ArrowException) as exc:
-        report.problems.append(f"index {key}: cannot be read ({exc})")
+    except FileNotFoundError:
+        report.problems.append(f"index {key}: missing")
         return splits
     digest = hashlib.sha256(raw).hexdigest()
     if digest != m.storage.index_sha256:
         report.problems.append(f"index {key}: sha256 {digest} != manifest storage.index_sha256 "
                                f"{m.storage.index_sha256}")
+    try:
+        table = pq.read_table(io.BytesIO(raw))
+    except pa.ArrowException as exc:
+        report.problems.append(f"index {key}: not a readable Parquet file ({exc})")
+        return splits
     if not table.schema.equals(INDEX_SCHEMA):
         report.problems.append(f"index {key}: columns {table.schema.names} != {INDEX_SCHEMA.names}")
         return splits
@@ -195,7 +199,7 @@ def _check_index(loc: storage.Location, m: CacheManifest, units: Mapping[int, Un
         report.problems.append(f"index {key}: lengths sum to {tokens} tokens != manifest "
                                f"storage.totals.tokens {m.storage.totals.tokens}")
     report.checked["samples"], report.checked["tokens"] = len(rows), tokens
-    return Counter(r["split"] for r in rows)
+    return Counter(str(r["split"]) for r in rows)
 
 
 def _row_diff(row: dict[str, Any], committed: tuple[int, SampleRow] | None) -> list[str]:
@@ -237,7 +241,7 @@ def _check_arrays(loc: storage.Location, m: CacheManifest,
             report.problems.append(f"array {name}: missing from the store")
             continue
         block = (spec.shard_rows, *layout.row_shape)
-        checks = [("dtype", arr.dtype, layout.dtype),
+        checks = [("dtype", str(arr.dtype), str(layout.dtype)),
                   ("row shape", arr.shape[1:], layout.row_shape),
                   ("rows", arr.shape[0], capacity_rows(spec)),
                   ("shard shape" if layout.blosc else "chunk shape",
