@@ -11,7 +11,7 @@ import zarr
 
 from sparkforge.manifests.open import read_index, read_manifest
 from sparkforge.manifests.plan import human_bytes
-from sparkforge.manifests.validate import slot_key, stored_objects
+from sparkforge.manifests.validate import existing_location, slot_key, stored_objects
 from sparkforge.shared import storage
 from sparkforge.shared.layout import array_layouts, open_arrays
 
@@ -25,9 +25,10 @@ def summarize_cache(uri: str, *,
     including slots of abandoned attempts (``unreferenced_bytes``).
 
     Raises:
+        CacheNotFoundError: if nothing exists at ``uri``.
         CacheIncompleteError, ManifestError: as ``open_cache``.
     """
-    loc = storage.open_location(uri, storage_options)
+    loc = existing_location(uri, storage_options)
     m = read_manifest(loc)
     index = read_index(loc, m)
     spec = m.storage.spec

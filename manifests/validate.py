@@ -73,10 +73,7 @@ def validate_cache(uri: str, *, deep: bool = False, against: RunContract | None 
     Raises:
         CacheNotFoundError: if nothing exists at ``uri``.
     """
-    loc = storage.open_location(uri, storage_options)
-    loc.fs.invalidate_cache(loc.root)
-    if not loc.fs.exists(loc.root):
-        raise CacheNotFoundError(f"no cache at {uri}: the path does not exist")
+    loc = existing_location(uri, storage_options)
     report = ValidationReport(uri=uri, deep=deep)
     manifest = _manifest(loc, report)
     if manifest is None:
@@ -93,6 +90,19 @@ def validate_cache(uri: str, *, deep: bool = False, against: RunContract | None 
     if against is not None:
         report.problems += contract_problems(manifest, against, split_counts=splits)
     return report
+
+
+def existing_location(uri: str, storage_options: Mapping[str, Any] | None) -> storage.Location:
+    """The cache's location, checked to exist.
+
+    Raises:
+        CacheNotFoundError: if nothing exists at ``uri``.
+    """
+    loc = storage.open_location(uri, storage_options)
+    loc.fs.invalidate_cache(loc.root)
+    if not loc.fs.exists(loc.root):
+        raise CacheNotFoundError(f"no cache at {uri}: the path does not exist")
+    return loc
 
 
 def _manifest(loc: storage.Location, report: ValidationReport) -> CacheManifest | None:

@@ -168,7 +168,8 @@ def test_valid_cache_validates(tmp_path: Path, spec: CacheSpec,
     c = build_cache(tmp_path / "c", spec)
     report = validate_cache(str(c), deep=True)
     assert report.problems == []
-    assert report.checked["units"] == 3 and report.checked["samples"] == 12
+    assert report.checked["units"] == 3
+    assert report.checked["samples"] == 12
     assert report.checked["objects"] == report.checked["slots"] * (7 if spec.topk else 4)
     assert main(["validate", str(c), "--deep"]) == 0
     assert "valid; checked" in capsys.readouterr().out
@@ -253,7 +254,8 @@ def test_missing_path_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFix
 
 @pytest.mark.parametrize("argv", [
     ["validate"], ["validate", "x", "--bogus"], ["validate", "{c}", "--storage_options", "{bad"],
-    ["validate", "{c}", "--storage_options", "[1]"], ["validate", "{c}", "--against", "{c}/no.yaml"],
+    ["validate", "{c}", "--storage_options", "[1]"],
+    ["validate", "{c}", "--against", "{c}/no.yaml"],
     ["nonsense"], ["plan", "--hidden_size", "8"],
 ])
 def test_usage_errors_exit_2(cache: Path, argv: list[str]) -> None:
@@ -265,7 +267,9 @@ def test_json_output_shape(cache: Path, capsys: pytest.CaptureFixture[str]) -> N
     """--json prints one object with valid, problems, uri, deep, against and checked."""
     assert main(["validate", str(cache), "--json", "--deep"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["valid"] is True and out["problems"] == [] and out["deep"] is True
+    assert out["valid"] is True
+    assert out["problems"] == []
+    assert out["deep"] is True
     assert set(out) == {"valid", "problems", "uri", "deep", "against", "checked"}
     assert out["checked"]["samples"] == 12
     _delete_commit(cache)
