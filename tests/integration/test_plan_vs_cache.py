@@ -1,4 +1,4 @@
-"""sparkforge plan: the estimate is within a stated tolerance of a real cache of real activations."""
+"""sparkforge plan: the estimate is within a stated tolerance of a cache of real activations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from cache_helpers import make_header
 
 from sparkforge.manifests.cli import main
