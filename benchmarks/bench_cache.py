@@ -140,7 +140,8 @@ def main() -> int:
           "stored (fp8 codes count as 1 byte in 'ratio')")
     print(f"memmap write {logical / base['write_s']:.0f} MB/s, "
           f"read {logical / base['read_s']:.0f} MB/s (page cache hot)")
-    print(f"{'codec':<9} {'ratio':>6} {'vs bf16':>8} {'B/tok':>7} {'write MB/s':>11} {'vs memmap':>10} "
+    print(f"{'codec':<9} {'ratio':>6} {'vs bf16':>8} {'B/tok':>7} {'write MB/s':>11} "
+          f"{'vs memmap':>10} "
           f"{'read MB/s':>10} {'vs memmap':>10} {'read+crc MB/s':>14} {'ktok/s read':>12}")
     for codec, r in rows:
         print(f"{codec:<9} {r['ratio']:>6.3f} {logical * 1e6 / r['stored']:>8.3f} "
