@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_validate import build_cache
+from cache_helpers import build_cache
 
 from sparkforge.manifests.cli import main
 from sparkforge.manifests.contract import (

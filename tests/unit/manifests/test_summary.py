@@ -6,15 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from cache_helpers import make_unit
-from test_validate import FP8, SPEC, build_cache
+from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, build_cache, make_unit
 
 from sparkforge.manifests.cli import main
 from sparkforge.manifests.summary import summarize_cache
 from sparkforge.shared.layout import CacheSpec, array_layouts
 
 
-@pytest.mark.parametrize("spec", [SPEC, FP8], ids=["lossless", "fp8_topk"])
+@pytest.mark.parametrize("spec", [SMALL_SPEC, SMALL_FP8_SPEC], ids=["lossless", "fp8_topk"])
 def test_inspect_numbers_match_a_hand_count(tmp_path: Path, spec: CacheSpec,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     """Samples, tokens, splits, skips, bytes on disk, ratio and bytes/token from the files."""

@@ -14,28 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zarr
-from cache_helpers import make_header, make_unit
+from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, build_cache
 
 from sparkforge.manifests.cli import main
-from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.validate import CacheNotFoundError, validate_cache
 from sparkforge.shared.layout import CacheSpec
 
-SPEC = CacheSpec(hidden_size=16, num_aux_layers=2, hidden_dtype="bfloat16", max_seq_len=16,
-                 shard_rows=32, rows_per_unit=5)
-FP8 = CacheSpec(hidden_size=16, num_aux_layers=2, hidden_dtype="bfloat16", max_seq_len=16,
-                shard_rows=32, rows_per_unit=5, aux_codec="fp8", topk=2)
-
-
-def build_cache(path: Path, spec: CacheSpec = SPEC, units: int = 3) -> Path:
-    """A finalized cache written by the real writer."""
-    from sparkforge.shared.writer import CacheWriter
-
-    w = CacheWriter.open(str(path), spec=spec, header=make_header(spec))
-    for u in range(units):
-        w.write_unit(u, *make_unit(spec, u))
-    finalize_cache(str(path), expected_units=units)
-    return path
+SPEC, FP8 = SMALL_SPEC, SMALL_FP8_SPEC
 
 
 def _json(path: Path) -> dict:
