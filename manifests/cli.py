@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from sparkforge.manifests.contract import TrainConfigError, run_contract_from_train_config
+from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.plan import plan_cache, plan_table, target_shape_from_config
 from sparkforge.manifests.schema import ManifestError
 from sparkforge.manifests.summary import summarize_cache, summary_table
-from sparkforge.manifests.validate import CacheNotFoundError, validate_cache
+from sparkforge.manifests.validate import validate_cache
 from sparkforge.shared.dtypes import HiddenDtype
 from sparkforge.shared.layout import CacheSpec
 
@@ -92,7 +93,7 @@ def _storage_options(text: str) -> dict[str, Any]:
 def _validate(ns: argparse.Namespace) -> int:
     run = run_contract_from_train_config(ns.against) if ns.against else None
     report = validate_cache(ns.cache, deep=ns.deep, against=run,
-                            storage_options=_storage_options(ns.storage_options))
+                            storage_options=_storage_options(ns.storage_options), progress=True)
     report.against = ns.against
     if ns.json:
         print(json.dumps(report.to_json(), indent=1))

@@ -9,9 +9,9 @@ from typing import Any
 
 import zarr
 
+from sparkforge.manifests.objects import existing_location, slot_key, stored_objects
 from sparkforge.manifests.open import read_index, read_manifest
 from sparkforge.manifests.plan import human_bytes
-from sparkforge.manifests.validate import existing_location, slot_key, stored_objects
 from sparkforge.shared import storage
 from sparkforge.shared.layout import array_layouts, open_arrays
 

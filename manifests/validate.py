@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,12 +21,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zarr
+from tqdm import tqdm
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from sparkforge.manifests.commits import parse_commit_bytes
 from sparkforge.manifests.contract import RunContract, contract_problems
 from sparkforge.manifests.finalize import INDEX_SCHEMA, read_run_header
 from sparkforge.manifests.header import parse_header
+from sparkforge.manifests.objects import existing_location, slot_key, stored_objects
 from sparkforge.manifests.open import read_manifest
 from sparkforge.manifests.scan import scan_unit
 from sparkforge.manifests.schema import CacheManifest, UnitEntry
@@ -38,10 +41,6 @@ from sparkforge.shared.layout import (
     commit_key,
 )
 from sparkforge.shared.writer import diff_json
-
-
-class CacheNotFoundError(FileNotFoundError, ValueError):
-    """Raised when the cache URI names nothing at all (a usage error, not an invalid cache)."""
 
 
 @dataclass
@@ -67,8 +66,16 @@ class ValidationReport:
 
 
 def validate_cache(uri: str, *, deep: bool = False, against: RunContract | None = None,
-                   storage_options: Mapping[str, Any] | None = None) -> ValidationReport:
+                   storage_options: Mapping[str, Any] | None = None,
+                   progress: bool = False) -> ValidationReport:
     """Check a cache and (optionally) its fit with a training run.
+
+    Args:
+        uri: local path or fsspec URI of the cache.
+        deep: also re-read every committed slot (checksums, finite values, token ranges).
+        against: a training run's contract to check the manifest against.
+        storage_options: fsspec options (e.g. S3 endpoint and credentials).
+        progress: show a tqdm bar (tokens/s, ETA) over the deep scan.
 
     Raises:
         CacheNotFoundError: if nothing exists at ``uri``.
@@ -85,24 +92,20 @@ def validate_cache(uri: str, *, deep: bool = False, against: RunContract | None 
     if arrays is not None:
         _check_objects(loc, manifest, arrays, report)
         if deep:
-            for info in units.values():
-                report.problems += scan_unit(info, arrays, manifest, report.checked)
+            _deep_scan(units, arrays, manifest, report, progress=progress)
     if against is not None:
         report.problems += contract_problems(manifest, against, split_counts=splits)
     return report
 
 
-def existing_location(uri: str, storage_options: Mapping[str, Any] | None) -> storage.Location:
-    """The cache's location, checked to exist.
-
-    Raises:
-        CacheNotFoundError: if nothing exists at ``uri``.
-    """
-    loc = storage.open_location(uri, storage_options)
-    loc.fs.invalidate_cache(loc.root)
-    if not loc.fs.exists(loc.root):
-        raise CacheNotFoundError(f"no cache at {uri}: the path does not exist")
-    return loc
+def _deep_scan(units: Mapping[int, UnitInfo], arrays: Mapping[str, zarr.Array[Any]],
+               m: CacheManifest, report: ValidationReport, *, progress: bool) -> None:
+    total = sum(u.num_tokens for u in units.values())
+    with tqdm(total=total, unit="tok", unit_scale=True, desc="deep scan",
+              disable=not progress) as bar:
+        for info in units.values():
+            report.problems += scan_unit(info, arrays, m, report.checked)
+            bar.update(info.num_tokens)
 
 
 def _manifest(loc: storage.Location, report: ValidationReport) -> CacheManifest | None:
@@ -208,6 +211,12 @@ def _check_index(loc: storage.Location, m: CacheManifest, units: Mapping[int, Un
     if tokens != m.storage.totals.tokens:
         report.problems.append(f"index {key}: lengths sum to {tokens} tokens != manifest "
                                f"storage.totals.tokens {m.storage.totals.tokens}")
+    row_bytes = sum(a.dtype.itemsize * math.prod(a.row_shape)
+                    for a in array_layouts(m.storage.spec).values())
+    if m.storage.totals.logical_bytes != m.storage.totals.tokens * row_bytes:
+        report.problems.append(f"manifest storage.totals.logical_bytes = "
+                               f"{m.storage.totals.logical_bytes} but tokens x row bytes = "
+                               f"{m.storage.totals.tokens * row_bytes}")
     report.checked["samples"], report.checked["tokens"] = len(rows), tokens
     return Counter(str(r["split"]) for r in rows)
 
@@ -263,22 +272,6 @@ def _check_arrays(loc: storage.Location, m: CacheManifest,
                             for what, have, want in checks if have != want]
         arrays[name] = arr
     return arrays if len(report.problems) == before else None
-
-
-def stored_objects(loc: storage.Location, prefix: str) -> dict[str, int]:
-    """Every object under ``prefix`` (one listing): key relative to the root -> size in bytes."""
-    path = loc.path(prefix)
-    loc.fs.invalidate_cache(path)
-    try:
-        found = loc.fs.find(path, detail=True)
-    except FileNotFoundError:
-        return {}
-    return {str(p)[len(loc.root) + 1:]: int(info.get("size") or 0) for p, info in found.items()}
-
-
-def slot_key(name: str, arr: zarr.Array[Any], slot: int) -> str:
-    """The store key of one slot's object (a shard, or the one chunk of an unsharded array)."""
-    return f"{name}/{arr.metadata.encode_chunk_key((slot, *[0] * (arr.ndim - 1)))}"
 
 
 def _check_objects(loc: storage.Location, m: CacheManifest, arrays: Mapping[str, zarr.Array[Any]],

@@ -17,7 +17,8 @@ import zarr
 from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, build_cache
 
 from sparkforge.manifests.cli import main
-from sparkforge.manifests.validate import CacheNotFoundError, validate_cache
+from sparkforge.manifests.objects import CacheNotFoundError
+from sparkforge.manifests.validate import validate_cache
 from sparkforge.shared.layout import CacheSpec
 
 SPEC, FP8 = SMALL_SPEC, SMALL_FP8_SPEC
@@ -111,6 +112,11 @@ def _header_changed(c: Path) -> None:
                lambda h: h["header"]["target"].__setitem__("model_type", "llama"))
 
 
+def _logical_bytes_off(c: Path) -> None:
+    _edit_json(c / "manifest.json",
+               lambda m: m["storage"]["totals"].__setitem__("logical_bytes", 5))
+
+
 def _codec_changed(c: Path) -> None:
     _edit_json(c / "manifest.json",
                lambda m: m["storage"]["codecs"].__setitem__("input_ids", "lz4"))
@@ -136,6 +142,8 @@ CORRUPTIONS = [
                    r"records present\)$"),
     (_header_changed, r"^_meta/header.json vs manifest: header.target.model_type: store has "
                       r"'llama', manifest has 'qwen3'$"),
+    (_logical_bytes_off, r"^manifest storage.totals.logical_bytes = 5 but tokens x row bytes = "
+                         r"\d+$"),
     (_codec_changed, r"^array input_ids: codec is 'zstd-3' but the manifest implies 'lz4'$"),
 ]
 
