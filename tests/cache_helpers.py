@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,6 +12,23 @@ import numpy as np
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import float_to_storage
+
+SMALL_SPEC = CacheSpec(hidden_size=16, num_aux_layers=2, hidden_dtype="bfloat16", max_seq_len=16,
+                       shard_rows=32, rows_per_unit=5)
+"""A tiny lossless bf16 spec: 3 units of 5 rows (4 written, 1 skipped) pack into 6 slots."""
+SMALL_FP8_SPEC = dataclasses.replace(SMALL_SPEC, aux_codec="fp8", topk=2)
+
+
+def build_cache(path: Path, spec: CacheSpec = SMALL_SPEC, units: int = 3) -> Path:
+    """A finalized cache of ``make_unit`` samples written by the real writer."""
+    from sparkforge.manifests.finalize import finalize_cache
+    from sparkforge.shared.writer import CacheWriter
+
+    w = CacheWriter.open(str(path), spec=spec, header=make_header(spec))
+    for u in range(units):
+        w.write_unit(u, *make_unit(spec, u))
+    finalize_cache(str(path), expected_units=units)
+    return path
 
 
 def make_header(spec: CacheSpec, *, num_hidden_layers: int = 4) -> dict[str, Any]:
