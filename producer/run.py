@@ -24,7 +24,7 @@ from tqdm import tqdm
 from sparkforge.manifests.finalize import finalize_cache, read_run_header
 from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
 from sparkforge.producer.capture import CaptureAborted, FailureRun, UnitCapturer
-from sparkforge.producer.chat import ChatEncoder
+from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.dataset import DataSource, describe_sources, iter_rows
 from sparkforge.producer.header import build_header
@@ -229,8 +229,8 @@ def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> l
     requests = []
     for raw in iter_rows(prep.sources, batch_rows=cfg.read_batch_rows,
                          storage_options=cfg.storage_options):
-        encoded = None if raw.row is None else prep.encoder.encode(raw.row)
-        if encoded is not None and not isinstance(encoded, str):
+        encoded = SkipReason.MALFORMED_JSON if raw.row is None else prep.encoder.encode(raw.row)
+        if not isinstance(encoded, SkipReason):
             requests.append(CaptureRequest(sample_id=raw.index, input_ids=encoded.input_ids))
         if len(requests) == num_samples:
             break

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from producer_helpers import assert_same_samples, cache_samples, chat_rows, write_jsonl
 
+from sparkforge.manifests.cli import main as validate_main
 from sparkforge.manifests.open import open_cache
 from sparkforge.producer.cli import main
 
@@ -118,6 +119,7 @@ def test_sigkill_resume_with_the_real_engine(tiny_target: Path, tmp_path: Path) 
     assert "already committed" in output
     assert_same_samples(cache_samples(str(tmp_path / "clean")),
                         cache_samples(str(tmp_path / "crashed")))
+    assert validate_main(["validate", "--deep", str(tmp_path / "crashed")]) == 0
 
 
 def test_regenerate_resumes_by_part_and_reaches_the_manifest(tiny_target: Path,
