@@ -36,6 +36,7 @@ from sparkforge.producer.config import RegenerateConfig
 from sparkforge.producer.dataset import RawRow, describe_sources, iter_rows
 from sparkforge.producer.header import REGENERATION_KEY, engine_version
 from sparkforge.producer.target_files import resolve_model_dir
+from sparkforge.producer.summary import format_table
 from sparkforge.producer.units import num_units, rows_by_unit
 
 logger = logging.getLogger(__name__)
@@ -75,8 +76,7 @@ class RegenerateSummary:
                 ("input rows", f"{self.input_rows:,}"), ("written", f"{self.written:,}"),
                 *((f"skipped: {k}", f"{v:,}") for k, v in sorted(self.skipped.items())),
                 ("generated", f"{self.generated_tokens:,} tokens, {rate:,.0f} tokens/s")]
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+        return format_table(rows)
 
 
 def prompt_of(row: Any, cfg: RegenerateConfig) -> list[dict[str, str]] | SkipReason:

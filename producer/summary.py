@@ -10,6 +10,12 @@ from sparkforge.producer.units import WorkerShare
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 
 
+def format_table(rows: Sequence[tuple[str, str]]) -> str:
+    """Two aligned plain-text columns."""
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
 def _nbytes(record: SampleRecord) -> int:
     arrays = (record.input_ids, record.loss_mask, record.aux_hidden, record.final_hidden,
               record.topk_ids, record.topk_logprobs)
@@ -73,5 +79,4 @@ class RunSummary:
             ("bytes (raw)", f"{self.bytes_raw / 2**20:,.1f} MiB"),
             ("manifest", "finalized" if self.finalized else "not yet (other units missing)"),
         ]
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+        return format_table(rows)
