@@ -30,7 +30,7 @@ class DataSource:
     format: Literal["jsonl", "parquet"]
     num_rows: int
     content_hash: str
-    """sha256 of the file's bytes (JSONL: as stored, compressed or not)."""
+    """sha256 of the file's bytes (JSONL: decompressed, so recompression keeps the identity)."""
     metadata: dict[str, Any]
     """Parquet key-value metadata under ``sparkforge.*`` (e.g. regeneration parameters)."""
 
@@ -78,34 +78,39 @@ def describe_sources(
 ) -> list[DataSource]:
     """Resolve ``uri`` (a file, a folder or a glob) into its files with row counts and hashes.
 
-    One streaming pass per JSONL file (bounded memory); Parquet row counts come from the footer.
+    One streaming pass per file (bounded memory); Parquet row counts come from the footer.
     """
     options = dict(storage_options or {})
     sources = []
     for path in _expand(uri, options):
         fmt = _format_of(path, data_format)
-        digest, num_lines = hashlib.sha256(), 0
-        with fsspec.open(path, "rb", **options) as f:
-            while block := f.read(_HASH_BLOCK_BYTES):
-                digest.update(block)
-        metadata: dict[str, Any] = {}
-        if fmt == "jsonl":
-            num_lines = sum(1 for line in _jsonl_lines(path, options) if line.strip())
-        else:
-            import pyarrow.parquet as pq
-
-            with fsspec.open(path, "rb", **options) as f:
-                meta = pq.ParquetFile(f).metadata
-                num_lines = meta.num_rows
-                kv = meta.metadata or {}
-                metadata = {
-                    k.decode(): json.loads(v) for k, v in kv.items() if k.startswith(b"sparkforge.")
-                }
-        sources.append(
-            DataSource(uri=path, format=fmt, num_rows=num_lines, content_hash=digest.hexdigest(),
-                       metadata=metadata)
-        )
+        describe = _describe_jsonl if fmt == "jsonl" else _describe_parquet
+        digest, num_rows, metadata = describe(path, options)
+        sources.append(DataSource(uri=path, format=fmt, num_rows=num_rows, content_hash=digest,
+                                  metadata=metadata))
     return sources
+
+
+def _describe_jsonl(path: str, options: Mapping[str, Any]) -> tuple[str, int, dict[str, Any]]:
+    digest, num_rows = hashlib.sha256(), 0
+    for line in _jsonl_lines(path, options):
+        digest.update(line)
+        num_rows += bool(line.strip())
+    return digest.hexdigest(), num_rows, {}
+
+
+def _describe_parquet(path: str, options: Mapping[str, Any]) -> tuple[str, int, dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    digest = hashlib.sha256()
+    with fsspec.open(path, "rb", **options) as f:
+        while block := f.read(_HASH_BLOCK_BYTES):
+            digest.update(block)
+        f.seek(0)
+        meta = pq.ParquetFile(f).metadata
+    kv = meta.metadata or {}
+    metadata = {k.decode(): json.loads(v) for k, v in kv.items() if k.startswith(b"sparkforge.")}
+    return digest.hexdigest(), meta.num_rows, metadata
 
 
 def _jsonl_lines(path: str, options: Mapping[str, Any]) -> Iterator[bytes]:
