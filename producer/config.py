@@ -59,8 +59,9 @@ class ProducerConfig:
     """URI of a file with one input row index per line: those rows form the eval split."""
     split_seed: int = 0
     """Seed of the eval-fraction hash."""
-    rows_per_unit: int = 256
-    """Input rows per commit unit (the resume and multi-worker granule)."""
+    rows_per_unit: int = 64
+    """Input rows per commit unit (the resume and multi-worker granule). A unit is held in memory
+    until it commits: about rows_per_unit x mean tokens x (F + 1) x H x 2 bytes."""
     shard_rows: int = 8192
     """Token rows per shard (>= max_seq_len)."""
     data_format: Literal["auto", "jsonl", "parquet"] = "auto"
