@@ -28,7 +28,12 @@ from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.dataset import DataSource, describe_sources, iter_rows
 from sparkforge.producer.header import build_header
-from sparkforge.producer.layer_ids import default_feature_ids, feature_to_hf, validate_feature_ids
+from sparkforge.producer.layer_ids import (
+    LayerIdError,
+    default_feature_ids,
+    feature_to_hf,
+    validate_feature_ids,
+)
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
 from sparkforge.producer.summary import RunSummary
@@ -76,8 +81,12 @@ def prepare(cfg: ProducerConfig) -> Prepared:
     model_dir = resolve_model_dir(cfg.engine)
     target_config = read_config(model_dir)
     num_layers = target_config["num_hidden_layers"]
-    feature_ids = (validate_feature_ids(cfg.layer_ids, num_layers) if cfg.layer_ids
-                   else default_feature_ids(num_layers, cfg.num_feature_layers))
+    try:
+        feature_ids = (validate_feature_ids(cfg.layer_ids, num_layers) if cfg.layer_ids
+                       else default_feature_ids(num_layers, cfg.num_feature_layers))
+    except LayerIdError as exc:
+        raise ValueError(f"--layer_ids / --num_feature_layers for a {num_layers}-layer target: "
+                         f"{exc}") from exc
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(str(model_dir)),
                           chat_template=cfg.chat_template, reasoning=cfg.reasoning,
                           max_seq_len=cfg.seq_len, overlong=cfg.overlong)
