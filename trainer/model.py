@@ -15,7 +15,12 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from sparkforge.trainer.anchors import build_eval_mask, label_indices, sample_anchors
+from sparkforge.trainer.anchors import (
+    anchor_candidates,
+    build_eval_mask,
+    label_indices,
+    sample_anchors,
+)
 from sparkforge.trainer.attention_mask import dense_allowed, flex_block_mask
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.heads import ConfidenceHead, MarkovHead
@@ -148,6 +153,8 @@ class DSparkOutput:
     """[B, A, K, V] detached teacher logits at anchor+k (None without last hidden states)."""
     num_valid_anchors: torch.Tensor
     """[B] number of valid anchor candidates per row (sampler statistics)."""
+    seq_len: int
+    """S, so sampler ratios can count the S-1 candidates per row."""
 
 
 @dataclass
@@ -339,7 +346,6 @@ class DSparkDraftModel(nn.Module):
         draft_logits = self.logits(h_BAKH)
         if self.markov_head is not None:
             draft_logits = draft_logits + self.markov_head(prev_BAK, h_BAKH)
-        valid = (loss_mask[:, :-1] > 0.5) & (loss_mask[:, 1:] > 0.5)
         return DSparkOutput(
             draft_logits=draft_logits,
             target_ids=target_ids,
@@ -349,7 +355,8 @@ class DSparkDraftModel(nn.Module):
             prev_token_ids=prev_BAK,
             confidence_logits=self.confidence(h_BAKH, prev_BAK),
             target_logits=target_logits,
-            num_valid_anchors=valid.sum(dim=1),
+            num_valid_anchors=anchor_candidates(loss_mask).sum(dim=1),
+            seq_len=seq_len,
         )
 
     # ---- inference -----------------------------------------------------------------------
