@@ -1,4 +1,4 @@
-"""The DSpark draft's configuration: derived from the target's HF config, validated, saved as JSON."""
+"""The DSpark draft config: derived from the target's HF config, validated, saved as JSON."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla", "gated", "rnn")
 
 @dataclass(frozen=True, kw_only=True)
 class DSparkDraftConfig:
-    """Everything needed to build the draft; sizes come from the target, DSpark fields from the run."""
+    """Everything needed to build the draft: sizes from the target, DSpark fields from the run."""
 
     mask_token_id: int
     """Unused in-vocabulary id filling the non-anchor block slots; the same id must serve."""
@@ -246,7 +246,7 @@ def draft_qwen3_small(*, mask_token_id: int = 151_669) -> DSparkDraftConfig:
 
 
 def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
-    """The config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft (serving-format 1.2)."""
+    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft (serving-format 1.2)."""
     layers = cfg.num_hidden_layers
     out: dict[str, Any] = {
         "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",

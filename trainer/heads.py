@@ -52,7 +52,7 @@ class MarkovHead(nn.Module):
         return self.markov_w2(torch.tanh(o)), new_state
 
     def forward(self, prev_ids_K: torch.Tensor, hidden_KH: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced bias for a whole block: ``prev [..., K]``, ``h [..., K, H]`` -> [..., K, V].
+        """Teacher-forced bias for a block: ``prev [..., K]``, ``h [..., K, H]`` -> [..., K, V].
 
         Vanilla and gated run all slots at once; rnn unrolls the K steps with its state.
         """

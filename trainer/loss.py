@@ -1,4 +1,4 @@
-"""The DSpark objective: decay-weighted CE + full L1 to the teacher + BCE confidence, globally normalised.
+"""The DSpark objective: weighted CE + L1 to the teacher + BCE confidence, globally normalised.
 
 Shape legend: B batch, A anchors, K block size, V vocab, N supervised rows (slots with weight > 0).
 """
@@ -38,7 +38,7 @@ class LossOutput:
 
 
 def decay_weights(eval_mask_BAK: torch.Tensor, gamma: float | None) -> torch.Tensor:
-    """``eval_mask * exp(-k/gamma)`` in fp32 with k 0-indexed; ``eval_mask`` if gamma unset or <= 0."""
+    """``eval_mask * exp(-k/gamma)`` in fp32 (k 0-indexed); ``eval_mask`` if gamma is unset/<= 0."""
     w = eval_mask_BAK.float()
     if gamma is None or gamma <= 0:
         return w

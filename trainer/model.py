@@ -133,7 +133,7 @@ class DSparkLayer(nn.Module):
 
 @dataclass
 class DSparkOutput:
-    """What one training forward returns; every ``[B, A, K]`` tensor is indexed (batch, block, slot)."""
+    """One training forward's outputs; ``[B, A, K]`` tensors are indexed (batch, block, slot)."""
 
     draft_logits: torch.Tensor
     """[B, A, K, V] base logits (softcapped) + Markov bias; slot k predicts anchor+k+1."""
@@ -259,7 +259,8 @@ class DSparkDraftModel(nn.Module):
             if cache is not None:
                 ctx_kv = (cache.keys[i], cache.values[i])
             else:
-                assert ctx_BSH is not None and rope_c is not None
+                assert ctx_BSH is not None
+                assert rope_c is not None
                 ctx_kv = layer.self_attn.key_values(ctx_BSH, *rope_c)
             x = layer(x, rope_q, ctx_kv, mask)
         return self.norm(x)

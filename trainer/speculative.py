@@ -46,7 +46,9 @@ class SpecDecodeResult:
         return sum(rounds) / len(rounds) if rounds else 0.0
 
 
-def target_features(hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]) -> torch.Tensor:
+def target_features(
+    hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]
+) -> torch.Tensor:
     """Concat HF ``hidden_states[l+1]`` over the DSpark feature ids, in id order -> [B, T, X]."""
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 

@@ -33,7 +33,9 @@ def test_sampled_anchors_valid_sorted_unique_and_counted() -> None:
 def test_no_valid_candidate_gives_all_dummies() -> None:
     """Without a valid candidate all keep flags are False and no error is raised."""
     anchors, keep = sample_anchors(torch.tensor([[1, 0, 1, 0, 1.0]]), 4)
-    assert not keep.any() and (anchors == 0).all() and anchors.shape == (1, 4)
+    assert not keep.any()
+    assert (anchors == 0).all()
+    assert anchors.shape == (1, 4)
 
 
 def test_sampling_is_uniform_over_valid_candidates() -> None:
@@ -72,7 +74,8 @@ def test_eval_mask_is_the_supervised_prefix() -> None:
     anchors, keep = sample_anchors(loss_mask, 10, generator=g)
     got = build_eval_mask(loss_mask, anchors, keep, 5)
     assert torch.equal(got, _eval_mask_reference(loss_mask, anchors, keep, 5))
-    assert got[keep][:, 0].all() and not got[~keep].any()
+    assert got[keep][:, 0].all()
+    assert not got[~keep].any()
     as_int = got.int()
     assert torch.equal(as_int, torch.cumprod(as_int, -1))
 

@@ -33,7 +33,8 @@ def test_from_target_config_copies_sizes() -> None:
     cfg = from_target_config(_qwen3(), mask_token_id=7)
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (64, 4, 2)
     assert (cfg.head_dim, cfg.intermediate_size, cfg.vocab_size) == (16, 96, 300)
-    assert cfg.rms_norm_eps == 1e-5 and cfg.num_target_layers == 8
+    assert cfg.rms_norm_eps == 1e-5
+    assert cfg.num_target_layers == 8
     assert cfg.rope_parameters["rope_theta"] == _qwen3().rope_parameters["rope_theta"]
     assert (cfg.num_hidden_layers, cfg.block_size, cfg.num_anchors) == (5, 7, 512)
     assert (cfg.markov_rank, cfg.markov_head_type) == (256, "vanilla")
@@ -45,7 +46,9 @@ def test_nested_text_config_is_used() -> None:
     outer = types.SimpleNamespace(model_type="qwen3_vl", text_config=_qwen3(hidden_size=32,
                                                                              head_dim=8))
     cfg = from_target_config(outer, mask_token_id=1, target_layer_ids=(0, 2))
-    assert cfg.hidden_size == 32 and cfg.head_dim == 8 and cfg.target_model_type == "qwen3"
+    assert cfg.hidden_size == 32
+    assert cfg.head_dim == 8
+    assert cfg.target_model_type == "qwen3"
 
 
 def test_gemma_scale_and_softcap_come_from_the_target() -> None:
@@ -80,7 +83,8 @@ def test_all_problems_reported_together() -> None:
     """One ValueError names every bad field."""
     with pytest.raises(ValueError, match="mask_token_id") as err:
         dataclasses.replace(draft_tiny(), mask_token_id=-1, block_size=0, markov_rank=-1)
-    assert "block_size" in str(err.value) and "markov_rank" in str(err.value)
+    assert "block_size" in str(err.value)
+    assert "markov_rank" in str(err.value)
 
 
 @pytest.mark.parametrize("ids", [(-1, 3), (2, 7)])
@@ -106,7 +110,8 @@ def test_default_ids_follow_the_dflash_rule(num_layers: int, n: int, expected: t
 def test_default_ids_sorted_in_range_sized(num_layers: int, n: int) -> None:
     """Default ids are strictly increasing, in [0, L-2], and n of them when L allows."""
     ids = default_target_layer_ids(num_layers, n)
-    assert list(ids) == sorted(set(ids)) and all(0 <= i <= num_layers - 2 for i in ids)
+    assert list(ids) == sorted(set(ids))
+    assert all(0 <= i <= num_layers - 2 for i in ids)
     assert len(ids) == min(n, max(1, num_layers - 3)) or num_layers < 4
 
 
@@ -130,7 +135,8 @@ def test_state_dict_keys_are_the_served_keys() -> None:
                 "embed_tokens.weight": (v, h), "lm_head.weight": (v, h)}
     for n in range(2):
         p = f"layers.{n}."
-        expected |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+        expected |= {p + "input_layernorm.weight": (h,),
+                     p + "post_attention_layernorm.weight": (h,),
                      p + "self_attn.q_proj.weight": (4 * hd, h),
                      p + "self_attn.k_proj.weight": (2 * hd, h),
                      p + "self_attn.v_proj.weight": (2 * hd, h),
@@ -145,7 +151,10 @@ def test_state_dict_keys_are_the_served_keys() -> None:
 def test_serving_config_fields() -> None:
     """The served config carries the DSpark fields vLLM/SGLang read, never a gated head silently."""
     out = serving_config(draft_tiny())
-    assert out["architectures"] == ["Qwen3DSparkModel"] and out["model_type"] == "qwen3"
-    assert out["target_layer_ids"] == [0, 1, 2] and out["num_target_layers"] == 4
-    assert out["confidence_head_with_markov"] is True and out["markov_head_type"] == "vanilla"
+    assert out["architectures"] == ["Qwen3DSparkModel"]
+    assert out["model_type"] == "qwen3"
+    assert out["target_layer_ids"] == [0, 1, 2]
+    assert out["num_target_layers"] == 4
+    assert out["confidence_head_with_markov"] is True
+    assert out["markov_head_type"] == "vanilla"
     assert out["layer_types"] == ["full_attention"]

@@ -32,7 +32,8 @@ def test_forward_shapes_and_finite(build: Build, overrides: dict[str, Any]) -> N
     for t in (out.target_ids, out.eval_mask, out.prev_token_ids):
         assert t.shape == (b, a, k)
     assert out.block_keep_mask.shape == out.anchor_positions.shape == (b, a)
-    assert torch.isfinite(out.draft_logits).all() and torch.isfinite(out.target_logits).all()
+    assert torch.isfinite(out.draft_logits).all()
+    assert torch.isfinite(out.target_logits).all()
     if model.confidence_head is None:
         assert out.confidence_logits is None
     else:
@@ -60,11 +61,15 @@ def test_embeddings_and_head_frozen_copies(build: Build) -> None:
     model, batch = build()
     emb, head = torch.randn(256, 64), torch.randn(256, 64)
     model.set_target_weights(emb, head)
-    assert torch.equal(model.embed_tokens.weight, emb) and torch.equal(model.lm_head.weight, head)
+    assert torch.equal(model.embed_tokens.weight, emb)
+    assert torch.equal(model.lm_head.weight, head)
     compute_dspark_loss(model(**batch)).loss.backward()
-    assert model.embed_tokens.weight.grad is None and model.lm_head.weight.grad is None
-    assert not model.embed_tokens.weight.requires_grad and not model.lm_head.weight.requires_grad
-    assert model.fc.weight.grad is not None and torch.isfinite(model.fc.weight.grad).all()
+    assert model.embed_tokens.weight.grad is None
+    assert model.lm_head.weight.grad is None
+    assert not model.embed_tokens.weight.requires_grad
+    assert not model.lm_head.weight.requires_grad
+    assert model.fc.weight.grad is not None
+    assert torch.isfinite(model.fc.weight.grad).all()
     assert model.fc.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="embed_tokens.weight"):
         model.set_target_weights(torch.zeros(255, 64), None)
@@ -77,7 +82,8 @@ def test_every_trainable_parameter_gets_a_finite_gradient(build: Build) -> None:
         compute_dspark_loss(model(**batch)).loss.backward()
         for name, p in model.named_parameters():
             if p.requires_grad:
-                assert p.grad is not None and torch.isfinite(p.grad).all(), name
+                assert p.grad is not None, name
+                assert torch.isfinite(p.grad).all(), name
                 assert p.grad.abs().sum() > 0, name
 
 
@@ -89,7 +95,8 @@ def test_forward_is_deterministic_under_a_seed(build: Build) -> None:
         torch.manual_seed(seed)
         out = model(**batch)
         outs.append((out.anchor_positions, out.draft_logits, compute_dspark_loss(out).loss))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][1], outs[1][1])
     assert torch.equal(outs[0][2], outs[1][2])
     assert not torch.equal(outs[0][0], outs[2][0])
 
@@ -176,7 +183,8 @@ def test_dummy_blocks_give_no_nan(build: Build) -> None:
     model, batch = build()
     batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
     out = model(**batch)
-    assert not out.block_keep_mask.any() and torch.isfinite(out.draft_logits).all()
+    assert not out.block_keep_mask.any()
+    assert torch.isfinite(out.draft_logits).all()
     loss = compute_dspark_loss(out)
     loss.loss.backward()
     assert loss.loss.item() == 0.0
@@ -188,7 +196,8 @@ def test_softcap_applies_to_base_and_teacher_logits(build: Build) -> None:
     model, batch = build(final_logit_softcapping=0.5, markov_rank=0,
                          confidence_head_with_markov=False)
     out = model(**batch)
-    assert out.draft_logits.abs().max() <= 0.5 and out.target_logits.abs().max() <= 0.5
+    assert out.draft_logits.abs().max() <= 0.5
+    assert out.target_logits.abs().max() <= 0.5
 
 
 def test_embedding_scale_multiplies_the_block_embedding(build: Build) -> None:

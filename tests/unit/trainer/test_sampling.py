@@ -18,7 +18,8 @@ def test_greedy_is_argmax_one_hot() -> None:
     """T = 0 gives one-hot argmax probabilities; T > 0 probabilities sum to 1."""
     logits = torch.randn(3, 5, 17)
     greedy = logits_to_probs(logits, 0.0)
-    assert torch.equal(greedy.argmax(-1), logits.argmax(-1)) and torch.equal(greedy.sum(-1),
+    assert torch.equal(greedy.argmax(-1), logits.argmax(-1))
+    assert torch.equal(greedy.sum(-1),
                                                                              torch.ones(3, 5))
     assert set(greedy.unique().tolist()) == {0.0, 1.0}
     warm = logits_to_probs(logits, 0.7)
@@ -47,7 +48,8 @@ def test_serial_markov_sampling(head_type: str) -> None:
     base, hidden = torch.randn(b, k, v), torch.randn(b, k, h)
     first = torch.tensor([1, 2])
     tokens, logits = sample_draft_tokens(base, first, hidden, head, 0.0)
-    assert tokens.shape == (b, k) and logits.shape == (b, k, v)
+    assert tokens.shape == (b, k)
+    assert logits.shape == (b, k, v)
     assert torch.equal(tokens, logits.argmax(-1))
     prev = torch.cat([first[:, None], tokens[:, :-1]], 1)
     torch.testing.assert_close(logits, base + head(prev, hidden))  # teacher-forced = serial
@@ -60,7 +62,8 @@ def test_sampling_without_markov_head_is_parallel() -> None:
     base = torch.randn(2, 4, 7)
     tokens, logits = sample_draft_tokens(base, torch.tensor([0, 0]), torch.randn(2, 4, 3),
                                          None, 0.0)
-    assert torch.equal(logits, base) and torch.equal(tokens, base.argmax(-1))
+    assert torch.equal(logits, base)
+    assert torch.equal(tokens, base.argmax(-1))
 
 
 def test_rejection_sampling_is_lossless_on_a_toy_vocabulary() -> None:

@@ -53,9 +53,11 @@ def test_greedy_speculative_equals_target_greedy(tiny_target: Path,
     res = speculative_generate(target, draft, prompt, max_new_tokens=24,
                                confidence_threshold=threshold)
     assert res.tokens == _greedy_reference(target, prompt, 24)
-    assert sum(res.tokens_per_round) + 1 >= 24 and all(t >= 1 for t in res.tokens_per_round)
+    assert sum(res.tokens_per_round) + 1 >= 24
+    assert all(t >= 1 for t in res.tokens_per_round)
     if threshold == 1.01:  # nothing passes: every round verifies 0 drafts, emits 1 token
-        assert set(res.verified_per_round) == {0} and set(res.tokens_per_round) == {1}
+        assert set(res.verified_per_round) == {0}
+        assert set(res.tokens_per_round) == {1}
     assert res.wall_time_s > 0
 
 
@@ -66,7 +68,8 @@ def test_greedy_lossless_with_accepted_drafts() -> None:
     prompt = torch.tensor([1, 2, 5, 7, 0, 3])
     res = speculative_generate(target, draft, prompt, max_new_tokens=40)
     assert res.tokens == _greedy_reference(target, prompt, 40)
-    assert res.tau > 1.0 and res.position_accepted[0] > 0
+    assert res.tau > 1.0
+    assert res.position_accepted[0] > 0
     assert all(a <= t for a, t in zip(res.position_accepted, res.position_trials, strict=True))
 
 
@@ -121,7 +124,8 @@ def test_temperature_one_output_follows_the_target_law() -> None:
 
     tv12 = 0.5 * float((c12 / trials - joint12).abs().sum())
     tv3 = 0.5 * float((c3 / trials - marg3).abs().sum())
-    assert tv12 < bound(joint12.flatten()) and tv3 < bound(marg3)
+    assert tv12 < bound(joint12.flatten())
+    assert tv3 < bound(marg3)
     # Power: emitting the draft's tokens unverified would be far outside the bound, and the
     # accept branch was exercised.
     q2 = _draft_first_slot_law(target, draft, prompt, joint12.sum(1))
