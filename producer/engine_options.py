@@ -1,0 +1,45 @@
+"""vLLM engine options that matter on GPU inference nodes, passed through to ``vllm.LLM``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """How to start the frozen target in vLLM (names follow vLLM's engine arguments)."""
+
+    model: str
+    """Local path or fsspec-cached folder of the target checkpoint (config.json + weights)."""
+    revision: str | None = None
+    """Model revision, recorded in the manifest."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Activation dtype; FP8/NVFP4 checkpoints still run bf16 activations."""
+    quantization: str | None = None
+    """Weight quantization (e.g. "fp8", "modelopt_fp4", "compressed-tensors"); None = from checkpoint."""
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    enforce_eager: bool = False
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Any further vLLM engine argument, passed as-is (e.g. {"kv_cache_memory_bytes": ...})."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("tensor_parallel_size", "data_parallel_size", "max_model_len", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                problems.append(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            problems.append(
+                f"engine.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if problems:
+            raise ValueError("invalid engine options:\n  " + "\n  ".join(problems))
