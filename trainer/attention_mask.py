@@ -11,8 +11,12 @@ Shape legend: B batch, S context length, A anchors, K block size, Q = A*K querie
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -50,13 +54,13 @@ def dense_allowed(
 
 def flex_block_mask(
     anchors_BA: torch.Tensor, keep_BA: torch.Tensor, seq_len: int, block_size: int
-) -> torch.Tensor:
+) -> BlockMask:
     """The rule as a flex-attention ``BlockMask`` over [B, 1, Q, S+Q]."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     batch, num_anchors = anchors_BA.shape
     num_q = num_anchors * block_size
     mod = block_mask_mod(anchors_BA, keep_BA, seq_len, block_size)
-    return create_block_mask(  # type: ignore[no-any-return]
+    return create_block_mask(
         mod, batch, None, num_q, seq_len + num_q, device=anchors_BA.device
     )

@@ -78,4 +78,5 @@ class ConfidenceHead(nn.Module):
         feats = hidden if markov_feat is None else torch.cat(
             [hidden, markov_feat.to(hidden.dtype)], dim=-1
         )
-        return self.proj(feats).squeeze(-1).float()
+        logits: torch.Tensor = self.proj(feats)
+        return logits.squeeze(-1).float()

@@ -9,7 +9,7 @@ V vocab, r Markov rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -55,7 +55,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """down(silu(gate(x)) * up(x))."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
@@ -64,7 +65,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> tor
 
     if isinstance(mask, BlockMask):
         fn = torch.compile(flex_attention) if q.is_cuda else flex_attention
-        return fn(q, k, v, block_mask=mask, enable_gqa=True)  # type: ignore[no-any-return]
+        out: torch.Tensor = fn(q, k, v, block_mask=mask, enable_gqa=True)
+        return out
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
@@ -106,7 +108,8 @@ class DSparkAttention(nn.Module):
         k = torch.cat([ctx_kv[0].to(k_blk.dtype), k_blk], dim=2)
         v = torch.cat([ctx_kv[1].to(v_blk.dtype), v_blk], dim=2)
         out = _attend(q, k, v, mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, nq, -1))
+        res: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, nq, -1))
+        return res
 
 
 class DSparkLayer(nn.Module):
@@ -128,7 +131,8 @@ class DSparkLayer(nn.Module):
     ) -> torch.Tensor:
         """One residual layer over the block stream."""
         x = x + self.self_attn(self.input_layernorm(x), rope_q, ctx_kv, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 @dataclass
@@ -235,9 +239,14 @@ class DSparkDraftModel(nn.Module):
             module.weight.requires_grad_(False)
 
     # ---- shared pieces -------------------------------------------------------------------
+    def decoder_layers(self) -> list[DSparkLayer]:
+        """The draft layers, typed."""
+        return [cast(DSparkLayer, layer) for layer in self.layers]
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Frozen embedding times the target's embedding scale (Gemma: sqrt(H))."""
-        return self.embed_tokens(ids) * self.config.embedding_scale
+        out: torch.Tensor = self.embed_tokens(ids) * self.config.embedding_scale
+        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Frozen lm_head, then the target's final logit softcap if it has one."""
@@ -247,7 +256,8 @@ class DSparkDraftModel(nn.Module):
 
     def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
         """hidden_norm(fc(concat features)): [B, S, F*H] -> [B, S, H]."""
-        return self.hidden_norm(self.fc(target_hidden_BSX.to(self.fc.weight.dtype)))
+        out: torch.Tensor = self.hidden_norm(self.fc(target_hidden_BSX.to(self.fc.weight.dtype)))
+        return out
 
     def _run_layers(
         self, x: torch.Tensor, pos_BQ: torch.Tensor, ctx_BSH: torch.Tensor | None,
@@ -255,7 +265,7 @@ class DSparkDraftModel(nn.Module):
     ) -> torch.Tensor:
         rope_q = self.rotary_emb(pos_BQ, x.dtype)
         rope_c = self.rotary_emb(pos_BS, x.dtype) if pos_BS is not None else None
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers()):
             if cache is not None:
                 ctx_kv = (cache.keys[i], cache.values[i])
             else:
@@ -263,20 +273,23 @@ class DSparkDraftModel(nn.Module):
                 assert rope_c is not None
                 ctx_kv = layer.self_attn.key_values(ctx_BSH, *rope_c)
             x = layer(x, rope_q, ctx_kv, mask)
-        return self.norm(x)
+        out: torch.Tensor = self.norm(x)
+        return out
 
     def markov_features(self, prev_ids: torch.Tensor) -> torch.Tensor | None:
         """W1[prev] for the confidence head, or None when it does not read Markov features."""
         cfg = self.config
         if self.markov_head is None or not cfg.confidence_head_with_markov:
             return None
-        return self.markov_head.markov_w1(prev_ids)
+        feats: torch.Tensor = self.markov_head.markov_w1(prev_ids)
+        return feats
 
     def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
         """Confidence logits (fp32) for slots with hidden ``[..., H]`` and previous tokens."""
         if self.confidence_head is None:
             return None
-        return self.confidence_head(hidden, self.markov_features(prev_ids))
+        logits: torch.Tensor = self.confidence_head(hidden, self.markov_features(prev_ids))
+        return logits
 
     # ---- training ------------------------------------------------------------------------
     def forward(
@@ -375,7 +388,7 @@ class DSparkDraftModel(nn.Module):
         pos = torch.arange(start, start + t, device=ctx.device).expand(ctx.shape[0], t)
         rope = self.rotary_emb(pos, ctx.dtype)
         keys, values = [], []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers()):
             k_new, v_new = layer.self_attn.key_values(ctx, *rope)
             keys.append(torch.cat([cache.keys[i], k_new], 2) if cache.keys else k_new)
             values.append(torch.cat([cache.values[i], v_new], 2) if cache.values else v_new)

@@ -41,6 +41,8 @@ class RotaryEmbedding(nn.Module):
     ``_apply`` override recomputes it from the settings (dspark-algorithm.md 2.4).
     """
 
+    inv_freq: torch.Tensor
+
     def __init__(self, head_dim: int, rope_parameters: Mapping[str, Any],
                  max_position_embeddings: int) -> None:
         super().__init__()
@@ -49,8 +51,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
-        out = super()._apply(fn, recurse)
-        inv: torch.Tensor = self.inv_freq
+        out = super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        inv = self.inv_freq
         if inv.dtype != torch.float32:
             self.inv_freq = compute_inv_freq(*self._settings, device=inv.device)[0]
         return out
