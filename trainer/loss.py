@@ -6,11 +6,11 @@ Shape legend: B batch, A anchors, K block size, V vocab, N supervised rows (slot
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
-from torch.utils.checkpoint import checkpoint
 
 from sparkforge.trainer.model import DSparkOutput
 
@@ -53,40 +53,71 @@ def l1_distance(draft_NV: torch.Tensor, target_NV: torch.Tensor) -> torch.Tensor
     return (p_d - p_t).abs().sum(-1)
 
 
+def _row_ce(draft_NV: torch.Tensor, ids_N: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(draft_NV.float(), ids_N, reduction="none")
+
+
 def _row_terms(
     draft_NV: torch.Tensor, target_NV: torch.Tensor, ids_N: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    ce = F.cross_entropy(draft_NV.float(), ids_N, reduction="none")
-    return ce, l1_distance(draft_NV, target_NV)
+    return _row_ce(draft_NV, ids_N), l1_distance(draft_NV, target_NV)
+
+
+class _ChunkedRowTerms(torch.autograd.Function):
+    """Per-row CE and L1 whose forward and backward each hold one chunk's fp32 temporaries.
+
+    This is non-reentrant activation checkpointing per chunk, written out so the backward
+    writes each chunk's gradient straight into one [N, V] buffer (checkpoint + split would keep
+    every chunk's gradient and then a concatenated copy: twice the logits' size).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, draft_NV: torch.Tensor, target_NV: torch.Tensor | None, ids_N: torch.Tensor,
+        chunk_rows: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(draft_NV, target_NV, ids_N)
+        ctx.chunk_rows = chunk_rows
+        ce = draft_NV.new_zeros(draft_NV.shape[0], dtype=torch.float32)
+        l1 = torch.zeros_like(ce)
+        for lo in range(0, draft_NV.shape[0], chunk_rows):
+            hi = lo + chunk_rows
+            ce[lo:hi] = _row_ce(draft_NV[lo:hi], ids_N[lo:hi])
+            if target_NV is not None:
+                l1[lo:hi] = l1_distance(draft_NV[lo:hi], target_NV[lo:hi])
+        return ce, l1
+
+    @staticmethod
+    def backward(
+        ctx: Any, g_ce: torch.Tensor, g_l1: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None, None]:
+        draft_NV, target_NV, ids_N = ctx.saved_tensors
+        grad = torch.empty_like(draft_NV)
+        for lo in range(0, draft_NV.shape[0], ctx.chunk_rows):
+            hi = lo + ctx.chunk_rows
+            with torch.enable_grad():
+                d = draft_NV[lo:hi].detach().requires_grad_()
+                total = (_row_ce(d, ids_N[lo:hi]) * g_ce[lo:hi]).sum()
+                if target_NV is not None:
+                    total = total + (l1_distance(d, target_NV[lo:hi]) * g_l1[lo:hi]).sum()
+                grad[lo:hi] = torch.autograd.grad(total, d)[0]
+        return grad, None, None, None
 
 
 def chunked_row_terms(
     draft_NV: torch.Tensor, target_NV: torch.Tensor | None, ids_N: torch.Tensor, chunk_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-row CE and L1 computed ``chunk_rows`` rows at a time.
+    """Per-row CE and L1 computed ``chunk_rows`` rows at a time, exact in value and gradient.
 
-    Each chunk runs under non-reentrant checkpointing, so only one chunk's fp32 [chunk, V]
-    temporaries are alive at once in forward and in backward; values and gradients are exact.
+    No full-batch fp32 [N, V] temporary exists in forward or backward (see _ChunkedRowTerms).
 
     Returns:
         ce [N] fp32 and l1 [N] fp32 (None without teacher logits).
     """
-    ces, l1s = [], []
-    for lo in range(0, draft_NV.shape[0], chunk_rows):
-        d, i = draft_NV[lo:lo + chunk_rows], ids_N[lo:lo + chunk_rows]
-        if target_NV is None:
-            ces.append(checkpoint(F.cross_entropy, d.float(), i, reduction="none",
-                                  use_reentrant=False))
-            continue
-        ce, l1 = checkpoint(_row_terms, d, target_NV[lo:lo + chunk_rows], i,
-                            use_reentrant=False)
-        ces.append(ce)
-        l1s.append(l1)
-    empty = draft_NV.new_zeros(0, dtype=torch.float32)
-    ce_N = torch.cat(ces) if ces else empty
-    if target_NV is None:
-        return ce_N, None
-    return ce_N, torch.cat(l1s) if l1s else empty
+    teacher = None if target_NV is None else target_NV.detach()
+    ce, l1 = _ChunkedRowTerms.apply(  # type: ignore[no-untyped-call]
+        draft_NV, teacher, ids_N, chunk_rows)
+    return ce, None if target_NV is None else l1
 
 
 def global_denominator(
