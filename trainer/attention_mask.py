@@ -62,5 +62,6 @@ def flex_block_mask(
     num_q = num_anchors * block_size
     mod = block_mask_mod(anchors_BA, keep_BA, seq_len, block_size)
     return create_block_mask(
-        mod, batch, None, num_q, seq_len + num_q, device=anchors_BA.device
+        mod, batch, None, num_q, seq_len + num_q, device=anchors_BA.device,
+        _compile=anchors_BA.is_cuda,  # CPU: eager (inductor on CPU is slow to build)
     )

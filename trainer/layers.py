@@ -5,6 +5,7 @@ Shape legend: B batch, Q block queries, P positions, H hidden, N heads, G kv hea
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -45,12 +46,22 @@ class MLP(nn.Module):
         return out
 
 
+@functools.cache
+def _compiled_flex() -> Any:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
-    """SDPA over a dense bool mask (or none), flex attention over a BlockMask; GQA either way."""
+    """SDPA over a dense bool mask (or none), flex attention over a BlockMask; GQA either way.
+
+    Flex is compiled on CUDA (its fused kernel); on CPU it runs eagerly, forward only.
+    """
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     if isinstance(mask, BlockMask):
-        fn = torch.compile(flex_attention) if q.is_cuda else flex_attention
+        fn = _compiled_flex() if q.is_cuda else flex_attention
         out: torch.Tensor = fn(q, k, v, block_mask=mask, enable_gqa=True)
         return out
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
