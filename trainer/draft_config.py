@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sparkforge.manifests.contract import default_target_layer_ids
+
 logger = logging.getLogger(__name__)
 
 MarkovHeadType = Literal["vanilla", "gated", "rnn"]
@@ -150,23 +152,6 @@ def _warn_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> None:
                 "target_layer_ids contains %d: keep ids in [0, %d] so every engine agrees",
                 bad, num_target_layers - 2,
             )
-
-
-def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """DFlash rule: n ids evenly spaced in [1, L-3], round(1 + i*(L-4)/(n-1)) (half-even).
-
-    Chosen over NeMo's [1, L-1] rule because it never includes the last layer (L=36 ->
-    [1,9,17,25,33], DeepSpec's released Qwen3-4B/8B ids). Small targets fall back to [0, L-2].
-    """
-    top = num_target_layers - 3
-    n = max(1, num_draft_layers)
-    if top < 1:
-        return tuple(range(max(0, num_target_layers - 1)))[:n] or (0,)
-    n = min(n, top)
-    if n == 1:
-        return (top,)
-    step = (top - 1) / (n - 1)
-    return tuple(sorted({round(1 + i * step) for i in range(n)}))
 
 
 def text_config(target_config: Any) -> Any:
