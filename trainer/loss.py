@@ -115,7 +115,7 @@ def chunked_row_terms(
         ce [N] fp32 and l1 [N] fp32 (None without teacher logits).
     """
     teacher = None if target_NV is None else target_NV.detach()
-    ce, l1 = _ChunkedRowTerms.apply(  # type: ignore[no-untyped-call]
+    ce, l1 = _ChunkedRowTerms.apply(
         draft_NV, teacher, ids_N, chunk_rows)
     return ce, None if target_NV is None else l1
 

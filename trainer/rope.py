@@ -51,7 +51,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
-        out = super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        out = super()._apply(fn, recurse)
         inv = self.inv_freq
         if inv.dtype != torch.float32:
             self.inv_freq = compute_inv_freq(*self._settings, device=inv.device)[0]
