@@ -23,7 +23,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "train": ("sparkforge.trainer.cli", "train a DSpark draft from a cache (Lightning)"),
     "export": ("sparkforge.trainer.cli", "export a checkpoint as a vLLM/SGLang-servable draft"),
     "eval": ("sparkforge.trainer.cli", "measure acceptance with speculative decoding"),
-    "demo": ("sparkforge.trainer.demo", "run the whole pipeline on an embedded tiny target"),
+    "demo": ("sparkforge.shared.demo", "run the whole pipeline on an embedded tiny target"),
 }
 
 
