@@ -1,0 +1,108 @@
+"""Check a cache's manifest against the training run before anything trains (the contract checks).
+
+Every mismatch is collected and reported together, each naming the run field and the manifest field
+with both values, so one failed launch shows everything to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+HIDDEN_DTYPES = ("bfloat16", "float16", "float32")
+
+
+class CacheContractError(ValueError):
+    """Raised when a cache cannot feed this training run; the message lists every mismatch."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContract:
+    """What the run expects of the cache (the draft's target-facing fields)."""
+
+    target_layer_ids: tuple[int, ...]
+    """DSpark feature ids (0-based: id l = HF hidden_states[l+1])."""
+    hidden_size: int
+    vocab_size: int
+    num_target_layers: int
+    mask_token_id: int
+    max_seq_len: int
+    """Longest sample the run is sized for (the cache's capture.max_seq_len must not exceed it)."""
+    target_model_type: str | None = None
+    """Expected target ``model_type``; None accepts any."""
+    need_eval_split: bool = False
+
+
+def contract_problems(manifest: Any, run: RunContract, *, split_counts: dict[str, int]) -> list[str]:
+    """Every way ``manifest`` (a ``CacheManifest``) fails to serve ``run``; empty when it fits.
+
+    Args:
+        manifest: The parsed manifest.
+        run: The run's expectations.
+        split_counts: Samples per split in the cache's index.
+    """
+    target, capture, spec = manifest.target, manifest.capture, manifest.storage.spec
+    problems: list[str] = []
+
+    def differ(run_field: str, want: object, cache_field: str, have: object) -> None:
+        if want != have:
+            problems.append(f"{run_field}={want!r} but the cache's {cache_field}={have!r}")
+
+    if not manifest.complete:
+        problems.append("cache is not complete (manifest complete=false): finalize it first")
+    hf_ids = tuple(i + 1 for i in run.target_layer_ids)
+    if tuple(capture.layer_ids) != hf_ids:
+        problems.append(
+            f"model.target_layer_ids={list(run.target_layer_ids)} needs capture.layer_ids (HF "
+            f"hidden_states indices = id + 1) {list(hf_ids)}, but the cache has "
+            f"{list(capture.layer_ids)}"
+        )
+    differ("capture.layer_id_convention", "hf_hidden_states_index",
+           "capture.layer_id_convention", capture.layer_id_convention)
+    differ("capture.final_hidden", "post_norm", "capture.final_hidden", capture.final_hidden)
+    differ("model.hidden_size", run.hidden_size, "target.hidden_size", target.hidden_size)
+    differ("model.hidden_size", run.hidden_size, "storage.spec.hidden_size", spec.hidden_size)
+    differ("model.vocab_size", run.vocab_size, "target.vocab_size", target.vocab_size)
+    differ("model.num_target_layers", run.num_target_layers, "target.num_hidden_layers",
+           target.num_hidden_layers)
+    differ("len(model.target_layer_ids)", len(run.target_layer_ids), "storage.spec.num_aux_layers",
+           spec.num_aux_layers)
+    if run.target_model_type is not None:
+        differ("model.target_model_type", run.target_model_type, "target.model_type",
+               target.model_type)
+    if not 0 <= run.mask_token_id < target.vocab_size:
+        problems.append(f"model.mask_token_id={run.mask_token_id} is outside the cache's vocabulary "
+                        f"[0, target.vocab_size={target.vocab_size})")
+    if capture.max_seq_len > run.max_seq_len:
+        problems.append(f"data.max_seq_len={run.max_seq_len} is shorter than the cache's "
+                        f"capture.max_seq_len={capture.max_seq_len}")
+    if spec.hidden_dtype not in HIDDEN_DTYPES:
+        problems.append(f"storage.spec.hidden_dtype={spec.hidden_dtype!r} not in {HIDDEN_DTYPES}")
+    if spec.aux_codec != "lossless":
+        logger.warning("cache stores features with the lossy %r codec", spec.aux_codec)
+    problems += _split_problems(split_counts, need_eval=run.need_eval_split)
+    return problems
+
+
+def _split_problems(split_counts: dict[str, int], *, need_eval: bool) -> list[str]:
+    problems = []
+    if split_counts.get("train", 0) == 0:
+        problems.append("the cache's train split is empty")
+    if need_eval and split_counts.get("eval", 0) == 0:
+        problems.append("validation is on (trainer.limit_val_batches > 0) but the cache's eval "
+                        "split is empty")
+    return problems
+
+
+def check_contract(manifest: Any, run: RunContract, *, split_counts: dict[str, int],
+                   uri: str = "cache") -> None:
+    """Raise ``CacheContractError`` listing every mismatch between ``manifest`` and ``run``."""
+    problems = contract_problems(manifest, run, split_counts=split_counts)
+    if problems:
+        raise CacheContractError(
+            f"{uri} cannot feed this run ({len(problems)} problem(s)):\n  " + "\n  ".join(problems)
+        )
+
