@@ -118,7 +118,7 @@ class CacheDataModule(L.LightningDataModule):
 
     # ---- Lightning hooks ----------------------------------------------------------------------
     def _stream(self, split: str, *, shuffle: bool, batch_size: int) -> CacheStream:
-        trainer = self._trainer
+        trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
         return CacheStream(
             self.open_reader, self.split_index(split), rank=rank, world_size=world,
@@ -128,7 +128,7 @@ class CacheDataModule(L.LightningDataModule):
         )
 
     def _pin(self) -> bool:
-        trainer = self._trainer
+        trainer = self.trainer
         return trainer is not None and trainer.strategy.root_device.type == "cuda"
 
     def train_dataloader(self) -> ResumableLoader:
