@@ -160,14 +160,54 @@ def export_draft(
     return out
 
 
-def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, **kwargs: Any) -> Path:
-    """Export a ``sparkforge train`` Lightning checkpoint (see ``export_draft`` for options)."""
+def read_checkpoint(ckpt_path: str | Path) -> tuple[DSparkDraftConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """The draft config, bare draft tensors and provenance of a ``sparkforge train`` checkpoint."""
     # Lightning checkpoints are pickles written by our own trainer: trusted input.
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
     if "draft_config" not in ckpt:
         raise ExportError(f"{ckpt_path} has no draft_config: not a sparkforge train checkpoint")
-    cfg = DSparkDraftConfig.from_dict(ckpt["draft_config"])
     provenance = {"checkpoint": str(ckpt_path), "global_step": ckpt.get("global_step"),
-                  "epoch": ckpt.get("epoch"), **ckpt.get("sparkforge_provenance", {})}
-    return export_draft(cfg, draft_tensors(ckpt["state_dict"]), out_dir, provenance=provenance,
-                        **kwargs)
+                  "epoch": ckpt.get("epoch")}
+    cfg = DSparkDraftConfig.from_dict(ckpt["draft_config"])
+    return cfg, draft_tensors(ckpt["state_dict"]), provenance
+
+
+def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, **kwargs: Any) -> Path:
+    """Export a ``sparkforge train`` Lightning checkpoint (see ``export_draft`` for options)."""
+    cfg, tensors, provenance = read_checkpoint(ckpt_path)
+    return export_draft(cfg, tensors, out_dir, provenance=provenance, **kwargs)
+
+
+def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+    """Read a DSpark ``config.json`` (ours, DeepSpec's or NeMo's Qwen3-shaped drafts)."""
+    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "intermediate_size", "vocab_size", "rms_norm_eps", "rope_parameters",
+            "max_position_embeddings", "attention_bias", "num_hidden_layers", "block_size",
+            "num_anchors", "markov_rank", "markov_head_type", "enable_confidence_head",
+            "confidence_head_with_markov", "mask_token_id", "target_layer_ids",
+            "num_target_layers", "initializer_range")
+    fields = {k: config[k] for k in keys if config.get(k) is not None}
+    return DSparkDraftConfig(**fields)
+
+
+def load_draft(path: str | Path) -> Any:
+    """A ``DSparkDraftModel`` from an exported directory or a ``sparkforge train`` checkpoint.
+
+    Every required tensor must be present with its shape (the export self-check).
+    """
+    from safetensors.torch import load_file
+
+    from sparkforge.trainer.model import DSparkDraftModel
+
+    root = Path(path)
+    if root.is_dir():
+        cfg = draft_config_from_hf(json.loads((root / "config.json").read_text()))
+        tensors = load_file(str(root / "model.safetensors"))
+    else:
+        cfg, tensors, _ = read_checkpoint(root)
+    problems = key_problems(cfg, tensors)
+    if problems:
+        raise ExportError(f"{root} is not a complete DSpark draft:\n  " + "\n  ".join(problems))
+    model = DSparkDraftModel(cfg)
+    model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
+    return model.eval()
