@@ -92,10 +92,8 @@ class DSparkLitModule(L.LightningModule):
         checkpoint["draft_config"] = self.model.config.to_dict()
 
     def _anchor_generator(self, stage: int, batch_idx: int) -> torch.Generator:
-        gen = torch.Generator(device=self.device)
-        key = (self.seed, self.global_rank, stage, self.current_epoch, batch_idx)
-        gen.manual_seed(hash(key) & 0x7FFF_FFFF_FFFF_FFFF)
-        return gen
+        return anchor_generator(self.seed, self.global_rank, stage, self.current_epoch, batch_idx,
+                                device=self.device)
 
     def forward(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None,
                 **fixed_anchors: torch.Tensor) -> tuple[DSparkOutput, LossOutput]:
@@ -174,6 +172,15 @@ class DSparkLitModule(L.LightningModule):
         total = int(self.trainer.estimated_stepping_batches)
         sched = build_scheduler(opt, self.scheduler_cfg, total_steps=total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def anchor_generator(seed: int, rank: int, stage: int, epoch: int, batch_idx: int, *,
+                     device: torch.device | str = "cpu") -> torch.Generator:
+    """The anchor-sampling RNG of one micro-batch: a pure function of its position in the run."""
+    gen = torch.Generator(device=device)
+    # hash() of a tuple of ints is stable across processes (PYTHONHASHSEED affects only str/bytes).
+    gen.manual_seed(hash((seed, rank, stage, epoch, batch_idx)) & 0x7FFF_FFFF_FFFF_FFFF)
+    return gen
 
 
 def window_metrics(sums: MetricSums, *, elapsed_s: float, world_size: int) -> dict[str, float]:
