@@ -93,14 +93,16 @@ def write_tiny_cache(uri: str, target_dir: Path, *, hidden_dtype: str = "bfloat1
         for row in range(unit * rows_per_unit, (unit + 1) * rows_per_unit):
             reply = " ".join(lines[4 * row + 1: 4 * row + 1 + rng.randint(1, 3)])
             enc = tok.apply_chat_template(
-                [{"role": "user", "content": lines[4 * row]}, {"role": "assistant", "content": reply}],
+                [{"role": "user", "content": lines[4 * row]},
+                 {"role": "assistant", "content": reply}],
                 tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
             ids = torch.tensor(enc["input_ids"][:max_seq_len])
             with torch.no_grad():
                 hs = model(ids[None], output_hidden_states=True).hidden_states
             aux = torch.stack([hs[i][0] for i in layer_ids], dim=1).numpy()
             samples.append(SampleRecord(
-                sample_id=row, source_row=row, source_hash=hashlib.sha256(reply.encode()).hexdigest(),
+                sample_id=row, source_row=row,
+                source_hash=hashlib.sha256(reply.encode()).hexdigest(),
                 split="eval" if row % 4 == 3 else "train", input_ids=ids.numpy().astype(np.int32),
                 loss_mask=np.asarray(enc["assistant_masks"][:max_seq_len], dtype=np.uint8),
                 aux_hidden=float_to_storage(aux, hidden_dtype),

@@ -36,7 +36,8 @@ class RunContract:
     need_eval_split: bool = False
 
 
-def contract_problems(manifest: Any, run: RunContract, *, split_counts: dict[str, int]) -> list[str]:
+def contract_problems(manifest: Any, run: RunContract, *,
+                      split_counts: dict[str, int]) -> list[str]:
     """Every way ``manifest`` (a ``CacheManifest``) fails to serve ``run``; empty when it fits.
 
     Args:
@@ -74,8 +75,8 @@ def contract_problems(manifest: Any, run: RunContract, *, split_counts: dict[str
         differ("model.target_model_type", run.target_model_type, "target.model_type",
                target.model_type)
     if not 0 <= run.mask_token_id < target.vocab_size:
-        problems.append(f"model.mask_token_id={run.mask_token_id} is outside the cache's vocabulary "
-                        f"[0, target.vocab_size={target.vocab_size})")
+        problems.append(f"model.mask_token_id={run.mask_token_id} is outside the cache's "
+                        f"vocabulary [0, target.vocab_size={target.vocab_size})")
     if capture.max_seq_len > run.max_seq_len:
         problems.append(f"data.max_seq_len={run.max_seq_len} is shorter than the cache's "
                         f"capture.max_seq_len={capture.max_seq_len}")

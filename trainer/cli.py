@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentParser  # type: ignore[attr-defined]
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class ExportConfig:
 
 def _train(argv: list[str]) -> int:
     import torch
-    from jsonargparse import lazy_instance
+    from jsonargparse import lazy_instance  # type: ignore[attr-defined]
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.cli import LightningCLI
     from lightning.pytorch.loggers import CSVLogger
@@ -91,7 +91,7 @@ def _export(argv: list[str]) -> int:
     parser.add_argument("--include_embeddings", type=bool, default=True)
     parser.add_argument("--overwrite", type=bool, default=False)
     cfg = ExportConfig(**vars(parser.parse_args(argv)))
-    out = export_checkpoint(cfg.ckpt, cfg.out_dir, engine=cfg.engine,  # type: ignore[arg-type]
+    out = export_checkpoint(cfg.ckpt, cfg.out_dir, engine=cfg.engine,
                             include_embeddings=cfg.include_embeddings, overwrite=cfg.overwrite)
     print(f"exported {cfg.ckpt} -> {out}")
     return 0

@@ -1,4 +1,4 @@
-"""Stream a hidden-state cache into padded micro-batches: per-share plans, sequential unit reads, resume.
+"""Stream a hidden-state cache into padded micro-batches: per-share plans, unit reads, resume.
 
 Each (data-parallel rank x dataloader worker) executes its own ``EpochPlan`` (see ``data_plan``):
 it reads the units holding its samples whole and in plan order, with a few units read ahead on a
@@ -10,7 +10,7 @@ resumed run recomputes the plan and skips those batches without reading them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -18,7 +18,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from sparkforge.trainer.data_plan import Batching, EpochPlan, SplitIndex, batches_per_share, plan_epoch
+from sparkforge.trainer.data_plan import (
+    Batching,
+    EpochPlan,
+    SplitIndex,
+    batches_per_share,
+    plan_epoch,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +49,8 @@ def load_split_index(reader: Any, split: str, *, min_loss_tokens: int = 2) -> Sp
     )
 
 
-def collate(samples: Sequence[Mapping[str, torch.Tensor]], sample_ids: Sequence[int]) -> dict[str, torch.Tensor]:
+def collate(samples: Sequence[Mapping[str, torch.Tensor]],
+            sample_ids: Sequence[int]) -> dict[str, torch.Tensor]:
     """Right-pad a list of ``CachedSample.to_torch()`` dicts to the longest sample.
 
     Padding has ``loss_mask = 0`` and ``attention_mask = 0``, so no anchor or label falls in it.
@@ -57,7 +64,8 @@ def collate(samples: Sequence[Mapping[str, torch.Tensor]], sample_ids: Sequence[
         "input_ids": torch.zeros(batch, seq, dtype=torch.long),
         "loss_mask": torch.zeros(batch, seq, dtype=torch.uint8),
         "target_hidden_states": torch.zeros(batch, seq, num_feat, dtype=first["aux_hidden"].dtype),
-        "target_last_hidden_states": torch.zeros(batch, seq, hid, dtype=first["final_hidden"].dtype),
+        "target_last_hidden_states": torch.zeros(batch, seq, hid,
+                                                 dtype=first["final_hidden"].dtype),
         "attention_mask": torch.zeros(batch, seq, dtype=torch.uint8),
         "sample_ids": torch.tensor(list(sample_ids), dtype=torch.long),
     }
@@ -156,7 +164,7 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
             yield collate([held.pop(i).to_torch() for i in ids], ids)
         reads.close()
 
-    def _read_ahead(self, units: list[int]) -> Iterator[list[Any]]:
+    def _read_ahead(self, units: list[int]) -> Generator[list[Any], None, None]:
         """Yield whole units in order, keeping ``read_ahead_units`` reads in flight."""
         depth = max(1, self.read_ahead_units)
         with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="cache-read") as pool:
@@ -178,7 +186,8 @@ class ResumableLoader:
     count equals the batches trained on.
     """
 
-    def __init__(self, stream: CacheStream, *, prefetch_factor: int = 4, pin_memory: bool = False) -> None:
+    def __init__(self, stream: CacheStream, *, prefetch_factor: int = 4,
+                 pin_memory: bool = False) -> None:
         self.stream = stream
         self.prefetch_factor, self.pin_memory = prefetch_factor, pin_memory
         self.epoch = 0
@@ -210,9 +219,9 @@ class ResumableLoader:
 
     def state_dict(self) -> dict[str, int]:
         """The data position: epoch, consumed batches, and the layout that fixes the plan."""
-        return {"epoch": self.epoch, "consumed": self.consumed, "world_size": self.stream.world_size,
-                "num_workers": self.stream.num_workers, "batch_size": self.stream.batch_size,
-                "seed": self.stream.seed}
+        return {"epoch": self.epoch, "consumed": self.consumed,
+                "world_size": self.stream.world_size, "num_workers": self.stream.num_workers,
+                "batch_size": self.stream.batch_size, "seed": self.stream.seed}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resume at a saved position; the data layout must be the one it was saved with."""

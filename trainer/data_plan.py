@@ -1,10 +1,10 @@
-"""Plan one epoch of the training stream from the cache's sample index alone (no hidden states read).
+"""Plan one epoch of the training stream from the cache's sample index alone (no hidden states).
 
 The plan is a pure function of (index, seed, epoch, share): units are visited in a per-epoch
-shuffled order, the epoch's sample sequence is cut into equal contiguous shares (one per data-parallel
-rank x dataloader worker), each share passes through a bounded shuffle buffer and is cut into
-micro-batches. Because only sample ids and lengths are needed, a resumed run recomputes the same plan
-and skips the batches already consumed without reading them.
+shuffled order, the epoch's sample sequence is cut into equal contiguous shares (one per
+data-parallel rank x dataloader worker), each share passes through a bounded shuffle buffer and is
+cut into micro-batches. Because only sample ids and lengths are needed, a resumed run recomputes
+the same plan and skips the batches already consumed without reading them.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ class SplitIndex:
         sid = np.asarray(sample_id, dtype=np.int64)
         uni = np.asarray(unit, dtype=np.int64)
         ln = np.asarray(length, dtype=np.int64)
-        order = np.lexsort((sid, uni)) if order_key is None else np.argsort(order_key, kind="stable")
+        if order_key is None:
+            order = np.lexsort((sid, uni))
+        else:
+            order = np.argsort(order_key, kind="stable")
         return cls(sample_id=sid[order], unit=uni[order], length=ln[order])
 
 
@@ -57,7 +60,7 @@ class EpochPlan:
     unit_order: np.ndarray
     """Units in the order this share reads them (only those holding its samples)."""
     num_dropped: int
-    """Samples of the split left out this epoch so every share gets the same count (< num_shares)."""
+    """Samples left out this epoch so every share gets the same count (< num_shares)."""
 
 
 def epoch_unit_order(units: np.ndarray, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -84,7 +87,8 @@ def share_positions(
     return stream[start : start + per_share], len(index) - per_share * num_shares
 
 
-def shuffle_buffer_order(positions: np.ndarray, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
+def shuffle_buffer_order(positions: np.ndarray, buffer_size: int,
+                         rng: np.random.Generator) -> np.ndarray:
     """Emission order of a streaming shuffle buffer holding at most ``buffer_size`` samples."""
     if buffer_size <= 1:
         return positions.copy()

@@ -1,4 +1,4 @@
-"""The LightningDataModule over a hidden-state cache at any fsspec URI (train split trains, eval validates)."""
+"""LightningDataModule over a hidden-state cache at any fsspec URI (train fits, eval validates)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ class EvalConfig:
             raise ValueError("invalid eval config:\n  " + "\n  ".join(problems))
 
 
-def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, device: torch.device) -> dict[str, Any]:
+def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig,
+                    device: torch.device) -> dict[str, Any]:
     stream = CacheStream(lambda: reader, load_split_index(reader, "eval"), rank=0, world_size=1,
                          num_workers=0, batch_size=4, batching="pad", shuffle=False,
                          shuffle_buffer=1, pool_batches=1, seed=cfg.seed, read_ahead_units=1)
@@ -110,13 +111,16 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
     draft = load_draft(cfg.draft).to(device)
-    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32).to(device).eval()
+    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32)
+    target = target.to(device).eval()  # type: ignore[arg-type]
     dc, tc = draft.config, target.config
     mismatch = [f"{n}: draft {a}, target {b}" for n, a, b in (
-        ("hidden_size", dc.hidden_size, tc.hidden_size), ("vocab_size", dc.vocab_size, tc.vocab_size),
+        ("hidden_size", dc.hidden_size, tc.hidden_size),
+        ("vocab_size", dc.vocab_size, tc.vocab_size),
         ("num_target_layers", dc.num_target_layers, tc.num_hidden_layers)) if a != b]
     if mismatch:
-        raise ValueError(f"draft {cfg.draft} does not fit target {cfg.target}: " + "; ".join(mismatch))
+        raise ValueError(f"draft {cfg.draft} does not fit target {cfg.target}: "
+                         + "; ".join(mismatch))
     reader = open_cache(cfg.cache, storage_options=cfg.storage_options or None)
     forced = _teacher_forced(draft, reader, cfg, device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -128,7 +132,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         res = speculative_generate(target, draft, torch.from_numpy(prompt).to(device),
                                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                    confidence_threshold=cfg.confidence_threshold,
-                                   eos_token_id=eos if isinstance(eos, int) else None, generator=gen)
+                                   eos_token_id=eos if isinstance(eos, int) else None,
+                                   generator=gen)
         rounds += res.tokens_per_round
         accepted += res.position_accepted
         trials += res.position_trials
@@ -136,7 +141,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         "config": asdict(cfg),
         "speculative": {
             "tau": float(np.mean(rounds)) if rounds else 0.0, "rounds": len(rounds),
-            "acceptance_by_position": [float(a / t) if t else 0.0 for a, t in zip(accepted, trials)],
+            "acceptance_by_position": [float(a / t) if t else 0.0
+                                       for a, t in zip(accepted, trials, strict=True)],
             "position_trials": trials.tolist()},
         "teacher_forced": forced,
     }

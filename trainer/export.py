@@ -1,4 +1,4 @@
-"""Export a training checkpoint as the Hugging Face style DSpark draft that vLLM and SGLang load as-is.
+"""Export a training checkpoint as the HF-style DSpark draft that vLLM and SGLang load as-is.
 
 The layout follows serving-format.md sections 1 and 11: a Qwen3-shaped ``config.json`` built with
 ``transformers.Qwen3Config`` plus the DSpark fields, bare tensor keys in bf16 ``model.safetensors``,
@@ -44,7 +44,8 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
             "layer) pre-norm while training saw it post-norm, and SGLang cannot capture -1 "
             "(serving-format.md 2)")
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
-        problems.append(f"mask_token_id={cfg.mask_token_id} must be below vocab_size={cfg.vocab_size}")
+        problems.append(f"mask_token_id={cfg.mask_token_id} must be below "
+                        f"vocab_size={cfg.vocab_size}")
     if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
         problems.append("the draft uses a Gemma-style embedding scale or logit softcap, which the "
                         "Qwen3-shaped serving format cannot express")
@@ -68,7 +69,8 @@ def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     fields = serving_config(cfg)
     fields["max_window_layers"] = cfg.num_hidden_layers
     out: dict[str, Any] = Qwen3Config(**fields, dtype="bfloat16").to_dict()
-    assert out["model_type"] == "qwen3" and out["architectures"] == ["Qwen3DSparkModel"]
+    assert out["model_type"] == "qwen3", out["model_type"]
+    assert out["architectures"] == ["Qwen3DSparkModel"], out["architectures"]
     return out
 
 
@@ -111,7 +113,8 @@ def key_problems(cfg: DSparkDraftConfig, tensors: Mapping[str, torch.Tensor]) ->
     return problems
 
 
-def draft_tensors(state_dict: Mapping[str, torch.Tensor], *, prefix: str = "model.") -> dict[str, torch.Tensor]:
+def draft_tensors(state_dict: Mapping[str, torch.Tensor], *,
+                  prefix: str = "model.") -> dict[str, torch.Tensor]:
     """Bare draft keys from a Lightning state dict: strip the holder prefix and ``_orig_mod.``."""
     out = {}
     for key, value in state_dict.items():
@@ -160,7 +163,9 @@ def export_draft(
     return out
 
 
-def read_checkpoint(ckpt_path: str | Path) -> tuple[DSparkDraftConfig, dict[str, torch.Tensor], dict[str, Any]]:
+def read_checkpoint(
+    ckpt_path: str | Path,
+) -> tuple[DSparkDraftConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """The draft config, bare draft tensors and provenance of a ``sparkforge train`` checkpoint."""
     # Lightning checkpoints are pickles written by our own trainer: trusted input.
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)

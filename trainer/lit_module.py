@@ -1,4 +1,4 @@
-"""The LightningModule: holds the DSpark draft and its objective, logs ratio-of-sums metrics per window."""
+"""The LightningModule: holds the DSpark draft and its objective, logs ratio-of-sums metrics."""
 
 from __future__ import annotations
 
@@ -9,13 +9,25 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
-from sparkforge.trainer.metrics import MetricSums, accumulate, all_reduce_sums, metric_ratios, metric_sums
+from sparkforge.trainer.metrics import (
+    MetricSums,
+    accumulate,
+    all_reduce_sums,
+    metric_ratios,
+    metric_sums,
+)
 from sparkforge.trainer.model import DSparkDraftModel, DSparkOutput
 from sparkforge.trainer.run_config import DraftSpec, LossSpec
-from sparkforge.trainer.schedule import OptimizerConfig, SchedulerConfig, build_optimizer, build_scheduler
+from sparkforge.trainer.schedule import (
+    OptimizerConfig,
+    SchedulerConfig,
+    build_optimizer,
+    build_scheduler,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +64,12 @@ class DSparkLitModule(L.LightningModule):
         if draft.enable_confidence_head != (loss.confidence_head_alpha > 0):
             raise ValueError(
                 f"model.draft.enable_confidence_head={draft.enable_confidence_head} needs "
-                f"model.loss.confidence_head_alpha {'> 0' if draft.enable_confidence_head else '= 0'}"
+                "model.loss.confidence_head_alpha "
+                f"{'> 0' if draft.enable_confidence_head else '= 0'}"
                 f", got {loss.confidence_head_alpha}")
         # Plain dicts keep checkpoints loadable with torch.load(weights_only=True).
-        self.save_hyperparameters({"draft": dataclasses.asdict(draft), "loss": dataclasses.asdict(loss),
+        self.save_hyperparameters({"draft": dataclasses.asdict(draft),
+                                   "loss": dataclasses.asdict(loss),
                                    "optimizer": dataclasses.asdict(optimizer),
                                    "scheduler": dataclasses.asdict(scheduler),
                                    "attn_implementation": attn_implementation, "seed": seed})
@@ -83,7 +97,7 @@ class DSparkLitModule(L.LightningModule):
         """Build the draft from the target pieces in the datamodule's cache."""
         if self.model is not None:
             return
-        dm = self.trainer.datamodule
+        dm: Any = self.trainer.datamodule  # type: ignore[attr-defined]
         self.build(self.draft.draft_config(dm.target_config()), dm.target_weights())
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -110,7 +124,8 @@ class DSparkLitModule(L.LightningModule):
             chunk_rows=spec.l1_chunk_rows)
 
     # ---- training --------------------------------------------------------------------------------
-    def _sums(self, batch: dict[str, torch.Tensor], out: DSparkOutput, res: LossOutput) -> MetricSums:
+    def _sums(self, batch: dict[str, torch.Tensor], out: DSparkOutput,
+              res: LossOutput) -> MetricSums:
         sums = metric_sums(out, res.accept_rate, res.weights)
         one = torch.ones((), dtype=torch.float64, device=self.device)
         values = (res.logged_loss, res.ce_loss, res.l1_loss, res.confidence_loss)
@@ -130,11 +145,13 @@ class DSparkLitModule(L.LightningModule):
         sums["data_wait_s"] = torch.tensor(self._wait, dtype=torch.float64, device=self.device)
         self._window = accumulate(self._window, sums)
         self.log("loss", res.logged_loss, prog_bar=True, logger=False)
-        return res.loss
+        loss: torch.Tensor = res.loss
+        return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Every ``log_every_n_steps`` micro-batches: reduce the window over ranks and log it."""
-        if (batch_idx + 1) % self.trainer.log_every_n_steps == 0 or self.trainer.is_last_batch:
+        window = self.trainer.log_every_n_steps  # type: ignore[attr-defined]
+        if (batch_idx + 1) % window == 0 or self.trainer.is_last_batch:
             self._log_window()
         self._batch_end = time.perf_counter()
 
@@ -149,7 +166,7 @@ class DSparkLitModule(L.LightningModule):
                 lg.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=self.global_step)
         self._window, self._window_start = None, time.perf_counter()
 
-    # ---- validation -------------------------------------------------------------------------------
+    # ---- validation ------------------------------------------------------------------------
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Accumulate the eval split's sums (ratios are formed once at the end)."""
         out, res = self(batch, self._anchor_generator(1, batch_idx))
@@ -165,7 +182,7 @@ class DSparkLitModule(L.LightningModule):
         self.log_dict({f"val/{k}": v for k, v in metrics.items() if k != "tokens_per_s"},
                       sync_dist=False)
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         """Optimizer over the trainable parameters and the per-step warmup + cosine schedule."""
         params = [p for p in self.parameters() if p.requires_grad]
         opt = build_optimizer(params, self.optimizer_cfg)

@@ -30,7 +30,7 @@ def reliability_bins(confidence: Sequence[float], accept: Sequence[float], *,
 
 
 def plot_acceptance(report: Mapping[str, Any], path: Path) -> None:
-    """Bar chart of per-position acceptance (measured and teacher-forced) plus a reliability plot."""
+    """Per-position acceptance bars (measured and teacher-forced) and a reliability plot."""
     import matplotlib
 
     matplotlib.use("Agg")

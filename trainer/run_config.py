@@ -59,7 +59,7 @@ class DraftSpec:
         )
 
     def draft_config(self, target_config: Mapping[str, Any]) -> DSparkDraftConfig:
-        """The full draft config: backbone sizes from the target's HF config, DSpark fields from here."""
+        """The full draft config: backbone sizes from the target's HF config, the rest from here."""
         from transformers import AutoConfig
 
         data = dict(target_config)

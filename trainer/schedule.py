@@ -1,4 +1,4 @@
-"""Optimizer and learning-rate schedule of the paper recipe: AdamW (0.9, 0.95), warmup, cosine to a floor."""
+"""Optimizer and lr schedule of the paper recipe: AdamW (0.9, 0.95), warmup, cosine to a floor."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class OptimizerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
-    """Linear warmup then cosine decay to ``min_lr_ratio`` of the peak, stepped per optimizer step."""
+    """Linear warmup, then cosine decay to ``min_lr_ratio`` of the peak; one step per update."""
 
     warmup_steps: int | None = None
     """Explicit warmup length; 0 disables warmup. None: ``warmup_ratio`` of the run, at least 20."""
@@ -85,7 +85,8 @@ def optimizer_class(class_path: str) -> type[torch.optim.Optimizer]:
     return cls
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def build_optimizer(params: Iterable[torch.nn.Parameter],
+                    cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """Instantiate the configured optimizer over the trainable ``params``."""
     cls = optimizer_class(cfg.class_path)
     accepted = inspect.signature(cls.__init__).parameters
@@ -94,7 +95,8 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig) 
         if name in accepted:
             kwargs[name] = value
         elif name == "betas" or value:
-            logger.warning("optimizer %s takes no %r; ignoring optimizer.%s", cfg.class_path, name, name)
+            logger.warning("optimizer %s takes no %r; ignoring optimizer.%s", cfg.class_path,
+                           name, name)
     return cls(list(params), **{**kwargs, **cfg.init_args})
 
 

@@ -38,7 +38,7 @@ def _launch(cache: str, out: Path) -> None:
 
 
 def _replay(cache: str, out: Path, ranks: list[list[dict]]) -> dict[str, torch.Tensor]:
-    """Single process, same global batches: sum both ranks' numerators over the global weight sum."""
+    """One process, same global batches: both ranks' numerators over the global weight sum."""
     data = CacheDataModule(cache, batch_size=2, num_workers=0)
     module = DSparkLitModule(draft=SPEC, optimizer=OPTIMIZER, scheduler=SCHEDULER,
                              attn_implementation="sdpa")

@@ -83,7 +83,7 @@ def _fit(data: Any, steps: int) -> _Record:
 
 @pytest.mark.slow
 def test_cache_training_equals_live_target_training(tiny_target: Path, tmp_path: Path) -> None:
-    """Same samples, same anchors and init: cache-fed and live-fed losses agree to fp32 tolerance."""
+    """Same samples, anchors and init: cache-fed and live-fed losses agree to fp32 tolerance."""
     uri = write_tiny_cache(str(tmp_path / "cache"), tiny_target, hidden_dtype="float32")
     offline_data = CacheDataModule(uri, batch_size=2, num_workers=0)
     offline = _fit(offline_data, steps=4)

@@ -89,7 +89,8 @@ def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_p
     try:
         deadline = time.monotonic() + 120
         while not list(killed.glob("dspark/version_*/checkpoints/*step=8.ckpt")):
-            assert proc.poll() is None and time.monotonic() < deadline, "no step-8 checkpoint"
+            assert proc.poll() is None, "training exited before its step-8 checkpoint"
+            assert time.monotonic() < deadline, "no step-8 checkpoint"
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
@@ -117,11 +118,13 @@ def test_export_loads_in_vllm_and_eval_reports(tiny_run: Path, tiny_target: Path
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, out.stderr[-3000:]
     res = json.loads(line.removeprefix("RESULT "))
-    assert res["method"] == "dspark" and res["draft_architecture"] == ["Qwen3DSparkModel"]
+    assert res["method"] == "dspark"
+    assert res["draft_architecture"] == ["Qwen3DSparkModel"]
     assert res["aux_layer_ids"] == [1, 3]   # feature ids [0, 2] + 1
     assert res["num_speculative_tokens"] == 4
     assert res["params_without_tensor"] == ["model.mask_embedding"]   # vLLM drops it by design
-    assert res["params_not_equal"] == [] and res["tensors_not_loaded"] == []
+    assert res["params_not_equal"] == []
+    assert res["tensors_not_loaded"] == []
     assert res["confidence_head"] is True
 
     report_dir = tmp_path / "eval"
@@ -135,6 +138,7 @@ def test_export_loads_in_vllm_and_eval_reports(tiny_run: Path, tiny_target: Path
     forced = report["teacher_forced"]
     assert 0.0 <= forced["metrics"]["accept_rate"] <= 1.0
     assert forced["metrics"]["tau"] >= 1.0
-    assert "confidence_abs_error" in forced["metrics"] and forced["reliability"]
+    assert "confidence_abs_error" in forced["metrics"]
+    assert forced["reliability"]
     png = report_dir / "acceptance_by_position.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import sys
+from pathlib import Path
 
 import torch
 
@@ -64,7 +65,7 @@ def main(target: str, draft: str) -> dict[str, object]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ckpt = load_file(os.path.join(draft, "model.safetensors"))
+    ckpt = load_file(str(Path(draft) / "model.safetensors"))
     with set_current_vllm_config(cfg), torch.device("cpu"):
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{port}")

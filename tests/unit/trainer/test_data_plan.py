@@ -1,4 +1,4 @@
-"""Epoch planning: disjoint balanced shares, deterministic order, bounded shuffle, batching waste."""
+"""Epoch planning: disjoint equal shares, deterministic order, bounded shuffle, padding waste."""
 
 from __future__ import annotations
 
@@ -97,6 +97,7 @@ def test_bucketing_wastes_less_padding_than_stream_order() -> None:
 def test_waste_measures_against_hand_computation() -> None:
     """Padding and packing waste match a hand count."""
     lengths = np.array([4, 2, 3, 1])
-    assert padding_waste([np.array([0, 1]), np.array([2, 3])], lengths) == pytest.approx(1 - 10 / 14)
+    batches = [np.array([0, 1]), np.array([2, 3])]
+    assert padding_waste(batches, lengths) == pytest.approx(1 - 10 / 14)
     assert packing_waste(lengths, row_tokens=5) == pytest.approx(0.0)
     assert packing_waste(np.array([3, 3]), row_tokens=4) == pytest.approx(1 - 6 / 8)

@@ -96,7 +96,7 @@ def test_ranks_and_workers_see_disjoint_equal_shares(world: int, workers: int) -
 
 @pytest.mark.parametrize(("workers", "stop"), [(0, 0), (0, 4), (2, 3), (2, 4), (3, 5)])
 def test_resume_continues_at_the_exact_batch(workers: int, stop: int) -> None:
-    """A loader restored from state_dict yields exactly the uninterrupted run's remaining batches."""
+    """A loader restored from state_dict yields exactly the uninterrupted remaining batches."""
     full = _ids(list(ResumableLoader(_stream(_Reader(), workers=workers))))
     first = ResumableLoader(_stream(_Reader(), workers=workers))
     batches = iter(first)

@@ -32,7 +32,8 @@ def _draft(cfg: DSparkDraftConfig | None = None) -> DSparkDraftModel:
 
 def _ckpt(model: DSparkDraftModel, path: Path) -> Path:
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
-    torch.save({"state_dict": state, "draft_config": model.config.to_dict(), "global_step": 3}, path)
+    torch.save({"state_dict": state, "draft_config": model.config.to_dict(), "global_step": 3},
+               path)
     return path
 
 
@@ -41,7 +42,8 @@ def _batch(cfg: DSparkDraftConfig) -> dict[str, torch.Tensor]:
     s = 24
     return {"input_ids": torch.randint(0, cfg.vocab_size, (2, s), generator=g),
             "loss_mask": (torch.arange(s) >= 6).long().expand(2, s).contiguous(),
-            "target_hidden_states": torch.randn(2, s, cfg.num_features * cfg.hidden_size, generator=g),
+            "target_hidden_states": torch.randn(2, s, cfg.num_features * cfg.hidden_size,
+                                                generator=g),
             "target_last_hidden_states": torch.randn(2, s, cfg.hidden_size, generator=g)}
 
 
@@ -56,7 +58,8 @@ def test_export_reloads_with_identical_logits(tmp_path: Path) -> None:
     a = model(**batch, anchor_positions=anchors, block_keep_mask=keep)
     b = reloaded(**batch, anchor_positions=anchors, block_keep_mask=keep)
     assert torch.equal(a.draft_logits, b.draft_logits)
-    assert a.confidence_logits is not None and b.confidence_logits is not None
+    assert a.confidence_logits is not None
+    assert b.confidence_logits is not None
     assert torch.equal(a.confidence_logits, b.confidence_logits)
 
 
