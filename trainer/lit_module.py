@@ -134,6 +134,10 @@ class DSparkLitModule(L.LightningModule):
         sums["tokens"] = batch["attention_mask"].sum().double()
         return sums
 
+    def on_train_epoch_start(self) -> None:
+        """Start the data-wait clock (setup and validation time is not data wait)."""
+        self._batch_end = time.perf_counter()
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Time spent waiting for this batch since the previous step ended."""
         self._wait = time.perf_counter() - self._batch_end
@@ -174,6 +178,7 @@ class DSparkLitModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         """Log ``val_loss`` and every validation ratio, reduced over ranks."""
+        self._batch_end = time.perf_counter()  # validation time is not data wait
         if self._val is None:
             return
         metrics = window_metrics(all_reduce_sums(self._val), elapsed_s=0.0, world_size=1)
