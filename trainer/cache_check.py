@@ -94,7 +94,7 @@ def _split_problems(split_counts: dict[str, int], *, need_eval: bool) -> list[st
         problems.append("the cache's train split is empty")
     if need_eval and split_counts.get("eval", 0) == 0:
         problems.append("validation is on (trainer.limit_val_batches > 0) but the cache's eval "
-                        "split is empty")
+                        "split is empty (set --trainer.limit_val_batches 0 to train without it)")
     return problems
 
 

@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 
 def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> None:
     """Refuse a cache that cannot feed this run, listing every mismatch (before any training)."""
-    need_eval = bool(trainer.limit_val_batches) and trainer.val_check_interval is not None
+    need_eval = bool(trainer.limit_val_batches)
     contract = model.draft.contract(max_seq_len=data.max_seq_len, need_eval_split=need_eval)
     check_contract(data.reader.manifest, contract, split_counts=data.split_counts(), uri=data.uri)
     logger.info("cache %s fits the run: %d train / %d eval samples", data.uri,
