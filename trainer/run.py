@@ -7,7 +7,7 @@ from typing import Any
 
 import lightning as L
 
-from sparkforge.trainer.cache_check import check_contract
+from sparkforge.manifests.contract import check_contract
 from sparkforge.trainer.datamodule import CacheDataModule
 from sparkforge.trainer.lit_module import DSparkLitModule
 

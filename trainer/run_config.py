@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkforge.trainer.cache_check import RunContract
+from sparkforge.manifests.contract import RunContract
 from sparkforge.trainer.draft_config import (
     DSparkDraftConfig,
     MarkovHeadType,

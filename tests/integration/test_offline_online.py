@@ -8,7 +8,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from conftest import write_tiny_cache
+from cache_helpers import write_tiny_cache
 from safetensors.torch import load as load_safetensors
 from torch.utils.data import DataLoader
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import write_tiny_cache
+from cache_helpers import write_tiny_cache
 
 from sparkforge.trainer.cli import main
 
