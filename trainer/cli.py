@@ -87,9 +87,12 @@ def _export(argv: list[str]) -> int:
                             default_env=False)
     parser.add_argument("ckpt", type=str, help="checkpoint written by sparkforge train")
     parser.add_argument("out_dir", type=str, help="output directory")
-    parser.add_argument("--engine", type=str, default="any", choices=["vllm", "sglang", "any"])
-    parser.add_argument("--include_embeddings", type=bool, default=True)
-    parser.add_argument("--overwrite", type=bool, default=False)
+    parser.add_argument("--engine", type=str, default="any", choices=["vllm", "sglang", "any"],
+                        help="engine whose loading rules the draft must satisfy (any = both)")
+    parser.add_argument("--include_embeddings", type=bool, default=True,
+                        help="ship exact copies of the target's embed_tokens / lm_head")
+    parser.add_argument("--overwrite", type=bool, default=False,
+                        help="replace a non-empty OUT_DIR")
     cfg = ExportConfig(**vars(parser.parse_args(argv)))
     out = export_checkpoint(cfg.ckpt, cfg.out_dir, engine=cfg.engine,
                             include_embeddings=cfg.include_embeddings, overwrite=cfg.overwrite)

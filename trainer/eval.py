@@ -121,6 +121,10 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     if mismatch:
         raise ValueError(f"draft {cfg.draft} does not fit target {cfg.target}: "
                          + "; ".join(mismatch))
+    frozen = target.get_output_embeddings()
+    if frozen is not None and not torch.equal(frozen.weight.float(), draft.lm_head.weight.float()):
+        logger.warning("%s's lm_head differs from the one the draft was trained with: the draft's "
+                       "teacher was another model (or precision)", cfg.target)
     reader = open_cache(cfg.cache, storage_options=cfg.storage_options or None)
     forced = _teacher_forced(draft, reader, cfg, device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
