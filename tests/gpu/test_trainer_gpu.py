@@ -39,8 +39,6 @@ def test_bf16_mixed_flex_fit(tiny_cache: str, tmp_path: Path) -> None:
 
 def test_fsdp_fit(tiny_cache: str, tmp_path: Path) -> None:
     """FSDP (use_orig_params: frozen embeddings share units) trains and checkpoints."""
-    losses = _fit(tiny_cache, tmp_path, "--trainer.strategy",
-                  "lightning.pytorch.strategies.FSDPStrategy",
-                  "--trainer.strategy.use_orig_params", "true")
+    losses = _fit(tiny_cache, tmp_path, "--trainer.strategy", "fsdp")
     assert all(math.isfinite(v) for v in losses)
     assert list(tmp_path.glob("dspark/version_*/checkpoints/last.ckpt"))
