@@ -6,13 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkforge.manifests.contract import RunContract
-from sparkforge.trainer.draft_config import (
-    DSparkDraftConfig,
-    MarkovHeadType,
-    default_target_layer_ids,
-    from_target_config,
-)
+from sparkforge.manifests.contract import RunContract, default_target_layer_ids
+from sparkforge.trainer.draft_config import DSparkDraftConfig, MarkovHeadType, from_target_config
 
 
 @dataclass(frozen=True, kw_only=True)
