@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,8 @@ def _train(argv: list[str]) -> int:
             parser.set_defaults({"checkpoint.save_last": True})
 
     cuda = torch.cuda.is_available()
+    # main(argv) is the entry point, so argv legitimately differs from sys.argv (tests, dispatch).
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     cli = _TrainCLI(
         DSparkLitModule, CacheDataModule, run=False, args=argv, seed_everything_default=0,
         auto_configure_optimizers=False,
