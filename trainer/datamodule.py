@@ -116,6 +116,15 @@ class CacheDataModule(L.LightningDataModule):
         """The target's ``embed_tokens.weight``, ``lm_head.weight`` and ``norm.weight``."""
         return load_safetensors(self.reader.target_file("weights.safetensors"))
 
+    def provenance(self) -> dict[str, Any]:
+        """Where the training data came from, for checkpoints and exports."""
+        m = self.reader.manifest
+        return {"cache_uri": self.uri, "cache_created_at": m.created_at,
+                "cache_sparkforge_version": m.sparkforge_version, "cache_git_sha": m.git_sha,
+                "target_name_or_path": m.target.name_or_path,
+                "target_content_hash": m.target.content_hash,
+                "capture_layer_ids": list(m.capture.layer_ids), "capture_engine": m.capture.engine}
+
     # ---- Lightning hooks ----------------------------------------------------------------------
     def _stream(self, split: str, *, shuffle: bool, batch_size: int) -> CacheStream:
         trainer = self.trainer

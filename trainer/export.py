@@ -126,6 +126,18 @@ def draft_tensors(state_dict: Mapping[str, torch.Tensor], *,
     return out
 
 
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("sparkforge", "torch", "transformers", "lightning", "safetensors"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
 def export_draft(
     cfg: DSparkDraftConfig,
     tensors: Mapping[str, torch.Tensor],
@@ -154,7 +166,8 @@ def export_draft(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     save_file(bf16, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(hf_config(cfg), indent=2, sort_keys=True) + "\n")
-    info = {"draft_config": cfg.to_dict(), "engine_checked": engine, **dict(provenance or {})}
+    info = {"draft_config": cfg.to_dict(), "engine_checked": engine, "versions": _versions(),
+            **dict(provenance or {})}
     (tmp / "sparkforge_export.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     if out.exists():
         shutil.rmtree(out)
@@ -172,7 +185,7 @@ def read_checkpoint(
     if "draft_config" not in ckpt:
         raise ExportError(f"{ckpt_path} has no draft_config: not a sparkforge train checkpoint")
     provenance = {"checkpoint": str(ckpt_path), "global_step": ckpt.get("global_step"),
-                  "epoch": ckpt.get("epoch")}
+                  "epoch": ckpt.get("epoch"), **ckpt.get("sparkforge_provenance", {})}
     cfg = DSparkDraftConfig.from_dict(ckpt["draft_config"])
     return cfg, draft_tensors(ckpt["state_dict"]), provenance
 

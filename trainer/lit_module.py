@@ -81,6 +81,7 @@ class DSparkLitModule(L.LightningModule):
         self._window_start = time.perf_counter()
         self._batch_end = time.perf_counter()
         self._val: MetricSums | None = None
+        self._provenance: dict[str, Any] = {}
 
     # ---- model ---------------------------------------------------------------------------------
     def build(self, cfg: DSparkDraftConfig, weights: dict[str, torch.Tensor] | None = None) -> None:
@@ -99,11 +100,13 @@ class DSparkLitModule(L.LightningModule):
             return
         dm: Any = self.trainer.datamodule  # type: ignore[attr-defined]
         self.build(self.draft.draft_config(dm.target_config()), dm.target_weights())
+        self._provenance = dm.provenance() if hasattr(dm, "provenance") else {}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Store the resolved draft config so export and eval need no cache."""
         assert self.model is not None
         checkpoint["draft_config"] = self.model.config.to_dict()
+        checkpoint["sparkforge_provenance"] = self._provenance
 
     def _anchor_generator(self, stage: int, batch_idx: int) -> torch.Generator:
         return anchor_generator(self.seed, self.global_rank, stage, self.current_epoch, batch_idx,

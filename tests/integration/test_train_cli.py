@@ -112,6 +112,11 @@ def test_export_loads_in_vllm_and_eval_reports(tiny_run: Path, tiny_target: Path
     ckpt = tiny_run / "checkpoints" / "last.ckpt"
     draft = tmp_path / "draft"
     assert main(["export", str(ckpt), str(draft), "--engine", "vllm"]) == 0
+    info = json.loads((draft / "sparkforge_export.json").read_text())
+    assert info["cache_uri"] == tiny_cache
+    assert info["global_step"] == 30
+    assert info["capture_layer_ids"] == [1, 3]
+    assert "torch" in info["versions"]
     script = Path(__file__).with_name("vllm_dspark_load.py")
     out = subprocess.run([sys.executable, "-P", str(script), str(tiny_target), str(draft)],
                          capture_output=True, text=True, timeout=300, check=False)
