@@ -35,18 +35,16 @@ BATCH_KEYS = ("input_ids", "loss_mask", "target_hidden_states", "target_last_hid
 
 def load_split_index(reader: Any, split: str, *, min_loss_tokens: int = 2) -> SplitIndex:
     """The split's samples from ``index.parquet``, minus those too short to hold one anchor."""
-    table = reader.sample_index().to_pydict()
-    keep = [i for i, s in enumerate(table["split"]) if s == split]
-    short = [i for i in keep if table["num_loss_tokens"][i] < min_loss_tokens]
-    if short:
+    table = reader.sample_index()
+    col = {name: table.column(name).to_numpy(zero_copy_only=False)
+           for name in ("sample_id", "unit", "length", "num_loss_tokens", "split")}
+    in_split = col["split"] == split
+    keep = in_split & (col["num_loss_tokens"] >= min_loss_tokens)
+    if int(in_split.sum()) > int(keep.sum()):
         logger.info("%s split: skipping %d samples with < %d loss tokens (no valid anchor)",
-                    split, len(short), min_loss_tokens)
-    keep = sorted(set(keep) - set(short))
-    return SplitIndex.from_columns(
-        sample_id=[table["sample_id"][i] for i in keep],
-        unit=[table["unit"][i] for i in keep],
-        length=[table["length"][i] for i in keep],
-    )
+                    split, int(in_split.sum() - keep.sum()), min_loss_tokens)
+    return SplitIndex.from_columns(sample_id=col["sample_id"][keep], unit=col["unit"][keep],
+                                   length=col["length"][keep])
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
