@@ -40,15 +40,17 @@ def plot_acceptance(report: Mapping[str, Any], path: Path) -> None:
     measured = report.get("speculative", {}).get("acceptance_by_position", [])
     forced = report.get("teacher_forced", {}).get("accept_rate_by_position", [])
     width = 0.4
+    temp = report.get("config", {}).get("temperature")
     if measured:
         ax_pos.bar([k - width / 2 for k in range(len(measured))], measured, width,
-                   label="measured (speculative decoding)")
+                   label=f"measured (speculative decoding, T={temp})")
     if forced:
         ax_pos.bar([k + width / 2 for k in range(len(forced))], forced, width,
-                   label="teacher-forced (eval split)")
+                   label="teacher-forced, analytic at T=1 (eval split)")
     tau = report.get("speculative", {}).get("tau")
     ax_pos.set_title(f"Acceptance by draft position (tau = {tau:.2f})" if tau else
                      "Acceptance by draft position")
+    ax_pos.set_xticks(range(max(len(measured), len(forced))))
     ax_pos.set_xlabel("draft position k (0 = first drafted token)")
     ax_pos.set_ylabel("conditional acceptance")
     ax_pos.set_ylim(0, 1)

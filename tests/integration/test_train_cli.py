@@ -135,9 +135,10 @@ def test_export_loads_in_vllm_and_eval_reports(tiny_run: Path, tiny_target: Path
     report_dir = tmp_path / "eval"
     assert main(["eval", "--draft", str(draft), "--target", str(tiny_target), "--cache", tiny_cache,
                  "--out_dir", str(report_dir), "--num_prompts", "3",
-                 "--max_new_tokens", "12"]) == 0
+                 "--max_new_tokens", "12", "--temperature", "1.0"]) == 0
     report = json.loads((report_dir / "eval_report.json").read_text())
     assert report["speculative"]["tau"] >= 1.0
+    assert report["speculative"]["tau"] > 1.0   # at T=1 the trained draft gets tokens accepted
     assert report["speculative"]["rounds"] > 0
     assert len(report["speculative"]["acceptance_by_position"]) == 4
     forced = report["teacher_forced"]
