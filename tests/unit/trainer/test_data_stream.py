@@ -147,3 +147,19 @@ def test_eval_stream_reads_the_eval_split_in_order() -> None:
     ids = [i for b in _ids(list(_stream(reader, split="eval"))) for i in b]
     assert ids == sorted(s.sample_id for ss in reader.units.values() for s in ss
                          if s.sample_id % 10 == 9)
+
+
+def test_samples_held_stay_bounded_whatever_the_cache_size() -> None:
+    """Read-but-unyielded samples never exceed buffer + pool + the units in flight."""
+    reader = _Reader(num_units=40, per_unit=7)
+    stream = _stream(reader)
+    train = {s.sample_id for ss in reader.units.values() for s in ss if s.sample_id % 10 != 9}
+    yielded, peak = 0, 0
+    for batch in ResumableLoader(stream):
+        read = sum(1 for u in reader.reads for s in reader.units[u] if s.sample_id in train)
+        yielded += batch["sample_ids"].numel()
+        peak = max(peak, read - yielded)
+    bound = (stream.shuffle_buffer + stream.batch_size * stream.pool_batches
+             + 7 * (stream.read_ahead_units + 1))
+    assert yielded == len(train)
+    assert peak <= bound < len(train) / 4
