@@ -186,9 +186,11 @@ class DSparkLitModule(L.LightningModule):
             return
         metrics = window_metrics(all_reduce_sums(self._val), elapsed_s=0.0, world_size=1)
         self._val = None
-        self.log("val_loss", metrics.pop("loss"), prog_bar=True, sync_dist=False)
+        # The values are already reduced over ranks, hence identical: sync_dist's mean keeps them
+        # (and keeps Lightning from warning about unsynced epoch-level logs).
+        self.log("val_loss", metrics.pop("loss"), prog_bar=True, sync_dist=True)
         self.log_dict({f"val/{k}": v for k, v in metrics.items() if k != "tokens_per_s"},
-                      sync_dist=False)
+                      sync_dist=True)
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         """Optimizer over the trainable parameters and the per-step warmup + cosine schedule."""
