@@ -71,7 +71,8 @@ def _train(argv: list[str]) -> int:
         },
     )
     summary = train(cli.model, cli.datamodule, cli.trainer, ckpt_path=cli.config["ckpt_path"])
-    print(json.dumps(summary, indent=2, default=str))
+    if cli.trainer.is_global_zero:
+        print(json.dumps(summary, indent=2, default=str))
     return 0
 
 
