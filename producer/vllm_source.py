@@ -27,6 +27,7 @@ import vllm
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from vllm import LLM, SamplingParams
+from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
 from vllm.v1.engine.core_client import InprocClient
 
@@ -181,7 +182,9 @@ class VllmSource:
         written: deque[_Job] = deque()
         while todo or running or written:
             while todo and len(running) + len(written) < self.window:
-                self._submit(todo.popleft(), running, k)
+                rejected = self._submit(todo.popleft(), running, k)
+                if rejected is not None:
+                    yield rejected
             job = self._pop_readable(written)
             if job is None:
                 self._advance(running, written)
@@ -193,7 +196,8 @@ class VllmSource:
                 continue
             yield result
 
-    def _submit(self, job: _Job, running: dict[str, _Job], k: int) -> None:
+    def _submit(self, job: _Job, running: dict[str, _Job], k: int) -> CaptureResult | None:
+        """Add one request; a request the engine refuses (e.g. too long) fails without retry."""
         job.verify = job.verify or (
             self.verify_every > 0 and self._num_submitted % self.verify_every == 0
         )
@@ -209,7 +213,12 @@ class VllmSource:
         )
         request_id = f"s{job.request.sample_id}-a{job.attempt}"
         prompt = TokensPrompt(prompt_token_ids=job.request.input_ids.tolist())
-        running[self._engine.add_request(request_id, prompt, params)] = job
+        try:
+            self._engine.add_request(request_id, prompt, params)
+        except (VLLMClientError, ValueError) as exc:
+            return CaptureResult(sample_id=job.request.sample_id, error=f"engine refused: {exc}")
+        running[request_id] = job  # outputs carry this external id, not the engine's suffixed one
+        return None
 
     def _advance(self, running: dict[str, _Job], written: deque[_Job]) -> None:
         """Step the engine; finished requests move to ``written`` (their files may still be open).
