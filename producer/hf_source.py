@@ -84,7 +84,7 @@ class HfSource:
         if batch:
             yield batch
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def _forward(self, batch: list[CaptureRequest], k: int) -> Iterator[CaptureResult]:
         lengths = [r.input_ids.shape[0] for r in batch]
         ids_BT = torch.zeros(len(batch), max(lengths), dtype=torch.long)

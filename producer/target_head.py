@@ -8,15 +8,30 @@ engine's own prompt logprobs through ``lm_head``.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
+
+logger = logging.getLogger(__name__)
 
 # Families whose lm_head input is not RMSNorm(h_L) * w (offset norms, hyper-connection heads,
 # softcaps): the vLLM backend cannot finish their final state offline (vllm-capture.md 5-6).
 UNSUPPORTED_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3", "gemma4", "deepseek_v4", "kimi_k3"})
+CHECK_ROWS = 64
+"""Rows per checked request whose recomputed logprobs are compared with the engine's."""
+# Mean |delta logprob| by dtype: above it a warning, above 10x the run stops. A wrong layer or a
+# missing norm gives errors of order 1 and more; bf16 rounding about 0.05 (vllm-capture.md 7).
+CHECK_WARN = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
+
+
+class FinalStateMismatch(ValueError):
+    """Raised when logits recomputed from the captured final state contradict the engine's."""
+
+
 _NORM_NAMES = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight")
 _HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
 _EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
@@ -73,6 +88,40 @@ class TargetHead:
         """fp32 ``log_softmax(lm_head(final))`` [T, V]; needs the lm_head weight."""
         assert self.lm_head_weight is not None, "TargetHead was loaded without lm_head"
         return torch.log_softmax(final_TH.float() @ self.lm_head_weight.T, dim=-1)
+
+    def check_against_engine(
+        self, ids: np.ndarray, final_TH: torch.Tensor, engine_lp: torch.Tensor
+    ) -> float:
+        """Compare recomputed logprobs of the actual next tokens with the engine's own.
+
+        Args:
+            ids: [T] token ids sent.
+            final_TH: The post-norm final state computed offline.
+            engine_lp: [T - 1] the engine's log-probability of token t + 1 at row t.
+
+        Returns:
+            Mean |delta logprob| over the first ``CHECK_ROWS`` rows (a warning is logged when it
+            exceeds the dtype's bound).
+
+        Raises:
+            FinalStateMismatch: When it exceeds 10x the bound: the captured state is wrong.
+        """
+        rows = min(CHECK_ROWS, ids.shape[0] - 1)
+        if rows < 1:
+            return 0.0
+        ours = self.log_probs(final_TH[:rows])
+        ours = ours.gather(1, torch.from_numpy(ids[1 : rows + 1].astype(np.int64))[:, None])
+        err = float((ours.squeeze(1) - engine_lp[:rows]).abs().mean())
+        warn = CHECK_WARN.get(final_TH.dtype, 0.1)
+        message = (
+            f"logprobs recomputed from the final post-norm state differ from the engine's by "
+            f"{err:.3g} on average over {rows} rows (dtype {final_TH.dtype}, warn above {warn})"
+        )
+        if err > 10 * warn:
+            raise FinalStateMismatch(message + "; the captured final state is wrong")
+        if err > warn:
+            logger.warning(message)
+        return err
 
 
 def load_target_head(model_dir: str | Path, *, with_lm_head: bool) -> TargetHead:

@@ -47,11 +47,6 @@ logger = logging.getLogger(__name__)
 
 CONNECTOR = "HostHiddenStatesConnector"
 CONNECTOR_MODULE = "sparkforge.producer.hs_connector"
-VERIFY_ROWS = 64
-"""Rows per verified request whose recomputed logprobs are compared with vLLM's."""
-# Mean |delta logprob| per dtype: above WARN a warning, above 10 * WARN the run stops (a wrong
-# layer or norm gives errors of order 1 and more; bf16 rounding gives ~0.05, vllm-capture.md 7).
-VERIFY_WARN = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
 
 
 def engine_kwargs(engine: EngineOptions) -> dict[str, Any]:
@@ -287,8 +282,10 @@ class VllmSource:
         self.timings["norm_s"] += time.perf_counter() - start
         out = job.output
         if job.verify:
-            self._verify(job.request.sample_id, ids, final, scored_token_logprobs(
-                out.prompt_logprobs, ids.shape[0]))
+            err = self._head.check_against_engine(
+                ids, final, scored_token_logprobs(out.prompt_logprobs, ids.shape[0])
+            )
+            logger.debug("sample %d: final-state logprob check %.3g", job.request.sample_id, err)
         topk_ids = topk_lps = None
         if k:
             topk_ids, topk_lps = topk_rows(
@@ -301,28 +298,6 @@ class VllmSource:
             topk_ids=topk_ids,
             topk_logprobs=topk_lps,
         )
-
-    def _verify(
-        self, sample_id: int, ids: np.ndarray, final_TH: torch.Tensor, engine_lp: torch.Tensor
-    ) -> None:
-        """Compare ``log_softmax(lm_head(final))`` with vLLM's prompt logprobs on a few rows."""
-        rows = min(VERIFY_ROWS, ids.shape[0] - 1)
-        if rows < 1:
-            return
-        ours = self._head.log_probs(final_TH[:rows])
-        ours = ours.gather(1, torch.from_numpy(ids[1 : rows + 1])[:, None]).squeeze(1)
-        err = float((ours - engine_lp[:rows]).abs().mean())
-        warn = VERIFY_WARN.get(self.dtype, 0.1)
-        message = (
-            f"sample {sample_id}: final post-norm state gives logprobs differing from vLLM's by "
-            f"{err:.3g} on average over {rows} rows (dtype {self.dtype}, warn above {warn})"
-        )
-        if err > 10 * warn:
-            raise RuntimeError(message + "; the captured final state is wrong, stopping")
-        if err > warn:
-            logger.warning(message)
-        else:
-            logger.debug(message)
 
     def close(self) -> None:
         """Shut the engine down and remove the scratch folder if this source made it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -45,7 +46,15 @@ def hf_reference(tiny_target: Path, requests_) -> dict[int, dict[str, torch.Tens
 
 
 @pytest.fixture(scope="module")
-def source(tiny_target: Path, hf_reference, tmp_path_factory):
+def hf_source(tiny_target: Path):
+    """The transformers backend, loaded before vLLM starts in this process."""
+    from sparkforge.producer.hf_source import HfSource
+
+    return HfSource(str(tiny_target), layer_ids=LAYER_IDS)
+
+
+@pytest.fixture(scope="module")
+def source(tiny_target: Path, hf_reference, hf_source, tmp_path_factory):
     """One in-process engine for the module, with a 64-token budget so long prompts are chunked."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from sparkforge.producer.vllm_source import VllmSource
@@ -136,3 +145,43 @@ def test_engine_info_names_ids_and_sizes(source) -> None:
     assert info["engine"] == "vllm" and info["engine_version"].startswith("0.")
     assert info["layer_ids"] == [1, 3] and info["vllm_aux_ids"] == [1, 3, 4]
     assert info["dtype"] == "float32" and info["tensor_parallel_size"] == 1
+
+
+def test_parity_against_hf_backend_passes_in_fp32(source, hf_source, requests_) -> None:
+    """run_parity: per-layer errors at fp32 noise, top-1 agreement 1, KL ~ 0, a JSON-able dict."""
+    from sparkforge.producer.parity import run_parity
+
+    report = run_parity(source, hf_source, requests_[:3])
+    print(report.table())
+    assert report.passed
+    assert [p.name for p in report.layers] == ["hidden_states[1]", "hidden_states[3]", "final"]
+    assert all(p.rel < 1e-5 and p.max_abs < 5e-5 for p in report.layers)
+    assert report.top1_agreement == 1.0 and report.kl_topk < 1e-7
+    assert json.loads(json.dumps(report.to_dict()))["num_tokens"] == sum(LENGTHS[:3])
+
+
+def test_parity_flags_a_shifted_layer(source, tiny_target, requests_) -> None:
+    """A reference capturing the wrong layers (off by one) is refused; same ids, wrong data fails."""
+    from sparkforge.producer.hf_source import HfSource
+    from sparkforge.producer.parity import run_parity
+
+    with pytest.raises(ValueError, match="layer_ids differ"):
+        run_parity(source, HfSource(str(tiny_target), layer_ids=(2, 3)), requests_[:1])
+    report = run_parity(source, _Mislabelled(HfSource(str(tiny_target), layer_ids=(2, 3))),
+                        requests_[:1])
+    assert not report.passed and report.layers[0].rel > 0.1
+
+
+class _Mislabelled:
+    """A reference that claims ids (1, 3) but captures (2, 3): the classic off-by-one."""
+
+    layer_ids = LAYER_IDS
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def capture(self, requests, *, topk=None):
+        return self.inner.capture(requests, topk=topk)
+
+    def target_head(self):
+        return self.inner.target_head()
