@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -56,8 +58,10 @@ def hf_source(tiny_target: Path):
 @pytest.fixture(scope="module")
 def source(tiny_target: Path, hf_reference, hf_source, tmp_path_factory):
     """One in-process engine for the module, with a 64-token budget so long prompts are chunked."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from sparkforge.producer.vllm_source import VllmSource
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     engine = EngineOptions(
         model=str(tiny_target),
@@ -77,6 +81,7 @@ def source(tiny_target: Path, hf_reference, hf_source, tmp_path_factory):
     )
     yield src
     src.close()
+    patch.undo()
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +190,30 @@ class _Mislabelled:
 
     def target_head(self):
         return self.inner.target_head()
+
+
+def test_tensor_parallel_2_equals_tp1(captured, requests_, tiny_target, tmp_path) -> None:
+    """TP=2 on two CPU workers (multiprocess, one core each) captures what TP=1 captures."""
+    npz = tmp_path / "requests.npz"
+    np.savez(npz, **{str(r.sample_id): r.input_ids for r in requests_})
+    env = os.environ | {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        # Two workers cannot auto-bind on one NUMA node: "Not enough allowed NUMA nodes to bind
+        # threads of 2 local CPUWorkers"; bind one core each and reserve none for the engine.
+        "VLLM_CPU_OMP_THREADS_BIND": "0|1",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
+    script = Path(__file__).with_name("capture_tp2.py")
+    proc = subprocess.run(
+        [sys.executable, "-P", str(script), str(tiny_target), str(npz), str(tmp_path / "out.pt")],
+        env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tp2 = torch.load(tmp_path / "out.pt")
+    assert tp2["info"]["tensor_parallel_size"] == 2
+    results, _ = captured
+    for sample_id, (aux, final, topk_ids, error) in tp2["results"].items():
+        assert error is None
+        torch.testing.assert_close(aux, results[sample_id].aux_hidden, atol=5e-5, rtol=1e-5)
+        torch.testing.assert_close(final, results[sample_id].final_hidden, atol=5e-5, rtol=1e-5)
+        assert torch.equal(topk_ids, results[sample_id].topk_ids)
