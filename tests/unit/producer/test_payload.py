@@ -86,3 +86,10 @@ def test_topk_rows_shift_prompt_entries_and_append_the_sampled_step() -> None:
     assert ids.tolist() == [[6, 5], [1, 2], [4, 8]]
     expected = torch.tensor([[-0.1, -1.0], [-0.2, -0.3], [-0.5, -0.9]])
     torch.testing.assert_close(lps, expected)
+
+
+def test_huge_finite_values_are_not_mistaken_for_non_finite(tmp_path) -> None:
+    """Values whose fp32 sum overflows are still finite and pass."""
+    hidden = torch.full((5, 3, 8), 3e38)
+    data = _file(tmp_path, hidden, torch.arange(5))
+    _check(data, np.arange(5, dtype=np.int64))
