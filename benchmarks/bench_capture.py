@@ -31,7 +31,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
     parser.add_argument("--verify-every", type=int, default=100)
-    parser.add_argument("--in-process", action="store_true", help="VLLM_ENABLE_V1_MULTIPROCESSING=0")
+    parser.add_argument(
+        "--in-process", action="store_true", help="VLLM_ENABLE_V1_MULTIPROCESSING=0"
+    )
     return parser.parse_args()
 
 
@@ -58,8 +60,9 @@ def run_capture(engine, prompts, args) -> tuple[float, dict[str, float]]:
 
     num_layers = args.num_layers
     layer_ids = sorted({1, num_layers // 2, num_layers - 2})
-    source = VllmSource(engine, layer_ids=layer_ids, window=args.window,
-                        verify_every=args.verify_every)
+    source = VllmSource(
+        engine, layer_ids=layer_ids, window=args.window, verify_every=args.verify_every
+    )
     requests = [CaptureRequest(sample_id=i, input_ids=p) for i, p in enumerate(prompts)]
     list(source.capture(requests[:4]))  # warm-up
     source.timings = dict.fromkeys(source.timings, 0.0)
@@ -81,23 +84,31 @@ def main() -> None:
 
     model = build_tiny_target(
         Path(tempfile.mkdtemp(prefix="bench-target-")),
-        num_hidden_layers=args.num_layers, hidden_size=args.hidden_size, head_dim=64,
+        num_hidden_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        head_dim=64,
     )
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(4, 1000, args.prompt_len).astype(np.int32)
-               for _ in range(args.num_prompts)]
+    prompts = [
+        rng.integers(4, 1000, args.prompt_len).astype(np.int32) for _ in range(args.num_prompts)
+    ]
     engine = EngineOptions(
-        model=str(model), dtype=args.dtype, max_model_len=args.prompt_len + 16,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        model=str(model),
+        dtype=args.dtype,
+        max_model_len=args.prompt_len + 16,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         enforce_eager=True,
     )
     tokens = args.num_prompts * args.prompt_len
     base_s = run_baseline(engine, prompts)
     cap_s, timings = run_capture(engine, prompts, args)
     rows = [("plain prefill", base_s), ("capture", cap_s)]
-    print(f"\n{tokens} tokens: {args.num_prompts} x {args.prompt_len}, H={args.hidden_size}, "
-          f"L={args.num_layers}, {args.dtype}, window={args.window}, "
-          f"{'in-process' if args.in_process else 'multiprocess'}")
+    print(
+        f"\n{tokens} tokens: {args.num_prompts} x {args.prompt_len}, H={args.hidden_size}, "
+        f"L={args.num_layers}, {args.dtype}, window={args.window}, "
+        f"{'in-process' if args.in_process else 'multiprocess'}"
+    )
     print(f"{'run':<16}{'wall s':>10}{'tok/s':>12}")
     for name, secs in rows:
         print(f"{name:<16}{secs:>10.3f}{tokens / secs:>12.0f}")
@@ -106,9 +117,13 @@ def main() -> None:
     print(f"{'capture part':<16}{'s':>10}{'share':>12}")
     for name, secs in [*timings.items(), ("loop other", other)]:
         print(f"{name:<16}{secs:>10.3f}{secs / cap_s:>12.1%}")
-    print("reproduce: VLLM_CPU_KVCACHE_SPACE=2 .venv/bin/python -P benchmarks/bench_capture.py "
-          + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                     if not isinstance(v, bool)) + (" --in-process" if args.in_process else ""))
+    print(
+        "reproduce: VLLM_CPU_KVCACHE_SPACE=2 .venv/bin/python -P benchmarks/bench_capture.py "
+        + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if not isinstance(v, bool)
+        )
+        + (" --in-process" if args.in_process else "")
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ class EngineOptions:
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Activation dtype; FP8/NVFP4 checkpoints still run bf16 activations."""
     quantization: str | None = None
-    """Weight quantization (e.g. "fp8", "modelopt_fp4", "compressed-tensors"); None = from checkpoint."""
+    """Weight quantization ("fp8", "modelopt_fp4", "compressed-tensors"); None = from checkpoint."""
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
@@ -39,7 +39,8 @@ class EngineOptions:
                 problems.append(f"engine.{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             problems.append(
-                f"engine.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+                "engine.gpu_memory_utilization must be in (0, 1], "
+                f"got {self.gpu_memory_utilization}"
             )
         if problems:
             raise ValueError("invalid engine options:\n  " + "\n  ".join(problems))

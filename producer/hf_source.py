@@ -41,8 +41,8 @@ class HfSource:
         device: str = "cpu",
         max_batch_tokens: int = 8192,
     ) -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        self.model.to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model = model.to(device).eval()  # type: ignore[arg-type]  # odd transformers stub
         config = self.model.config.get_text_config()
         self.num_hidden_layers = int(config.num_hidden_layers)
         self.layer_ids = validate_hf_ids(layer_ids, self.num_hidden_layers)
@@ -117,7 +117,7 @@ class HfSource:
         return TargetHead(
             norm_weight=norm.weight.detach().float().cpu(),
             eps=float(norm.variance_epsilon),
-            lm_head_weight=self.model.get_output_embeddings().weight.detach().float().cpu(),
+            lm_head_weight=self.model.lm_head.weight.detach().float().cpu(),
         )
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 from functools import partial
+from pathlib import Path
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
@@ -48,13 +49,20 @@ class HostHiddenStatesConnector(ExampleHiddenStatesConnector):
         # Advanced indexing copies, so the blocks may be freed as soon as this returns.
         hidden = extract_from_kv_cache(self._kv_cache, slot_mapping, pending.token_ids.shape[0])
         tensors = {"hidden_states": hidden, "token_ids": pending.token_ids.clone()}
-        os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
+        Path(pending.filename).parent.mkdir(parents=True, exist_ok=True)
         lock_fd = self._lock_fds.pop(pending.req_id, None)
         if lock_fd is None and self.use_lock:
-            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC
+            lock_fd = os.open(pending.filename + ".lock", flags, 0o644)
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
         done = _CopyDone()
-        future = self._executor.submit(self._write_tensors, tensors, done, pending.filename, lock_fd)
+        future = self._executor.submit(
+            self._write_tensors,
+            tensors,
+            done,  # type: ignore[arg-type]  # duck-types the CUDA event the parent waits on
+            pending.filename,
+            lock_fd,
+        )
         self._req_copy_events[pending.req_id] = done  # type: ignore[assignment]
         self._req_futures[pending.req_id] = future
         future.add_done_callback(partial(self._on_write_done, pending.req_id))

@@ -66,8 +66,10 @@ class ParityReport:
 
     def table(self) -> str:
         """A printable table, one line per layer then the logit comparison."""
-        lines = [f"parity on {self.num_samples} samples / {self.num_tokens} tokens ({self.dtype})",
-                 f"{'layer':<20}{'max abs':>12}{'rel':>12}"]
+        lines = [
+            f"parity on {self.num_samples} samples / {self.num_tokens} tokens ({self.dtype})",
+            f"{'layer':<20}{'max abs':>12}{'rel':>12}",
+        ]
         lines += [f"{p.name:<20}{p.max_abs:>12.3e}{p.rel:>12.3e}" for p in self.layers]
         lines.append(
             f"logits vs vLLM: top-1 agreement {self.top1_agreement:.4f}, KL(top-k) "
@@ -104,6 +106,10 @@ def run_parity(
     logit_rows = []
     for r in requests:
         a, b = ours[r.sample_id], ref[r.sample_id]
+        assert a.aux_hidden is not None
+        assert b.aux_hidden is not None
+        assert a.final_hidden is not None
+        assert b.final_hidden is not None
         for f, name in enumerate(names[:-1]):
             diffs[name].append((a.aux_hidden[:, f].float(), b.aux_hidden[:, f].float()))
         diffs["final"].append((a.final_hidden.float(), b.final_hidden.float()))
@@ -147,7 +153,9 @@ def _logit_parity(
     result: CaptureResult, head: TargetHead
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row: top-1 match, KL(vLLM || recomputed) over vLLM's top-k, max |dlogprob| on top-k."""
-    assert result.topk_ids is not None and result.topk_logprobs is not None
+    assert result.topk_ids is not None
+    assert result.topk_logprobs is not None
+    assert result.final_hidden is not None
     recomputed_TV = head.log_probs(result.final_hidden)
     ids_TK = result.topk_ids.long()
     engine_TK = result.topk_logprobs.float()

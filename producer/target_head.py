@@ -1,4 +1,4 @@
-"""The target's final RMSNorm and lm_head, read from the checkpoint, to finish captured states offline.
+"""The target's final RMSNorm and lm_head, read from the checkpoint, to finish captured states.
 
 vLLM's extractor returns the final residual *before* the final norm (aux id L), so the producer
 applies ``RMSNorm(h_L) * w`` itself (vllm-capture.md section 6) and checks the result against the
@@ -11,6 +11,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +21,9 @@ logger = logging.getLogger(__name__)
 
 # Families whose lm_head input is not RMSNorm(h_L) * w (offset norms, hyper-connection heads,
 # softcaps): the vLLM backend cannot finish their final state offline (vllm-capture.md 5-6).
-UNSUPPORTED_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3", "gemma4", "deepseek_v4", "kimi_k3"})
+UNSUPPORTED_MODEL_TYPES = frozenset(
+    {"gemma", "gemma2", "gemma3", "gemma4", "deepseek_v4", "kimi_k3"}
+)
 CHECK_ROWS = 64
 """Rows per checked request whose recomputed logprobs are compared with the engine's."""
 # Mean |delta logprob| by dtype: above it a warning, above 10x the run stops. A wrong layer or a
@@ -32,15 +35,20 @@ class FinalStateMismatch(ValueError):
     """Raised when logits recomputed from the captured final state contradict the engine's."""
 
 
-_NORM_NAMES = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight")
+_NORM_NAMES = (
+    "model.norm.weight",
+    "model.language_model.norm.weight",
+    "language_model.model.norm.weight",
+)
 _HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
 _EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
 
 
-def read_text_config(model_dir: str | Path) -> dict:
+def read_text_config(model_dir: str | Path) -> dict[str, Any]:
     """The text model's ``config.json`` section (``text_config`` for multimodal checkpoints)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return config.get("text_config", config) | {"model_type": config.get("model_type")}
+    config: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
+    text: dict[str, Any] = config.get("text_config", config)
+    return text | {"model_type": config.get("model_type")}
 
 
 def _tensor_files(model_dir: Path) -> dict[str, Path]:
@@ -66,7 +74,8 @@ def load_checkpoint_tensor(model_dir: str | Path, candidates: tuple[str, ...]) -
     for name in candidates:
         if name in files:
             with safe_open(str(files[name]), framework="pt") as f:
-                return f.get_tensor(name)
+                tensor: torch.Tensor = f.get_tensor(name)
+                return tensor
     raise ValueError(f"checkpoint {model_dir} has none of the tensors {list(candidates)}")
 
 
@@ -141,4 +150,6 @@ def load_target_head(model_dir: str | Path, *, with_lm_head: bool) -> TargetHead
     if with_lm_head:
         names = _EMBED_NAMES if config.get("tie_word_embeddings") else _HEAD_NAMES + _EMBED_NAMES
         head = load_checkpoint_tensor(model_dir, names).float()
-    return TargetHead(norm_weight=norm, eps=float(config.get("rms_norm_eps", 1e-6)), lm_head_weight=head)
+    return TargetHead(
+        norm_weight=norm, eps=float(config.get("rms_norm_eps", 1e-6)), lm_head_weight=head
+    )

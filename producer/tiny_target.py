@@ -38,8 +38,9 @@ _WORDS = (
     "over such our man me even most made after also did many before must through back years where "
     "much your way well down should because each just those people how too little state good very "
     "make world still own see men work long get here between both life being under never day same "
-    "another know while last might us great old year off come since against go came right used take "
-    "three number value sum list graph model token layer draft block anchor cache shard train loss"
+    "another know while last might us great old year off come since against go came right used "
+    "take three number value sum list graph model token layer draft block anchor cache shard train "
+    "loss"
 ).split()
 
 
@@ -55,7 +56,9 @@ def synthetic_corpus(num_lines: int = 4000, *, seed: int = 0) -> list[str]:
     return lines
 
 
-def build_tokenizer(out_dir: Path, *, vocab_size: int = 1024, generation_markers: bool = True) -> None:
+def build_tokenizer(
+    out_dir: Path, *, vocab_size: int = 1024, generation_markers: bool = True
+) -> None:
     """Train a byte-level BPE tokenizer of exactly ``vocab_size`` tokens and save it HF-style."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

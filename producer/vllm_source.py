@@ -121,7 +121,9 @@ class VllmSource:
         self._llm = LLM(**self._build_kwargs(engine))
         self._engine = self._llm.llm_engine
         self._in_process = isinstance(self._engine.engine_core, InprocClient)
-        self.dtype: torch.dtype = self._engine.model_config.dtype
+        dtype = self._engine.model_config.dtype
+        assert isinstance(dtype, torch.dtype), "vLLM resolves the model dtype at start-up"
+        self.dtype = dtype
         self._num_submitted = 0
         self.timings = {"engine_s": 0.0, "file_load_s": 0.0, "check_s": 0.0, "norm_s": 0.0}
 
@@ -319,7 +321,9 @@ def _keep_cpu_reservation(engine: EngineOptions) -> None:
     if not current_platform.is_cpu() or "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ:
         return
     reserved = str(engine.tensor_parallel_size)
-    logger.info("VLLM_CPU_NUM_OF_RESERVED_CPU=%s (the plain-engine value; see vllm_source)", reserved)
+    logger.info(
+        "VLLM_CPU_NUM_OF_RESERVED_CPU=%s (the plain-engine value; see vllm_source)", reserved
+    )
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = reserved
 
 

@@ -20,14 +20,25 @@ if __name__ == "__main__":
     arrays = np.load(requests_path)
     requests = [CaptureRequest(sample_id=int(k), input_ids=arrays[k]) for k in arrays.files]
     engine = EngineOptions(
-        model=model, dtype="float32", max_model_len=256, max_num_batched_tokens=64,
-        max_num_seqs=4, enforce_eager=True, tensor_parallel_size=2,
+        model=model,
+        dtype="float32",
+        max_model_len=256,
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+        enforce_eager=True,
+        tensor_parallel_size=2,
         extra={"distributed_executor_backend": "mp"},
     )
     source = VllmSource(engine, layer_ids=(1, 3), topk=4, window=2, verify_every=1)
     results = {r.sample_id: r for r in source.capture(requests)}
     info = source.engine_info()
     source.close()
-    torch.save({"info": info, "results": {
-        k: (r.aux_hidden, r.final_hidden, r.topk_ids, r.error) for k, r in results.items()}},
-        out_path)
+    torch.save(
+        {
+            "info": info,
+            "results": {
+                k: (r.aux_hidden, r.final_hidden, r.topk_ids, r.error) for k, r in results.items()
+            },
+        },
+        out_path,
+    )

@@ -25,7 +25,7 @@ def _check(data, sent):
 
 
 def test_good_file_passes_and_splits_by_id(tmp_path) -> None:
-    """A matching file passes; slots map to ascending aux ids, the last one is the final residual."""
+    """A matching file passes; slots map to ascending aux ids, the last is the final residual."""
     hidden = torch.arange(5 * 3 * 8, dtype=torch.float32).reshape(5, 3, 8)
     sent = np.arange(5, dtype=np.int64)
     data = _file(tmp_path, hidden, torch.from_numpy(sent))
@@ -79,7 +79,7 @@ def _flat(entries):
 
 
 def test_topk_rows_shift_prompt_entries_and_append_the_sampled_step() -> None:
-    """Row t holds entry t+1 of the prompt logprobs (scored token dropped); the last row is sampled."""
+    """Row t holds prompt entry t+1 (scored token dropped); the last row is the sampled step."""
     prompt = _flat([[], [(5, -1.0), (6, -0.1), (5, -1.0)], [(9, -3.0), (1, -0.2), (2, -0.3)]])
     sampled = _flat([[(4, -0.5), (4, -0.5), (8, -0.9)]])
     ids, lps = topk_rows(prompt, sampled, num_tokens=3, k=2)

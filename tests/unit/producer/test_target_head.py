@@ -26,12 +26,13 @@ def forward(tiny_target):
 
 
 def test_final_norm_of_pre_norm_residual_is_hf_post_norm(tiny_target, forward) -> None:
-    """RMSNorm(last layer output) with the checkpoint's weight and eps equals HF hidden_states[L]."""
+    """RMSNorm(last layer output) with the checkpoint's weight and eps = HF hidden_states[L]."""
     _, hidden, pre_norm, _ = forward
     head = load_target_head(tiny_target, with_lm_head=False)
     assert not torch.allclose(pre_norm, hidden[4], atol=1e-2)
-    torch.testing.assert_close(head.final_norm(pre_norm, torch.float32), hidden[4][0],
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        head.final_norm(pre_norm, torch.float32), hidden[4][0], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_logprob_check_accepts_the_right_state_and_stops_a_wrong_one(tiny_target, forward) -> None:

@@ -39,7 +39,9 @@ def hf_reference(tiny_target: Path, requests_) -> dict[int, dict[str, torch.Tens
     refs = {}
     with torch.no_grad():
         for r in requests_:
-            out = model(torch.from_numpy(r.input_ids.astype(np.int64))[None], output_hidden_states=True)
+            out = model(
+                torch.from_numpy(r.input_ids.astype(np.int64))[None], output_hidden_states=True
+            )
             refs[r.sample_id] = {
                 "hidden_states": torch.stack(out.hidden_states)[:, 0],
                 "logprobs": torch.log_softmax(out.logits[0], -1),
@@ -102,13 +104,14 @@ def test_aux_and_final_match_transformers(captured, hf_reference, requests_) -> 
         assert result.error is None
         ref = hf_reference[sample_id]["hidden_states"]
         assert result.aux_hidden.dtype == torch.float32
-        torch.testing.assert_close(result.aux_hidden, ref[list(LAYER_IDS)].transpose(0, 1),
-                                   atol=5e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            result.aux_hidden, ref[list(LAYER_IDS)].transpose(0, 1), atol=5e-5, rtol=1e-5
+        )
         torch.testing.assert_close(result.final_hidden, ref[4], atol=5e-5, rtol=1e-5)
 
 
 def test_topk_rows_predict_the_next_token(captured, hf_reference) -> None:
-    """Row t of the top-k is the distribution from row t; the last row comes from the sampled step."""
+    """Row t of the top-k is the distribution from row t; the last row is the sampled step."""
     results, _ = captured
     for sample_id, result in results.items():
         ref_lp, ref_ids = hf_reference[sample_id]["logprobs"].topk(TOPK, dim=-1)
@@ -140,16 +143,21 @@ def test_too_long_request_fails_alone(source) -> None:
     ok = CaptureRequest(sample_id=1, input_ids=np.arange(4, 40, dtype=np.int32))
     long = CaptureRequest(sample_id=2, input_ids=np.full(300, 5, dtype=np.int32))
     results = {r.sample_id: r for r in source.capture([long, ok])}
-    assert results[1].error is None and results[1].aux_hidden.shape == (36, 2, 128)
-    assert "engine refused" in results[2].error and results[2].aux_hidden is None
+    assert results[1].error is None
+    assert results[1].aux_hidden.shape == (36, 2, 128)
+    assert "engine refused" in results[2].error
+    assert results[2].aux_hidden is None
 
 
 def test_engine_info_names_ids_and_sizes(source) -> None:
     """engine_info records the engine, both id lists, the dtype and the parallel sizes."""
     info = source.engine_info()
-    assert info["engine"] == "vllm" and info["engine_version"].startswith("0.")
-    assert info["layer_ids"] == [1, 3] and info["vllm_aux_ids"] == [1, 3, 4]
-    assert info["dtype"] == "float32" and info["tensor_parallel_size"] == 1
+    assert info["engine"] == "vllm"
+    assert info["engine_version"].startswith("0.")
+    assert info["layer_ids"] == [1, 3]
+    assert info["vllm_aux_ids"] == [1, 3, 4]
+    assert info["dtype"] == "float32"
+    assert info["tensor_parallel_size"] == 1
 
 
 def test_parity_against_hf_backend_passes_in_fp32(source, hf_source, requests_) -> None:
@@ -161,20 +169,23 @@ def test_parity_against_hf_backend_passes_in_fp32(source, hf_source, requests_) 
     assert report.passed
     assert [p.name for p in report.layers] == ["hidden_states[1]", "hidden_states[3]", "final"]
     assert all(p.rel < 1e-5 and p.max_abs < 5e-5 for p in report.layers)
-    assert report.top1_agreement == 1.0 and report.kl_topk < 1e-7
+    assert report.top1_agreement == 1.0
+    assert report.kl_topk < 1e-7
     assert json.loads(json.dumps(report.to_dict()))["num_tokens"] == sum(LENGTHS[:3])
 
 
 def test_parity_flags_a_shifted_layer(source, tiny_target, requests_) -> None:
-    """A reference capturing the wrong layers (off by one) is refused; same ids, wrong data fails."""
+    """Different ids are refused; a reference capturing layers off by one fails parity."""
     from sparkforge.producer.hf_source import HfSource
     from sparkforge.producer.parity import run_parity
 
     with pytest.raises(ValueError, match="layer_ids differ"):
         run_parity(source, HfSource(str(tiny_target), layer_ids=(2, 3)), requests_[:1])
-    report = run_parity(source, _Mislabelled(HfSource(str(tiny_target), layer_ids=(2, 3))),
-                        requests_[:1])
-    assert not report.passed and report.layers[0].rel > 0.1
+    report = run_parity(
+        source, _Mislabelled(HfSource(str(tiny_target), layer_ids=(2, 3))), requests_[:1]
+    )
+    assert not report.passed
+    assert report.layers[0].rel > 0.1
 
 
 class _Mislabelled:
@@ -206,7 +217,10 @@ def test_tensor_parallel_2_equals_tp1(captured, requests_, tiny_target, tmp_path
     script = Path(__file__).with_name("capture_tp2.py")
     proc = subprocess.run(
         [sys.executable, "-P", str(script), str(tiny_target), str(npz), str(tmp_path / "out.pt")],
-        env=env, capture_output=True, text=True, timeout=400,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     tp2 = torch.load(tmp_path / "out.pt")
