@@ -10,10 +10,10 @@ export VLLM_HOST_IP := 127.0.0.1
 
 .PHONY: install test lint types demo bench clean
 
-# Strict editable installs do not see new modules, so reinstall whenever the module list changes.
+# Strict editable installs do not see new modules or package data, so reinstall when either list changes.
 install:
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@find $(PACKAGES) -name '*.py' | sort > $(VENV)/modules.new
+	@find $(PACKAGES) -name '*.py' -o -name '*.json' | sort > $(VENV)/modules.new
 	@if ! cmp -s $(VENV)/modules.new $(VENV)/modules.txt || [ pyproject.toml -nt $(VENV)/modules.txt ]; then \
 	  $(BIN)/pip install -q -e '.[cpu,dev]' --config-settings editable_mode=strict || exit 1; \
 	  $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true; \
@@ -23,7 +23,7 @@ install:
 # python -P keeps the repo root off sys.path, so `shared` never imports twice (style.md 2.2).
 lint: install
 	$(BIN)/python -P -m ruff check $(PACKAGES) tests benchmarks
-	$(BIN)/python -P -m mypy $(PACKAGES)
+	$(BIN)/python -P -m mypy $(addprefix -p sparkforge.,$(PACKAGES))
 
 test: install lint
 	$(BIN)/python -P -m pytest

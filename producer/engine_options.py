@@ -11,13 +11,13 @@ class EngineOptions:
     """How to start the frozen target in vLLM (names follow vLLM's engine arguments)."""
 
     model: str
-    """Local path or fsspec-cached folder of the target checkpoint (config.json + weights)."""
+    """Local folder of the target checkpoint (config.json + weights)."""
     revision: str | None = None
     """Model revision, recorded in the manifest."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Activation dtype; FP8/NVFP4 checkpoints still run bf16 activations."""
     quantization: str | None = None
-    """Weight quantization ("fp8", "modelopt_fp4", "compressed-tensors"); None = from checkpoint."""
+    """Weight quantization ("fp8", "modelopt_fp4", ...); None = as the checkpoint says."""
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
@@ -38,9 +38,7 @@ class EngineOptions:
             if getattr(self, name) < 1:
                 problems.append(f"engine.{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            problems.append(
-                "engine.gpu_memory_utilization must be in (0, 1], "
-                f"got {self.gpu_memory_utilization}"
-            )
+            value = self.gpu_memory_utilization
+            problems.append(f"engine.gpu_memory_utilization must be in (0, 1], got {value}")
         if problems:
             raise ValueError("invalid engine options:\n  " + "\n  ".join(problems))

@@ -39,8 +39,8 @@ _WORDS = (
     "much your way well down should because each just those people how too little state good very "
     "make world still own see men work long get here between both life being under never day same "
     "another know while last might us great old year off come since against go came right used "
-    "take three number value sum list graph model token layer draft block anchor cache shard train "
-    "loss"
+    "take "
+    "three number value sum list graph model token layer draft block anchor cache shard train loss"
 ).split()
 
 
@@ -124,3 +124,46 @@ def build_tiny_target(
     model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
     model.save_pretrained(str(out))
     return out
+
+
+def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object]]:
+    """Chat rows in OpenAI ``messages`` form (system, user, assistant) from the synthetic corpus."""
+    rng = random.Random(seed)
+    lines = synthetic_corpus(num_rows * 3, seed=seed + 1)
+    rows: list[dict[str, object]] = []
+    for i in range(num_rows):
+        messages = [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": lines[3 * i]},
+            {"role": "assistant", "content": lines[3 * i + 1] + " " + lines[3 * i + 2]},
+        ]
+        if rng.random() < 0.3:  # some two-turn conversations
+            messages += [
+                {"role": "user", "content": rng.choice(lines)},
+                {"role": "assistant", "content": rng.choice(lines)},
+            ]
+        rows.append({"id": i, "messages": messages})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sparkforge.producer.tiny_target OUT [--rows N]``: target + demo chat JSONL."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--rows", type=int, default=0, help="also write OUT/chat.jsonl")
+    parser.add_argument("--num_hidden_layers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    build_tiny_target(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed)
+    if args.rows:
+        with (args.out_dir / "chat.jsonl").open("w") as f:
+            for row in demo_conversations(args.rows, seed=args.seed):
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -13,7 +13,7 @@ from typing import Final
 
 # subcommand -> (module with ``main(argv) -> int``, one-line help). A literal table, not a registry.
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
-    "validate": ("sparkforge.manifests.cli", "check a cache against its manifest / a training config"),
+    "validate": ("sparkforge.manifests.cli", "check a cache and its manifest (or a train config)"),
     "inspect": ("sparkforge.manifests.cli", "summarise a cache"),
     "plan": ("sparkforge.manifests.cli", "estimate cache size before spending GPU hours"),
     "produce": ("sparkforge.producer.cli", "capture target hidden states into a cache (vLLM)"),

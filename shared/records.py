@@ -26,7 +26,7 @@ class SampleRecord:
     loss_mask: np.ndarray
     """[T] uint8, 1 on assistant tokens."""
     aux_hidden: np.ndarray
-    """[T, F, H] residual stream after each captured layer (uint16 bf16 bits, float16 or float32)."""
+    """[T, F, H] residual stream after each captured layer (bf16 bits, float16 or float32)."""
     final_hidden: np.ndarray
     """[T, H] post-final-norm hidden state (what lm_head consumes), same dtype rule."""
     topk_ids: np.ndarray | None = None
@@ -56,5 +56,6 @@ class UnitAccounting:
         if total != self.input_rows:
             raise ValueError(
                 f"unit accounting does not add up: written {self.written} + skipped "
-                f"{sum(self.skipped.values())} + failed {self.failed} != input_rows {self.input_rows}"
+                f"{sum(self.skipped.values())} + failed {self.failed} "
+                f"!= input_rows {self.input_rows}"
             )

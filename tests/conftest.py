@@ -1,9 +1,12 @@
-"""Shared fixtures: a tiny Qwen3-shaped target built locally (no downloads)."""
+"""Shared fixtures: a tiny Qwen3-shaped target built locally (no downloads), an S3 emulator."""
 
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,3 +30,31 @@ def tiny_target_plain_template(tmp_path_factory: pytest.TempPathFactory) -> Path
     from sparkforge.producer.tiny_target import build_tiny_target
 
     return build_tiny_target(tmp_path_factory.mktemp("tiny_plain"), generation_markers=False)
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[dict[str, Any]]:
+    """A real S3 emulator (moto) on 127.0.0.1 with bucket ``sparkforge-test``.
+
+    Yields ``{"endpoint": url, "bucket": name, "storage_options": {...}}``; pass the options to
+    any fsspec/s3fs call or sparkforge ``storage_options`` argument.
+    """
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    options = {"key": "testing", "secret": "testing", "endpoint_url": endpoint,
+               "client_kwargs": {"region_name": "us-east-1"}}
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                 aws_access_key_id="testing", aws_secret_access_key="testing",
+                 ).create_bucket(Bucket="sparkforge-test")
+    try:
+        yield {"endpoint": endpoint, "bucket": "sparkforge-test", "storage_options": options}
+    finally:
+        server.stop()

@@ -1,0 +1,158 @@
+"""Cache write/read throughput vs raw numpy memmap of the same bytes, and compression ratio.
+
+Activations: a tiny Qwen3 target (built locally, nothing downloaded) runs a plain HF forward; its
+bf16 sign+exponent bytes are spread to a realistic hidden size by concatenating channel-permuted
+vectors of different tokens, with fresh random mantissa bytes (storage-notes section 2: the
+mantissa byte is incompressible, so this keeps the exponent statistics without fake repeats).
+
+    .venv/bin/python benchmarks/bench_cache.py [--hidden_size 2048] [--num_tokens 32768]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sparkforge.manifests.finalize import finalize_cache
+from sparkforge.manifests.open import open_cache
+from sparkforge.manifests.summary import summarize_cache
+from sparkforge.shared.dtypes import float_to_storage
+from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.records import SampleRecord, UnitAccounting
+from sparkforge.shared.writer import CacheWriter
+
+SEQ_LEN, LAYER_IDS = 1024, (1, 2, 3)
+
+
+def tiny_activations(workdir: Path, num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """aux [T, 3, 128] and post-norm final [T, 128] float32 from the tiny target's forward."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sparkforge.producer.tiny_target import build_tiny_target
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_target(workdir / "target"),
+                                                 dtype=torch.float32).eval()
+    rng = np.random.default_rng(0)
+    aux, final = [], []
+    with torch.no_grad():
+        for _ in range(max(1, num_tokens // 8 // SEQ_LEN)):
+            ids = torch.from_numpy(rng.integers(4, 1024, (1, SEQ_LEN)))
+            hs = model(ids, output_hidden_states=True).hidden_states
+            aux.append(torch.stack([hs[k][0] for k in LAYER_IDS], 1).numpy())
+            final.append(hs[-1][0].numpy())
+    return np.concatenate(aux), np.concatenate(final)
+
+
+def widen(x: np.ndarray, num_tokens: int, hidden_size: int, rng: np.random.Generator) -> np.ndarray:
+    """[num_tokens, ..., hidden_size] bf16 bits: permuted real vectors, random mantissa byte."""
+    blocks = []
+    for _ in range(hidden_size // x.shape[-1]):
+        src = x[rng.integers(0, len(x), num_tokens)]
+        blocks.append(rng.permuted(src, axis=-1))
+    bits = float_to_storage(np.concatenate(blocks, axis=-1), "bfloat16")
+    return (bits & 0xFF00) | rng.integers(0, 256, bits.shape, dtype=np.uint16)
+
+
+def make_samples(aux: np.ndarray, final: np.ndarray) -> list[SampleRecord]:
+    """Samples of SEQ_LEN tokens (bf16 bits already in storage form)."""
+    rng, out = np.random.default_rng(1), []
+    for i in range(len(aux) // SEQ_LEN):
+        rows = slice(i * SEQ_LEN, (i + 1) * SEQ_LEN)
+        out.append(SampleRecord(
+            sample_id=i, source_row=i, source_hash=hashlib.sha256(str(i).encode()).hexdigest(),
+            split="train", input_ids=rng.integers(0, 1024, SEQ_LEN).astype(np.int32),
+            loss_mask=(np.arange(SEQ_LEN) > 300).astype(np.uint8),
+            aux_hidden=aux[rows], final_hidden=final[rows]))
+    return out
+
+
+def bench_cache(root: Path, samples: list[SampleRecord], aux_codec: str) -> dict[str, float]:
+    """Write (units + finalize) and sequential verified read of the cache."""
+    h, f = samples[0].final_hidden.shape[-1], samples[0].aux_hidden.shape[1]
+    spec = CacheSpec(hidden_size=h, num_aux_layers=f, hidden_dtype="bfloat16", max_seq_len=SEQ_LEN,
+                     aux_codec=aux_codec, rows_per_unit=8)  # type: ignore[arg-type]
+    from cache_helpers import make_header
+
+    uri = str(root / f"cache-{aux_codec}")
+    start = time.perf_counter()
+    writer = CacheWriter.open(uri, spec=spec, header=make_header(spec))
+    units = len(samples) // 8
+    for u in range(units):
+        writer.write_unit(u, samples[u * 8:(u + 1) * 8], UnitAccounting(input_rows=8, written=8))
+    finalize_cache(uri, expected_units=units)
+    write_s = time.perf_counter() - start
+    read = {}
+    for verify in (False, True):
+        reader = open_cache(uri, verify=verify)
+        start = time.perf_counter()
+        for unit in reader.units():
+            reader.read_unit(unit.unit)
+        read[verify] = time.perf_counter() - start
+    s = summarize_cache(uri)
+    return {"write_s": write_s, "read_s": read[False], "read_verify_s": read[True],
+            "ratio": s["compression_ratio"], "stored": s["data_bytes"]}
+
+
+def bench_memmap(root: Path, samples: list[SampleRecord]) -> dict[str, float]:
+    """The same arrays as raw files: tofile, then a memmap read that touches every byte."""
+    names = ("input_ids", "loss_mask", "aux_hidden", "final_hidden")
+    start = time.perf_counter()
+    for name in names:
+        np.concatenate([getattr(s, name) for s in samples]).tofile(root / f"{name}.raw")
+    write_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for name in names:
+        mm = np.memmap(root / f"{name}.raw", mode="r", dtype=getattr(samples[0], name).dtype)
+        for i in range(0, len(mm), 1 << 24):
+            np.array(mm[i:i + (1 << 24)])
+    return {"write_s": write_s, "read_s": time.perf_counter() - start}
+
+
+def main() -> int:
+    """Run both codecs and print the table and the command to reproduce it."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden_size", type=int, default=2048)
+    p.add_argument("--num_tokens", type=int, default=32768)
+    args = p.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # cache_helpers
+    with tempfile.TemporaryDirectory() as tmp:
+        root, rng = Path(tmp), np.random.default_rng(2)
+        aux, final = tiny_activations(root, args.num_tokens)
+        n = args.num_tokens // SEQ_LEN * SEQ_LEN
+        samples = make_samples(widen(aux, n, args.hidden_size, rng),
+                               widen(final, n, args.hidden_size, rng))
+        logical = sum(s.aux_hidden.nbytes + s.final_hidden.nbytes + s.input_ids.nbytes
+                      + s.loss_mask.nbytes for s in samples) / 1e6
+        base = bench_memmap(root, samples)
+        rows = [(codec, bench_cache(root, samples, codec)) for codec in ("lossless", "fp8")]
+        shutil.rmtree(root / "target", ignore_errors=True)
+    print(f"H={args.hidden_size}, 3 aux layers + final, bf16, {n:,} tokens, "
+          f"{logical:.0f} MB logical (bf16 in memory); memmap baseline in the same run:")
+    print("ratio: logical bytes of the stored dtypes / stored bytes; vs bf16: bf16 logical / "
+          "stored (fp8 codes count as 1 byte in 'ratio')")
+    print(f"memmap write {logical / base['write_s']:.0f} MB/s, "
+          f"read {logical / base['read_s']:.0f} MB/s (page cache hot)")
+    print(f"{'codec':<9} {'ratio':>6} {'vs bf16':>8} {'B/tok':>7} {'write MB/s':>11} "
+          f"{'vs memmap':>10} "
+          f"{'read MB/s':>10} {'vs memmap':>10} {'read+crc MB/s':>14} {'ktok/s read':>12}")
+    for codec, r in rows:
+        print(f"{codec:<9} {r['ratio']:>6.3f} {logical * 1e6 / r['stored']:>8.3f} "
+              f"{r['stored'] / n:>7.0f} "
+              f"{logical / r['write_s']:>11.0f} {base['write_s'] / r['write_s']:>10.3f} "
+              f"{logical / r['read_s']:>10.0f} {base['read_s'] / r['read_s']:>10.3f} "
+              f"{logical / r['read_verify_s']:>14.0f} {n / r['read_s'] / 1e3:>12.1f}")
+    print("reproduce: .venv/bin/python benchmarks/bench_cache.py "
+          f"--hidden_size {args.hidden_size} --num_tokens {args.num_tokens}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

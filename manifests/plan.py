@@ -1,0 +1,143 @@
+"""Estimate a cache's size before capture: bytes per token, total bytes, shards and objects.
+
+The estimate uses the writer's own layout (:func:`array_layouts`, slot packing per unit) and
+measured compression ratios per array, so it tracks what ``CacheWriter`` actually produces.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from sparkforge.shared.layout import CacheSpec, array_layouts
+
+LOSSLESS_RATIO: Final[dict[str, float]] = {"bfloat16": 1.45, "float16": 1.2, "float32": 1.15}
+"""Blosc zstd-1 + byte shuffle on hidden states. bf16: 1.45 measured on real activations
+(storage-notes section 2); float16 / float32: estimates from the same exponent-byte argument
+(one compressible byte of 2, of 4), kept conservative."""
+FP8_CODE_RATIO: Final = 1.18
+"""zstd on e4m3 codes: fp8 + per-token scale measured 2.33x smaller than raw bf16, i.e. the
+1-byte codes compress ~1.18x (storage-notes section 3)."""
+SMALL_ARRAY_RATIO: Final[dict[str, float]] = {"input_ids": 3.4, "loss_mask": 100.0,
+                                              "aux_scale": 1.0, "topk_ids": 1.0,
+                                              "topk_logprobs": 1.0}
+"""zstd-3 on the per-token arrays: token ids 3.4x and loss masks >100x measured; the rest 1.0."""
+FIXED_OBJECTS: Final = 4
+"""zarr.json of the group, _meta/header.json, index.parquet, manifest.json (plus target files)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetShape:
+    """What the estimate needs from a target config."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    dtype: str = "bfloat16"
+
+
+def target_shape_from_config(path: str | Path) -> TargetShape:
+    """Read ``hidden_size``, ``num_hidden_layers`` and dtype from a HF ``config.json``.
+
+    Multimodal configs are read from their ``text_config``.
+
+    Raises:
+        ValueError: naming the missing or mistyped field.
+    """
+    data: Any = json.loads(Path(path).read_text())
+    if isinstance(data, dict) and isinstance(data.get("text_config"), dict):
+        data = data["text_config"]
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    sizes: dict[str, int] = {}
+    for k in ("hidden_size", "num_hidden_layers"):
+        v = data.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{path}: config field {k} must be a positive integer, got {v!r}")
+        sizes[k] = v
+    dtype = str(data.get("torch_dtype") or data.get("dtype") or "bfloat16")
+    return TargetShape(**sizes, dtype=dtype if dtype in LOSSLESS_RATIO else "bfloat16")
+
+
+def array_ratio(name: str, spec: CacheSpec) -> float:
+    """The compression ratio assumed for one array."""
+    if name in SMALL_ARRAY_RATIO:
+        return SMALL_ARRAY_RATIO[name]
+    if name == "aux_hidden" and spec.aux_codec == "fp8":
+        return FP8_CODE_RATIO
+    return LOSSLESS_RATIO[spec.hidden_dtype]
+
+
+def slots_per_unit(unit_tokens: float, mean_seq_len: float, shard_rows: int) -> int:
+    """Slots one unit's samples fill: greedy packing wastes about half a sample per slot."""
+    if unit_tokens <= 0:
+        return 0
+    return math.ceil(unit_tokens / max(shard_rows - mean_seq_len / 2, 1.0))
+
+
+def plan_cache(spec: CacheSpec, *, num_tokens: int, mean_seq_len: float) -> dict[str, Any]:
+    """The size estimate of a cache with ``spec`` holding ``num_tokens`` tokens.
+
+    Args:
+        spec: The cache spec the producer will use.
+        num_tokens: Tokens to capture.
+        mean_seq_len: Mean sample length in tokens (sets samples, units and packing waste).
+    """
+    layouts = array_layouts(spec)
+    arrays = {}
+    for name, a in layouts.items():
+        raw = a.dtype.itemsize * math.prod(a.row_shape)
+        ratio = array_ratio(name, spec)
+        arrays[name] = {"raw_bytes_per_token": raw, "ratio": ratio,
+                        "bytes_per_token": raw / ratio}
+    num_samples = math.ceil(num_tokens / mean_seq_len) if num_tokens else 0
+    full_units, rest = divmod(num_samples, spec.rows_per_unit)
+    slots = (full_units * slots_per_unit(spec.rows_per_unit * mean_seq_len, mean_seq_len,
+                                         spec.shard_rows)
+             + slots_per_unit(rest * mean_seq_len, mean_seq_len, spec.shard_rows))
+    units = full_units + (rest > 0)
+    per_token = sum(a["bytes_per_token"] for a in arrays.values())
+    raw_per_token = sum(a["raw_bytes_per_token"] for a in arrays.values())
+    return {
+        "hidden_size": spec.hidden_size, "num_aux_layers": spec.num_aux_layers,
+        "hidden_dtype": spec.hidden_dtype, "aux_codec": spec.aux_codec, "topk": spec.topk,
+        "num_tokens": num_tokens, "num_samples": num_samples, "mean_seq_len": mean_seq_len,
+        "raw_bytes_per_token": raw_per_token, "bytes_per_token": per_token,
+        "compression_ratio": raw_per_token / per_token,
+        "total_bytes": int(per_token * num_tokens), "num_units": units, "num_shards": slots,
+        "mean_shard_bytes": int(per_token * num_tokens / slots) if slots else 0,
+        "objects": slots * len(layouts) + 2 * units + len(layouts) + FIXED_OBJECTS,
+        "arrays": arrays,
+    }
+
+
+def plan_table(plan: Mapping[str, Any]) -> str:
+    """A readable table of :func:`plan_cache`'s estimate."""
+    lines = [f"{'array':<14} {'raw B/tok':>10} {'ratio':>6} {'B/tok':>10}"]
+    for name, a in plan["arrays"].items():
+        lines.append(f"{name:<14} {a['raw_bytes_per_token']:>10,} {a['ratio']:>6.2f} "
+                     f"{a['bytes_per_token']:>10,.0f}")
+    lines += ["", f"target          H={plan['hidden_size']}, {plan['num_aux_layers']} aux layers "
+              f"+ final, {plan['hidden_dtype']}, aux codec {plan['aux_codec']}",
+              f"tokens          {plan['num_tokens']:,} in ~{plan['num_samples']:,} samples "
+              f"(mean {plan['mean_seq_len']:g})",
+              f"bytes/token     {plan['bytes_per_token']:,.0f} "
+              f"(raw {plan['raw_bytes_per_token']:,}, ratio {plan['compression_ratio']:.2f})",
+              f"total           {human_bytes(plan['total_bytes'])} ({plan['total_bytes']:,} bytes)",
+              f"units / shards  {plan['num_units']:,} / {plan['num_shards']:,} "
+              f"(~{human_bytes(plan['mean_shard_bytes'])} per shard, all arrays)",
+              f"objects         {plan['objects']:,} (+ target files)"]
+    return "\n".join(lines)
+
+
+def human_bytes(n: float) -> str:
+    """Bytes in decimal units, e.g. '1.4 GB'."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    raise AssertionError("unreachable")
+

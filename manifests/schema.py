@@ -1,0 +1,331 @@
+"""The manifest: versioned schema, one parse step per field, cross-field rules, JSON round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, TypedDict
+
+from sparkforge.manifests import fields as f
+from sparkforge.manifests.fields import ManifestError
+from sparkforge.manifests.header import (
+    CaptureInfo,
+    DataInfo,
+    RunHeader,
+    TargetInfo,
+    TokenizerInfo,
+    parse_capture,
+    parse_data,
+    parse_spec,
+    parse_target,
+    parse_tokenizer,
+)
+from sparkforge.shared.commit import SlotRecord
+from sparkforge.shared.layout import (
+    FORMAT_VERSION,
+    MAX_UNITS,
+    CacheSpec,
+    array_layouts,
+    first_slot,
+    slots_per_attempt,
+)
+from sparkforge.shared.records import UnitAccounting
+from sparkforge.shared.storage import UnsafeKeyError, safe_key
+
+__all__ = ["FORMAT_VERSION", "MANIFEST_KEYS", "CacheIncompleteError", "CacheManifest",
+           "ManifestError", "ManifestJSON", "UnknownFormatVersionError", "parse_manifest"]
+
+
+class UnknownFormatVersionError(ManifestError):
+    """Raised for a format_version this sparkforge cannot read."""
+
+
+class CacheIncompleteError(ManifestError):
+    """Raised when a cache lacks committed units or its manifest, so it must not be read."""
+
+
+class ManifestJSON(TypedDict):
+    """The on-disk JSON shape of ``manifest.json``."""
+
+    format_version: int
+    complete: bool
+    created_at: str
+    sparkforge_version: str
+    git_sha: str | None
+    producer_config: dict[str, Any]
+    target: dict[str, Any]
+    capture: dict[str, Any]
+    tokenizer: dict[str, Any]
+    data: dict[str, Any]
+    accounting: dict[str, Any]
+    storage: dict[str, Any]
+
+
+MANIFEST_KEYS: Final = frozenset(ManifestJSON.__required_keys__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArrayInfo:
+    """How one array is stored."""
+
+    dtype: str
+    dtype_logical: str
+    row_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitEntry:
+    """One committed unit as the manifest records it (its samples live in index.parquet)."""
+
+    unit: int
+    attempt: int
+    slots: tuple[SlotRecord, ...]
+    num_samples: int
+    num_tokens: int
+    accounting: UnitAccounting
+
+
+@dataclass(frozen=True, kw_only=True)
+class Totals:
+    """Cache-wide totals."""
+
+    samples: int
+    tokens: int
+    logical_bytes: int
+    """Uncompressed bytes of all stored rows."""
+    stored_bytes: int
+    """Bytes of all objects in the store when finalized."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageInfo:
+    """Arrays, codecs, chunking, units with checksums, the index and totals."""
+
+    spec: CacheSpec
+    arrays: dict[str, ArrayInfo]
+    codecs: dict[str, str]
+    """Array name -> human-readable codec chain, e.g. 'sharded(c=512) blosc zstd-1 shuffle'."""
+    units: tuple[UnitEntry, ...]
+    index_key: str
+    index_sha256: str
+    totals: Totals
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheManifest:
+    """The producer -> trainer contract of one cache."""
+
+    format_version: int
+    complete: bool
+    created_at: str
+    sparkforge_version: str
+    git_sha: str | None
+    producer_config: dict[str, Any]
+    target: TargetInfo
+    capture: CaptureInfo
+    tokenizer: TokenizerInfo
+    data: DataInfo
+    accounting: UnitAccounting
+    storage: StorageInfo
+
+    @classmethod
+    def from_json(cls, data: object) -> CacheManifest:
+        """Parse and cross-check untrusted JSON. Raises ManifestError naming the field."""
+        return parse_manifest(data)
+
+    def to_json(self) -> ManifestJSON:
+        """The manifest as JSON-ready data (tuples become lists)."""
+        out: ManifestJSON = _lists(dataclasses.asdict(self))
+        return out
+
+    @property
+    def header(self) -> RunHeader:
+        """The producer-supplied sections."""
+        return RunHeader(producer_config=self.producer_config, target=self.target,
+                         capture=self.capture, tokenizer=self.tokenizer, data=self.data)
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_lists(v) for v in value]
+    return value
+
+
+def parse_format_version(data: object) -> int:
+    """Only versions this code knows are accepted."""
+    version = f.integer(data, "format_version", hi=1 << 16)
+    if version != FORMAT_VERSION:
+        raise UnknownFormatVersionError(
+            f"manifest field 'format_version': this sparkforge reads version {FORMAT_VERSION}, "
+            f"got {version}; upgrade sparkforge or re-create the cache")
+    return version
+
+
+def parse_created_at(data: object) -> str:
+    """An ISO 8601 timestamp with a timezone."""
+    text = f.string(data, "created_at", max_len=64)
+    try:
+        stamp = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise f.fail("created_at", "an ISO 8601 timestamp", data) from exc
+    if stamp.tzinfo is None:
+        raise f.fail("created_at", "an ISO 8601 timestamp with a timezone", data)
+    return text
+
+
+def parse_accounting(data: object, field: str = "accounting") -> UnitAccounting:
+    """Input rows, written, skipped by reason, failed; the four must add up."""
+    d = f.obj(data, field, required=frozenset({"input_rows", "written", "skipped", "failed"}))
+    skipped_raw = f.mapping(d["skipped"], f"{field}.skipped")
+    skipped = {f.string(k, f"{field}.skipped", max_len=64): f.integer(v, f"{field}.skipped.{k}")
+               for k, v in skipped_raw.items()}
+    input_rows = f.integer(d["input_rows"], f"{field}.input_rows")
+    written, failed = f.integer(d["written"], f"{field}.written"), f.integer(d["failed"],
+                                                                             f"{field}.failed")
+    if written + sum(skipped.values()) + failed != input_rows:
+        raise ManifestError(
+            f"manifest field {field!r}: written {written} + skipped {sum(skipped.values())} "
+            f"+ failed {failed} != input_rows {input_rows}")
+    return UnitAccounting(input_rows=input_rows, written=written, skipped=skipped, failed=failed)
+
+
+def parse_slots(data: object, field: str, *, spec: CacheSpec, unit: int,
+                attempt: int) -> tuple[SlotRecord, ...]:
+    """Slots of one (unit, attempt): inside its slot range, with one crc32c per array."""
+    lo = first_slot(spec, unit, attempt)
+    names = frozenset(array_layouts(spec))
+    out = []
+    for i, item in enumerate(f.array(data, field, max_len=slots_per_attempt(spec))):
+        d = f.obj(item, f"{field}[{i}]", required=frozenset({"slot", "num_rows", "crc32c"}))
+        crc = f.obj(d["crc32c"], f"{field}[{i}].crc32c", required=names)
+        out.append(SlotRecord(
+            slot=f.integer(d["slot"], f"{field}[{i}].slot", lo=lo,
+                           hi=lo + slots_per_attempt(spec) - 1),
+            num_rows=f.integer(d["num_rows"], f"{field}[{i}].num_rows", lo=1, hi=spec.shard_rows),
+            crc32c={k: f.integer(v, f"{field}[{i}].crc32c.{k}", hi=0xFFFFFFFF)
+                    for k, v in crc.items()}))
+    return tuple(out)
+
+
+def parse_unit_entry(data: object, field: str, spec: CacheSpec) -> UnitEntry:
+    """One entry of ``storage.units``."""
+    d = f.obj(data, field, required=frozenset({"unit", "attempt", "slots", "num_samples",
+                                               "num_tokens", "accounting"}))
+    unit = f.integer(d["unit"], f"{field}.unit", hi=MAX_UNITS - 1)
+    attempt = f.integer(d["attempt"], f"{field}.attempt", hi=999)
+    entry = UnitEntry(
+        unit=unit, attempt=attempt,
+        slots=parse_slots(d["slots"], f"{field}.slots", spec=spec, unit=unit, attempt=attempt),
+        num_samples=f.integer(d["num_samples"], f"{field}.num_samples", hi=spec.rows_per_unit),
+        num_tokens=f.integer(d["num_tokens"], f"{field}.num_tokens"),
+        accounting=parse_accounting(d["accounting"], f"{field}.accounting"))
+    if entry.num_samples != entry.accounting.written:
+        raise f.fail(f"{field}.num_samples", f"accounting.written = {entry.accounting.written}",
+                     entry.num_samples)
+    if entry.num_tokens != sum(s.num_rows for s in entry.slots):
+        raise f.fail(f"{field}.num_tokens", "the sum of its slots' num_rows", entry.num_tokens)
+    return entry
+
+
+def parse_index_key(data: object) -> str:
+    """The index path: a plain key inside the cache root."""
+    try:
+        return safe_key(f.string(data, "storage.index_key", max_len=256))
+    except UnsafeKeyError as exc:
+        raise f.fail("storage.index_key", "a relative key inside the cache root", data) from exc
+
+
+def parse_storage(data: object) -> StorageInfo:
+    """The ``storage`` section: spec, arrays matching the spec, units, index, totals."""
+    d = f.obj(data, "storage", required=frozenset({"spec", "arrays", "codecs", "units",
+                                                   "index_key", "index_sha256", "totals"}))
+    spec = parse_spec(d["spec"])
+    layouts = array_layouts(spec)
+    arrays_raw = f.obj(d["arrays"], "storage.arrays", required=frozenset(layouts))
+    arrays = {}
+    for name, layout in layouts.items():
+        expected = {"dtype": str(layout.dtype), "dtype_logical": layout.dtype_logical,
+                    "row_shape": list(layout.row_shape)}
+        if arrays_raw[name] != expected:
+            raise f.fail(f"storage.arrays.{name}", repr(expected), arrays_raw[name])
+        arrays[name] = ArrayInfo(dtype=str(layout.dtype), dtype_logical=layout.dtype_logical,
+                                 row_shape=layout.row_shape)
+    codecs = f.obj(d["codecs"], "storage.codecs", required=frozenset(layouts))
+    units = tuple(parse_unit_entry(u, f"storage.units[{i}]", spec)
+                  for i, u in enumerate(f.array(d["units"], "storage.units", max_len=MAX_UNITS)))
+    t = f.obj(d["totals"], "storage.totals",
+              required=frozenset({"samples", "tokens", "logical_bytes", "stored_bytes"}))
+    return StorageInfo(
+        spec=spec, arrays=arrays,
+        codecs={k: f.string(v, f"storage.codecs.{k}", max_len=256) for k, v in codecs.items()},
+        units=units, index_key=parse_index_key(d["index_key"]),
+        index_sha256=f.hexdigest(d["index_sha256"], "storage.index_sha256", length=64),
+        totals=Totals(**{k: f.integer(t[k], f"storage.totals.{k}") for k in t}))
+
+
+def parse_manifest(data: object) -> CacheManifest:
+    """Parse every field, then apply the cross-field rules.
+
+    Raises:
+        ManifestError: naming the field and the bad value (UnknownFormatVersionError for
+            versions this code cannot read).
+    """
+    d = f.obj(data, "<manifest>", required=MANIFEST_KEYS)
+    version = parse_format_version(d["format_version"])
+    manifest = CacheManifest(
+        format_version=version, complete=f.boolean(d["complete"], "complete"),
+        created_at=parse_created_at(d["created_at"]),
+        sparkforge_version=f.string(d["sparkforge_version"], "sparkforge_version", max_len=64),
+        git_sha=f.optional(d["git_sha"], f.hexdigest, "git_sha"),
+        producer_config=f.mapping(d["producer_config"], "producer_config"),
+        target=parse_target(d["target"]),
+        capture=parse_capture(d["capture"]), tokenizer=parse_tokenizer(d["tokenizer"]),
+        data=parse_data(d["data"]), accounting=parse_accounting(d["accounting"]),
+        storage=parse_storage(d["storage"]))
+    check_cross_fields(manifest)
+    return manifest
+
+
+def check_cross_fields(m: CacheManifest) -> None:
+    """Rules that tie sections together (spec vs target/capture, units vs totals/accounting)."""
+    spec, units, totals = m.storage.spec, m.storage.units, m.storage.totals
+    rules: list[tuple[bool, str, str, object]] = [
+        (len(m.capture.layer_ids) == spec.num_aux_layers, "capture.layer_ids",
+         f"{spec.num_aux_layers} ids (storage.spec.num_aux_layers)", list(m.capture.layer_ids)),
+        (m.capture.layer_ids[-1] <= m.target.num_hidden_layers, "capture.layer_ids",
+         f"ids <= target.num_hidden_layers = {m.target.num_hidden_layers}",
+         list(m.capture.layer_ids)),
+        (m.target.hidden_size == spec.hidden_size, "target.hidden_size",
+         f"storage.spec.hidden_size = {spec.hidden_size}", m.target.hidden_size),
+        (m.capture.max_seq_len == spec.max_seq_len, "capture.max_seq_len",
+         f"storage.spec.max_seq_len = {spec.max_seq_len}", m.capture.max_seq_len),
+        ([u.unit for u in units] == sorted({u.unit for u in units}), "storage.units",
+         "unique units in increasing order", [u.unit for u in units][:20]),
+        (not m.complete or [u.unit for u in units] == list(range(len(units))),
+         "storage.units", "units 0..n-1 without gaps in a complete cache",
+         [u.unit for u in units][:20]),
+        (totals.samples == sum(u.num_samples for u in units) == m.accounting.written,
+         "storage.totals.samples", "the sum of unit samples and accounting.written",
+         totals.samples),
+        (totals.tokens == sum(u.num_tokens for u in units), "storage.totals.tokens",
+         "the sum of unit tokens", totals.tokens),
+        (m.accounting == _sum_accounting([u.accounting for u in units]), "accounting",
+         "the sum of the units' accounting", dataclasses.asdict(m.accounting)),
+    ]
+    for ok, field, expected, value in rules:
+        if not ok:
+            raise f.fail(field, expected, value)
+
+
+def _sum_accounting(parts: list[UnitAccounting]) -> UnitAccounting:
+    skipped: dict[str, int] = {}
+    for p in parts:
+        for reason, count in p.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+    return UnitAccounting(input_rows=sum(p.input_rows for p in parts),
+                          written=sum(p.written for p in parts), skipped=skipped,
+                          failed=sum(p.failed for p in parts))
+

@@ -1,0 +1,120 @@
+"""Summarise a finalized cache (``sparkforge inspect``): target, sizes, codecs, splits, skips."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import zarr
+
+from sparkforge.manifests.objects import existing_location, slot_key, stored_objects
+from sparkforge.manifests.open import read_index, read_manifest
+from sparkforge.manifests.plan import human_bytes
+from sparkforge.shared import storage
+from sparkforge.shared.layout import array_layouts, open_arrays
+
+
+def summarize_cache(uri: str, *,
+                    storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The numbers ``sparkforge inspect`` shows, as a JSON-ready dict.
+
+    ``compression_ratio`` is the logical bytes of the committed rows (stored dtypes) over the bytes
+    of the shard objects holding them; ``bytes_on_disk`` counts every object under the root,
+    including slots of abandoned attempts (``unreferenced_bytes``).
+
+    Raises:
+        CacheNotFoundError: if nothing exists at ``uri``.
+        CacheIncompleteError, ManifestError: as ``open_cache``.
+    """
+    loc = existing_location(uri, storage_options)
+    m = read_manifest(loc)
+    index = read_index(loc, m)
+    spec = m.storage.spec
+    group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
+    zarrays = open_arrays(group, spec)
+    arrays: dict[str, dict[str, Any]] = {}
+    unreferenced = 0
+    for name, layout in array_layouts(spec).items():
+        objects = stored_objects(loc, name)
+        keys = {slot_key(name, zarrays[name], s.slot) for u in m.storage.units for s in u.slots}
+        stored = sum(objects.get(k, 0) for k in keys)
+        unreferenced += sum(v for k, v in objects.items()
+                            if k not in keys and not k.endswith("zarr.json"))
+        logical = m.storage.totals.tokens * layout.dtype.itemsize * math.prod(layout.row_shape)
+        arrays[name] = {"codec": m.storage.codecs[name], "logical_bytes": logical,
+                        "stored_bytes": stored, "ratio": logical / stored if stored else None}
+    loc.fs.invalidate_cache(loc.root)
+    everything = loc.fs.find(loc.root, detail=True)
+    on_disk = sum(int(i.get("size") or 0) for i in everything.values())
+    tokens, data_bytes = m.storage.totals.tokens, sum(a["stored_bytes"] for a in arrays.values())
+    logical = sum(a["logical_bytes"] for a in arrays.values())
+    splits: dict[str, Counter[str]] = {}
+    for split, length, loss in zip(index.column("split").to_pylist(),
+                                   index.column("length").to_pylist(),
+                                   index.column("num_loss_tokens").to_pylist(), strict=True):
+        entry = splits.setdefault(split, Counter())
+        entry.update(samples=1, tokens=length, loss_tokens=loss)
+    t, c = m.target, m.capture
+    return {
+        "uri": uri, "complete": m.complete, "created_at": m.created_at,
+        "target": {"name_or_path": t.name_or_path, "model_type": t.model_type,
+                   "architecture": t.architecture, "hidden_size": t.hidden_size,
+                   "num_hidden_layers": t.num_hidden_layers, "vocab_size": t.vocab_size,
+                   "dtype": t.dtype},
+        "layers": {"layer_ids": list(c.layer_ids),
+                   "dspark_feature_ids": [i - 1 for i in c.layer_ids],
+                   "final_hidden": c.final_hidden},
+        "engine": f"{c.engine} {c.engine_version}", "max_seq_len": c.max_seq_len,
+        "hidden_dtype": spec.hidden_dtype, "aux_codec": spec.aux_codec, "topk": spec.topk,
+        "units": len(m.storage.units),
+        "shards": sum(len(u.slots) for u in m.storage.units),
+        "samples": m.storage.totals.samples, "tokens": tokens,
+        "splits": {k: dict(v) for k, v in sorted(splits.items())},
+        "accounting": {"input_rows": m.accounting.input_rows, "written": m.accounting.written,
+                       "skipped": dict(sorted(m.accounting.skipped.items())),
+                       "failed": m.accounting.failed},
+        "objects": len(everything), "bytes_on_disk": on_disk,
+        "bytes_per_token": on_disk / tokens if tokens else None,
+        "logical_bytes": logical, "data_bytes": data_bytes, "unreferenced_bytes": unreferenced,
+        "compression_ratio": logical / data_bytes if data_bytes else None,
+        "arrays": arrays,
+    }
+
+
+def summary_table(s: Mapping[str, Any]) -> str:
+    """A readable rendering of :func:`summarize_cache`."""
+    t, layers = s["target"], s["layers"]
+    ratio = f"{s['compression_ratio']:.3f}" if s["compression_ratio"] else "-"
+    per_token = f"{s['bytes_per_token']:,.0f}" if s["bytes_per_token"] else "-"
+    skipped = ", ".join(f"{k} {v:,}" for k, v in s["accounting"]["skipped"].items()) or "none"
+    lines = [
+        f"cache           {s['uri']} ({'complete' if s['complete'] else 'INCOMPLETE'}, "
+        f"{s['created_at']})",
+        f"target          {t['name_or_path']} ({t['model_type']}, {t['architecture']}, "
+        f"H={t['hidden_size']}, {t['num_hidden_layers']} layers, vocab {t['vocab_size']:,})",
+        f"layers          hidden_states {layers['layer_ids']} (DSpark ids "
+        f"{layers['dspark_feature_ids']}) + final {layers['final_hidden']}",
+        f"engine          {s['engine']}, max_seq_len {s['max_seq_len']:,}",
+        f"samples         {s['samples']:,} in {s['units']:,} units / {s['shards']:,} shards",
+        f"tokens          {s['tokens']:,}",
+        f"bytes on disk   {human_bytes(s['bytes_on_disk'])} in {s['objects']:,} objects "
+        f"({human_bytes(s['unreferenced_bytes'])} unreferenced)",
+        f"bytes/token     {per_token}",
+        f"compression     {ratio} ({human_bytes(s['logical_bytes'])} logical -> "
+        f"{human_bytes(s['data_bytes'])} stored), {s['hidden_dtype']}, aux {s['aux_codec']}",
+        f"accounting      {s['accounting']['input_rows']:,} input rows: "
+        f"{s['accounting']['written']:,} written, skipped {skipped}, "
+        f"failed {s['accounting']['failed']:,}",
+        "",
+        f"{'split':<8} {'samples':>10} {'tokens':>14} {'loss tokens':>14}",
+    ]
+    for name, v in s["splits"].items():
+        lines.append(f"{name:<8} {v['samples']:>10,} {v['tokens']:>14,} {v['loss_tokens']:>14,}")
+    lines += ["", f"{'array':<14} {'codec':<30} {'logical':>10} {'stored':>10} {'ratio':>6}"]
+    for name, a in s["arrays"].items():
+        r = f"{a['ratio']:.3f}" if a["ratio"] else "-"
+        lines.append(f"{name:<14} {a['codec']:<30} {human_bytes(a['logical_bytes']):>10} "
+                     f"{human_bytes(a['stored_bytes']):>10} {r:>6}")
+    return "\n".join(lines)

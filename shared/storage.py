@@ -1,0 +1,154 @@
+"""Open any fsspec URI as a cache location: zarr store, safe keys, atomic and exclusive files."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from zarr.abc.store import Store
+from zarr.storage import FsspecStore, LocalStore
+
+_SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+
+
+class UnsafeKeyError(ValueError):
+    """Raised when a key read from untrusted data would escape the cache root."""
+
+
+def safe_key(key: str) -> str:
+    """Return ``key`` if it is a plain relative key inside the cache root, else raise.
+
+    Allowed: '/'-separated parts of letters, digits, '.', '_', '-', not starting with '.' or '-'
+    (so no '..', no absolute paths, no backslashes, no empty parts).
+
+    Raises:
+        UnsafeKeyError: if any part is unsafe.
+    """
+    if not isinstance(key, str) or not key:
+        raise UnsafeKeyError(f"cache key must be a non-empty string, got {key!r}")
+    for part in key.split("/"):
+        if not _SAFE_PART.match(part):
+            raise UnsafeKeyError(
+                f"cache key {key!r} escapes the cache root or has an unsafe part {part!r}"
+            )
+    return key
+
+
+@dataclass(frozen=True)
+class Location:
+    """A cache root: the fsspec filesystem, the root path inside it and the original URI."""
+
+    uri: str
+    fs: fsspec.AbstractFileSystem
+    root: str
+    storage_options: Mapping[str, Any]
+
+    @property
+    def is_local(self) -> bool:
+        """True for local paths and file:// URIs (atomicity then comes from link/rename)."""
+        return isinstance(self.fs, LocalFileSystem)
+
+    def path(self, key: str) -> str:
+        """The filesystem path of a checked key under the root."""
+        return f"{self.root}/{safe_key(key)}"
+
+
+def open_location(uri: str, storage_options: Mapping[str, Any] | None = None) -> Location:
+    """Resolve a local path or ``file://``, ``s3://``, ``gs://``, ``memory://`` URI."""
+    options = dict(storage_options or {})
+    fs, root = fsspec.core.url_to_fs(uri, **options)
+    return Location(uri=uri, fs=fs, root=str(root).rstrip("/"), storage_options=options)
+
+
+def zarr_store(loc: Location, *, read_only: bool) -> Store:
+    """The zarr v3 store of the location (LocalStore on disk, FsspecStore elsewhere)."""
+    if loc.is_local:
+        Path(loc.root).mkdir(parents=True, exist_ok=True)
+        return LocalStore(loc.root, read_only=read_only)
+    return FsspecStore.from_url(loc.uri, storage_options=dict(loc.storage_options),
+                                read_only=read_only)
+
+
+def exclusive_create(loc: Location, key: str, data: bytes) -> None:
+    """Create ``key`` with ``data`` only if it does not exist yet; durable once this returns.
+
+    Local: temp file + fsync + ``os.link`` (fails atomically if the target exists) + directory
+    fsync. Object stores: one PUT with ``If-None-Match: *`` (``pipe_file(mode="create")``).
+
+    Raises:
+        FileExistsError: if ``key`` already exists; the existing object is untouched.
+    """
+    path = loc.path(key)
+    if not loc.is_local:
+        loc.fs.pipe_file(path, data, mode="create")
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _write_temp(target, data)
+    try:
+        os.link(tmp, target)
+    finally:
+        tmp.unlink()
+    _fsync_dir(target.parent)
+
+
+def atomic_write(loc: Location, key: str, data: bytes) -> None:
+    """Write ``key`` whole or not at all, replacing any previous version."""
+    path = loc.path(key)
+    if not loc.is_local:
+        loc.fs.pipe_file(path, data)
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _write_temp(target, data)
+    tmp.replace(target)
+    _fsync_dir(target.parent)
+
+
+def read_bytes(loc: Location, key: str) -> bytes:
+    """Read one whole object (FileNotFoundError if absent)."""
+    data = loc.fs.cat_file(loc.path(key))
+    assert isinstance(data, bytes)
+    return data
+
+
+def exists(loc: Location, key: str) -> bool:
+    """Whether ``key`` exists, bypassing any listing cache."""
+    path = loc.path(key)
+    loc.fs.invalidate_cache(path)
+    return bool(loc.fs.exists(path))
+
+
+def list_names(loc: Location, prefix: str) -> list[str]:
+    """Names (last path part) directly under ``prefix``, fresh from the store; [] if absent."""
+    path = loc.path(prefix)
+    loc.fs.invalidate_cache(path)
+    try:
+        entries = loc.fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return []
+    return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+
+def _write_temp(target: Path, data: bytes) -> Path:
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

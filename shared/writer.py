@@ -1,0 +1,229 @@
+"""Write a cache exactly once per unit: claim an attempt, write whole slots, then commit."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+
+from sparkforge.shared import storage
+from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo, checksum
+from sparkforge.shared.dtypes import (
+    STORAGE_DTYPES,
+    float_to_storage,
+    quantize_e4m3,
+    storage_to_float32,
+)
+from sparkforge.shared.layout import (
+    FORMAT_VERSION,
+    HEADER_KEY,
+    MAX_ATTEMPTS,
+    MAX_UNITS,
+    TARGET_PREFIX,
+    CacheSpec,
+    array_layouts,
+    attempt_key,
+    commit_key,
+    create_arrays,
+    first_slot,
+    open_arrays,
+)
+from sparkforge.shared.records import SampleRecord, UnitAccounting
+
+__all__ = ["CacheMismatchError", "CacheSpec", "CacheWriter", "UnitAlreadyCommitted",
+           "float_to_storage"]
+
+logger = logging.getLogger(__name__)
+
+
+class CacheMismatchError(ValueError):
+    """Raised when a reopened store was created with a different spec or header."""
+
+
+class UnitAlreadyCommitted(ValueError):
+    """Raised when a unit is written whose commit record already exists."""
+
+
+def diff_json(old: object, new: object, path: str = "") -> list[str]:
+    """Dotted paths where two JSON values differ, each with both values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str)
+                for d in diff_json(old.get(k, "<missing>"), new.get(k, "<missing>"),
+                                   f"{path}.{k}" if path else str(k))]
+    if old != new:
+        return [f"{path or '<root>'}: store has {old!r}, got {new!r}"]
+    return []
+
+
+class CacheWriter:
+    """Writes units into one cache store; safe to run as several processes on disjoint units."""
+
+    def __init__(self, loc: storage.Location, spec: CacheSpec, group: zarr.Group) -> None:
+        self.loc, self.spec = loc, spec
+        self._layouts = array_layouts(spec)
+        self._arrays = open_arrays(group, spec)
+
+    @classmethod
+    def open(cls, uri: str, *, spec: CacheSpec, header: Mapping[str, Any],
+             storage_options: Mapping[str, Any] | None = None) -> CacheWriter:
+        """Create the store, or reopen it after checking that spec and header are unchanged.
+
+        Raises:
+            CacheMismatchError: naming each differing field (dotted path) and both values.
+        """
+        loc = storage.open_location(uri, storage_options)
+        try:
+            wanted = json.loads(json.dumps({"format_version": FORMAT_VERSION,
+                                            "spec": spec.to_json(), "header": dict(header)}))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"header must be JSON-serialisable: {exc}") from exc
+        group = zarr.open_group(storage.zarr_store(loc, read_only=False), mode="a")
+        if not storage.exists(loc, HEADER_KEY):
+            create_arrays(group, spec)
+            try:
+                storage.exclusive_create(loc, HEADER_KEY, json.dumps(wanted, indent=1).encode())
+            except FileExistsError:
+                pass  # a concurrent creator won; compare against its header below
+        stored = json.loads(storage.read_bytes(loc, HEADER_KEY))
+        problems = diff_json(stored, wanted)
+        if problems:
+            raise CacheMismatchError(f"cache at {uri} was created with a different spec/header: "
+                                     + "; ".join(problems))
+        return cls(loc, spec, group)
+
+    def committed_units(self) -> set[int]:
+        """Units whose commit record exists (read fresh from the store)."""
+        names = storage.list_names(self.loc, "_commits")
+        return {int(n[5:13]) for n in names if n.startswith("unit_") and n.endswith(".json")}
+
+    def write_target_files(self, files: Mapping[str, bytes]) -> None:
+        """Store the target pieces the trainer needs (config, tokenizer, weights); idempotent."""
+        for name, data in files.items():
+            storage.atomic_write(self.loc, f"{TARGET_PREFIX}/{storage.safe_key(name)}", data)
+
+    def write_unit(self, unit: int, samples: Sequence[SampleRecord],
+                   accounting: UnitAccounting) -> None:
+        """Write one unit's samples into fresh slots, then publish its commit record.
+
+        Raises:
+            UnitAlreadyCommitted: if the unit is (or concurrently becomes) committed.
+            ValueError: if a sample does not match the spec or the unit.
+        """
+        self._check_unit(unit, samples, accounting)
+        if storage.exists(self.loc, commit_key(unit)):
+            raise UnitAlreadyCommitted(f"unit {unit} is already committed")
+        attempt = self._claim_attempt(unit)
+        slots, rows = [], []
+        for k, members in enumerate(_pack(samples, self.spec.shard_rows)):
+            slot = first_slot(self.spec, unit, attempt) + k
+            slots.append(self._write_slot(slot, members))
+            offset = slot * self.spec.shard_rows
+            for s in members:
+                rows.append(SampleRow(
+                    sample_id=s.sample_id, slot=slot, row_offset=offset, length=s.num_tokens,
+                    num_loss_tokens=int(np.count_nonzero(s.loss_mask)), source_row=s.source_row,
+                    source_hash=s.source_hash, split=s.split))
+                offset += s.num_tokens
+        info = UnitInfo(unit=unit, attempt=attempt, slots=tuple(slots), samples=tuple(rows),
+                        accounting=accounting)
+        try:
+            storage.exclusive_create(self.loc, commit_key(unit), info.to_bytes())
+        except FileExistsError as exc:
+            raise UnitAlreadyCommitted(f"unit {unit} was committed by another attempt while "
+                                       f"attempt {attempt} wrote it") from exc
+        logger.debug("committed unit %d (attempt %d, %d samples, %d slots)",
+                     unit, attempt, len(rows), len(slots))
+
+    def _claim_attempt(self, unit: int) -> int:
+        taken = storage.list_names(self.loc, f"_attempts/unit_{unit:08d}")
+        start = max((int(n) for n in taken if n.isdigit()), default=-1) + 1
+        for attempt in range(start, MAX_ATTEMPTS):
+            try:
+                storage.exclusive_create(self.loc, attempt_key(unit, attempt), b"")
+                return attempt
+            except FileExistsError:
+                continue
+        raise ValueError(f"unit {unit} has used all {MAX_ATTEMPTS} write attempts")
+
+    def _write_slot(self, slot: int, members: Sequence[SampleRecord]) -> SlotRecord:
+        """One setitem per array covering the whole shard, so each shard object lands whole."""
+        sr, used = self.spec.shard_rows, sum(s.num_tokens for s in members)
+        crcs = {}
+        for name, data in self._slot_arrays(members).items():
+            layout = self._layouts[name]
+            buf = np.zeros((sr, *layout.row_shape), dtype=layout.dtype)
+            buf[:used] = data
+            self._arrays[name][slot * sr:(slot + 1) * sr] = buf
+            crcs[name] = checksum(buf[:used])
+        return SlotRecord(slot=slot, num_rows=used, crc32c=crcs)
+
+    def _slot_arrays(self, members: Sequence[SampleRecord]) -> dict[str, np.ndarray]:
+        out = {name: np.concatenate([getattr(s, name) for s in members])
+               for name in ("input_ids", "loss_mask", "aux_hidden", "final_hidden")}
+        if self.spec.aux_codec == "fp8":
+            wide = storage_to_float32(out["aux_hidden"], self.spec.hidden_dtype)
+            out["aux_hidden"], out["aux_scale"] = quantize_e4m3(wide)
+        if self.spec.topk:
+            for name in ("topk_ids", "topk_logprobs"):
+                out[name] = np.concatenate([getattr(s, name) for s in members])
+        return out
+
+    def _check_unit(self, unit: int, samples: Sequence[SampleRecord],
+                    accounting: UnitAccounting) -> None:
+        spec = self.spec
+        if not 0 <= unit < MAX_UNITS:
+            raise ValueError(f"unit must be in [0, {MAX_UNITS}), got {unit}")
+        if accounting.input_rows > spec.rows_per_unit or accounting.written != len(samples):
+            raise ValueError(f"unit {unit}: accounting {accounting} does not match "
+                             f"{len(samples)} samples and rows_per_unit {spec.rows_per_unit}")
+        lo, hi = unit * spec.rows_per_unit, (unit + 1) * spec.rows_per_unit
+        if len({s.sample_id for s in samples}) != len(samples):
+            raise ValueError(f"unit {unit}: duplicate sample_id")
+        for s in samples:
+            problems = self._sample_problems(s)
+            if not lo <= s.source_row < hi:
+                problems.append(f"source_row {s.source_row} outside the unit's rows [{lo}, {hi})")
+            if problems:
+                raise ValueError(f"unit {unit}, sample {s.sample_id}: " + "; ".join(problems))
+
+    def _sample_problems(self, s: SampleRecord) -> list[str]:
+        spec, t = self.spec, s.num_tokens
+        hidden = STORAGE_DTYPES[spec.hidden_dtype]
+        f, h, k = spec.num_aux_layers, spec.hidden_size, spec.topk
+        expected: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {
+            "input_ids": ((t,), np.dtype(np.int32)), "loss_mask": ((t,), np.dtype(np.uint8)),
+            "aux_hidden": ((t, f, h), hidden), "final_hidden": ((t, h), hidden)}
+        if k:
+            expected |= {"topk_ids": ((t, k), np.dtype(np.int32)),
+                         "topk_logprobs": ((t, k), np.dtype(np.float32))}
+        problems = [f"{name} must be {shape} {dtype}, got "
+                    + (f"{arr.shape} {arr.dtype}" if arr is not None else "None")
+                    for name, (shape, dtype) in expected.items()
+                    if (arr := getattr(s, name)) is None or arr.shape != shape
+                    or arr.dtype != dtype]
+        if not 1 <= t <= spec.max_seq_len:
+            problems.append(f"length {t} must be in [1, max_seq_len={spec.max_seq_len}]")
+        if not k and (s.topk_ids is not None or s.topk_logprobs is not None):
+            problems.append("has topk arrays but the cache spec has topk=0")
+        if not s.source_hash or s.source_hash.strip("0123456789abcdef"):
+            problems.append(f"source_hash must be a lowercase hex digest, got {s.source_hash!r}")
+        if s.split not in ("train", "eval"):
+            problems.append(f"split must be 'train' or 'eval', got {s.split!r}")
+        return problems
+
+
+def _pack(samples: Sequence[SampleRecord], shard_rows: int) -> list[list[SampleRecord]]:
+    """Greedy in-order packing of whole samples into slots of ``shard_rows`` rows."""
+    slots: list[list[SampleRecord]] = []
+    used = shard_rows
+    for s in samples:
+        if used + s.num_tokens > shard_rows:
+            slots.append([])
+            used = 0
+        slots[-1].append(s)
+        used += s.num_tokens
+    return slots

@@ -1,0 +1,159 @@
+"""validate --against: the training contract, one mismatch per field, and the YAML loader."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cache_helpers import build_cache
+
+from sparkforge.manifests.cli import main
+from sparkforge.manifests.contract import (
+    CacheContractError,
+    RunContract,
+    TrainConfigError,
+    check_contract,
+    contract_problems,
+    default_target_layer_ids,
+    run_contract_from_train_config,
+)
+from sparkforge.manifests.open import open_cache
+from sparkforge.manifests.validate import validate_cache
+
+# The trainer's tiny.yaml shape, fitted to the test cache (H=16, F=2 -> HF ids [1, 2], L=4).
+FITS: dict[str, Any] = {
+    "model": {"draft": {"mask_token_id": 3, "hidden_size": 16, "vocab_size": 1024,
+                        "num_target_layers": 4, "target_layer_ids": [0, 1],
+                        "num_hidden_layers": 1, "target_model_type": "qwen3"}},
+    "data": {"uri": "./tiny-cache", "max_seq_len": 256},
+    "trainer": {"accelerator": "cpu", "val_check_interval": None},
+}
+
+MISMATCHES = [
+    ("target_layer_ids", [1, 2], r"model.target_layer_ids=\[1, 2\] needs capture.layer_ids \(HF "
+                                 r"hidden_states indices = id \+ 1\) \[2, 3\], but the cache has "
+                                 r"\[1, 2\]"),
+    ("hidden_size", 32, r"^model.hidden_size=32 but the cache's target.hidden_size=16$"),
+    ("vocab_size", 2048, r"^model.vocab_size=2048 but the cache's target.vocab_size=1024$"),
+    ("num_target_layers", 8, r"^model.num_target_layers=8 but the cache's "
+                             r"target.num_hidden_layers=4$"),
+    ("mask_token_id", 1024, r"^model.mask_token_id=1024 is outside the cache's vocabulary "
+                            r"\[0, target.vocab_size=1024\)$"),
+    ("target_model_type", "llama", r"^model.target_model_type='llama' but the cache's "
+                                   r"target.model_type='qwen3'$"),
+]
+
+
+def _write(tmp_path: Path, config: dict[str, Any]) -> Path:
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One valid cache shared by the read-only contract tests."""
+    return build_cache(tmp_path_factory.mktemp("contract") / "c")
+
+
+def test_matching_config_passes(cache: Path, tmp_path: Path) -> None:
+    """A train config that fits the cache adds no problem (exit 0)."""
+    assert main(["validate", str(cache), "--against", str(_write(tmp_path, FITS))]) == 0
+
+
+@pytest.mark.parametrize(("name", "value", "message"), MISMATCHES, ids=[m[0] for m in MISMATCHES])
+def test_each_draft_field_mismatch_is_reported(cache: Path, tmp_path: Path, name: str,
+                                               value: object, message: str) -> None:
+    """One wrong model.draft field gives its own problem line naming it (exit 1)."""
+    config = copy.deepcopy(FITS)
+    config["model"]["draft"][name] = value
+    run = run_contract_from_train_config(_write(tmp_path, config))
+    problems = validate_cache(str(cache), against=run).problems
+    # H is checked against both target.hidden_size and storage.spec.hidden_size.
+    assert len(problems) == (2 if name == "hidden_size" else 1), problems
+    assert re.search(message, problems[0]), problems
+    assert main(["validate", str(cache), "--against", str(tmp_path / "train.yaml")]) == 1
+
+
+def test_sequence_length_mismatch(cache: Path, tmp_path: Path) -> None:
+    """data.max_seq_len shorter than the captured max_seq_len is one problem naming both."""
+    config = copy.deepcopy(FITS)
+    config["data"]["max_seq_len"] = 8
+    problems = validate_cache(str(cache), against=run_contract_from_train_config(
+        _write(tmp_path, config))).problems
+    assert problems == ["data.max_seq_len=8 is shorter than the cache's capture.max_seq_len=16"]
+
+
+def test_layer_count_and_hidden_size_both_fields_named(cache: Path) -> None:
+    """Too many ids also names storage.spec.num_aux_layers; H names target and spec."""
+    m = open_cache(str(cache)).manifest
+    base = run_contract_from_train_config(FITS)
+    problems = contract_problems(m, RunContract(**{**base.__dict__, "target_layer_ids": (0, 1, 2),
+                                                   "hidden_size": 8}),
+                                 split_counts={"train": 9, "eval": 3})
+    assert "len(model.target_layer_ids)=3 but the cache's storage.spec.num_aux_layers=2" \
+        in problems
+    assert "model.hidden_size=8 but the cache's storage.spec.hidden_size=16" in problems
+    assert len(problems) == 4
+
+
+def test_eval_split_needed_when_validating(cache: Path) -> None:
+    """With validation on (val_check_interval set) an empty eval split is a problem."""
+    config = copy.deepcopy(FITS)
+    config["trainer"]["val_check_interval"] = 100
+    run = run_contract_from_train_config(config)
+    assert run.need_eval_split
+    m = open_cache(str(cache)).manifest
+    assert contract_problems(m, run, split_counts={"train": 9, "eval": 3}) == []
+    with pytest.raises(CacheContractError, match=r"(?s)\(2 problem.*train split is empty.*\n.*eval "
+                                                 r"split is empty"):
+        check_contract(m, run, split_counts={})
+
+
+def test_loader_reads_the_trainer_yaml_shape(tmp_path: Path) -> None:
+    """The loader maps model.draft.* and data.max_seq_len; missing ids use the DFlash rule."""
+    run = run_contract_from_train_config(_write(tmp_path, FITS))
+    assert run == RunContract(target_layer_ids=(0, 1), hidden_size=16, vocab_size=1024,
+                              num_target_layers=4, mask_token_id=3, max_seq_len=256,
+                              target_model_type="qwen3", need_eval_split=False)
+    config = copy.deepcopy(FITS)
+    del config["model"]["draft"]["target_layer_ids"]
+    config["model"]["draft"].update(num_target_layers=36, num_hidden_layers=5)
+    assert run_contract_from_train_config(config).target_layer_ids == (1, 9, 17, 25, 33)
+
+
+@pytest.mark.parametrize(("num_layers", "depth", "ids"), [
+    (36, 5, (1, 9, 17, 25, 33)), (40, 5, (1, 10, 19, 28, 37)), (36, 1, (33,)), (4, 3, (1,)),
+    (3, 2, (0, 1)), (2, 5, (0,)),
+])
+def test_default_layer_ids_follow_the_dflash_rule(num_layers: int, depth: int,
+                                                  ids: tuple[int, ...]) -> None:
+    """Evenly spaced in [1, L-3] (DeepSpec's released ids), [0, L-2] for tiny targets."""
+    assert default_target_layer_ids(num_layers, depth) == ids
+
+
+@pytest.mark.parametrize(("edit", "match"), [
+    (lambda c: c["model"]["draft"].pop("hidden_size"), r"model.draft.hidden_size must be an "
+                                                       r"integer, got None"),
+    (lambda c: c["model"]["draft"].__setitem__("target_layer_ids", "0,1"),
+     "model.draft.target_layer_ids must be a list of integers"),
+    (lambda c: c.__setitem__("model", [1]), "model must be a mapping"),
+    (lambda c: c["data"].__setitem__("max_seq_len", True), "data.max_seq_len must be an integer"),
+])
+def test_bad_train_config_names_the_field(edit: Any, match: str) -> None:
+    """A config missing or mistyping a contract field raises TrainConfigError naming it."""
+    config = copy.deepcopy(FITS)
+    edit(config)
+    with pytest.raises(TrainConfigError, match=match):
+        run_contract_from_train_config(config)
+
+
+def test_bad_train_config_is_a_usage_error(cache: Path, tmp_path: Path) -> None:
+    """An --against file that is not a usable YAML config exits 2, not 1."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: [unclosed")
+    assert main(["validate", str(cache), "--against", str(path)]) == 2

@@ -1,0 +1,103 @@
+"""finalize_cache and open_cache: only complete, consistent caches become readable."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from cache_helpers import make_header, make_unit
+
+from sparkforge.manifests.finalize import finalize_cache
+from sparkforge.manifests.open import open_cache
+from sparkforge.manifests.schema import CacheIncompleteError, ManifestError
+from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.records import UnitAccounting
+from sparkforge.shared.writer import CacheWriter
+
+SPEC = CacheSpec(hidden_size=16, num_aux_layers=1, hidden_dtype="float16", max_seq_len=16,
+                 shard_rows=32, rows_per_unit=5)
+
+
+def _cache(path: Path, units: list[int]) -> CacheWriter:
+    w = CacheWriter.open(str(path), spec=SPEC, header=make_header(SPEC))
+    for u in units:
+        w.write_unit(u, *make_unit(SPEC, u))
+    return w
+
+
+def test_missing_units_are_listed(tmp_path: Path) -> None:
+    """Finalize refuses while units are uncommitted and lists them."""
+    _cache(tmp_path / "c", [0, 2])
+    with pytest.raises(CacheIncompleteError, match="2 of 4 units are not committed yet: 1, 3"):
+        finalize_cache(str(tmp_path / "c"), expected_units=4)
+
+
+def test_unfinalized_cache_is_refused_by_open(tmp_path: Path) -> None:
+    """open_cache refuses a store without a manifest, saying it is incomplete."""
+    _cache(tmp_path / "c", [0])
+    with pytest.raises(CacheIncompleteError, match="no manifest.json: the cache is incomplete"):
+        open_cache(str(tmp_path / "c"))
+
+
+def test_finalize_writes_sorted_index_and_is_idempotent(tmp_path: Path) -> None:
+    """The index is sorted by sample_id, agrees with the accounting, and finalize is repeatable."""
+    _cache(tmp_path / "c", [1, 0, 2])
+    first = finalize_cache(str(tmp_path / "c"), expected_units=3)
+    index = pq.read_table(tmp_path / "c/index.parquet")
+    ids = index.column("sample_id").to_pylist()
+    assert ids == sorted(ids)
+    assert len(ids) == first.accounting.written == 12
+    assert first.accounting.skipped == {"too_long": 3}
+    assert finalize_cache(str(tmp_path / "c"), expected_units=3) == first
+    assert first.git_sha is None or len(first.git_sha) == 40
+
+
+def test_duplicate_sample_ids_across_units_are_named(tmp_path: Path) -> None:
+    """The same sample id committed by two units is reported with both units."""
+    w = _cache(tmp_path / "c", [0])
+    samples, acc = make_unit(SPEC, 1)
+    samples[0] = dataclasses.replace(samples[0], sample_id=0)
+    w.write_unit(1, samples, acc)
+    with pytest.raises(ManifestError, match=r"sample 0 in units \[0, 1\]"):
+        finalize_cache(str(tmp_path / "c"), expected_units=2)
+
+
+@pytest.mark.parametrize(("edit", "match"), [
+    (lambda r: r["samples"]["row_offset"].__setitem__(1, 0), r"samples.row_offset\[1\]"),
+    (lambda r: r["samples"]["source_row"].__setitem__(0, 999), r"samples.source_row\[0\]"),
+    (lambda r: r["slots"][0].__setitem__("num_rows", 1), "'slots'"),
+    (lambda r: r.__setitem__("unit", 3), "'unit': expected 0"),
+    (lambda r: r["accounting"].__setitem__("failed", 2), "!= input_rows"),
+])
+def test_tampered_commit_record_is_rejected(tmp_path: Path, edit: object, match: str) -> None:
+    """A commit record inconsistent with its unit or slots stops finalize, naming the field."""
+    _cache(tmp_path / "c", [0])
+    path = tmp_path / "c/_commits/unit_00000000.json"
+    record = json.loads(path.read_text())
+    edit(record)  # type: ignore[operator]
+    path.write_text(json.dumps(record))
+    with pytest.raises(ManifestError, match=f"commit record of unit 0: .*{match}"):
+        finalize_cache(str(tmp_path / "c"), expected_units=1)
+
+
+def test_tampered_index_is_rejected(tmp_path: Path) -> None:
+    """open_cache checks the index against the manifest's sha256."""
+    _cache(tmp_path / "c", [0])
+    finalize_cache(str(tmp_path / "c"), expected_units=1)
+    index = tmp_path / "c/index.parquet"
+    index.write_bytes(index.read_bytes() + b"x")
+    with pytest.raises(ManifestError, match="index.parquet: sha256"):
+        open_cache(str(tmp_path / "c"))
+
+
+def test_units_with_no_written_samples_are_committed(tmp_path: Path) -> None:
+    """A unit whose rows were all skipped or failed still commits and is counted."""
+    w = _cache(tmp_path / "c", [0])
+    w.write_unit(1, [], UnitAccounting(input_rows=2, written=0, skipped={"empty": 1}, failed=1))
+    manifest = finalize_cache(str(tmp_path / "c"), expected_units=2)
+    assert manifest.accounting.failed == 1
+    assert manifest.accounting.input_rows == SPEC.rows_per_unit + 2
+    assert open_cache(str(tmp_path / "c"), verify=True).read_unit(1) == []

@@ -1,0 +1,77 @@
+"""sparkforge plan: the arithmetic of the estimate and its command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparkforge.manifests.cli import main
+from sparkforge.manifests.plan import plan_cache, target_shape_from_config
+from sparkforge.shared.layout import CacheSpec
+
+
+def test_lossless_bytes_per_token_by_hand() -> None:
+    """bf16 lossless: (F+1) * 2H / 1.45 for the hidden arrays plus ids/3.4 and mask/100."""
+    spec = CacheSpec(hidden_size=4096, num_aux_layers=5, hidden_dtype="bfloat16",
+                     max_seq_len=4096)
+    plan = plan_cache(spec, num_tokens=10**9, mean_seq_len=1024)
+    expected = 6 * 2 * 4096 / 1.45 + 4 / 3.4 + 1 / 100
+    assert plan["bytes_per_token"] == pytest.approx(expected)
+    assert plan["total_bytes"] == int(expected * 10**9)
+    assert plan["num_samples"] == 976_563
+    assert plan["num_units"] == 3815  # ceil(976563 / 256)
+
+
+def test_fp8_aux_is_smaller_and_keeps_final_lossless() -> None:
+    """fp8 shrinks only aux_hidden (codes / 1.18 + a float32 scale per layer)."""
+    spec = CacheSpec(hidden_size=2048, num_aux_layers=3, hidden_dtype="bfloat16",
+                     max_seq_len=2048, aux_codec="fp8")
+    arrays = plan_cache(spec, num_tokens=1000, mean_seq_len=100)["arrays"]
+    assert arrays["aux_hidden"]["bytes_per_token"] == pytest.approx(3 * 2048 / 1.18)
+    assert arrays["aux_scale"]["raw_bytes_per_token"] == 12
+    assert arrays["final_hidden"]["bytes_per_token"] == pytest.approx(2 * 2048 / 1.45)
+
+
+def test_shards_follow_unit_packing() -> None:
+    """Each unit packs into its own slots: 256 samples of 1024 tokens need 33 slots of 8192."""
+    spec = CacheSpec(hidden_size=64, num_aux_layers=1, hidden_dtype="bfloat16", max_seq_len=4096)
+    plan = plan_cache(spec, num_tokens=256 * 1024 * 2, mean_seq_len=1024)
+    assert plan["num_units"] == 2
+    assert plan["num_shards"] == 2 * 35  # ceil(262144 / (8192 - 512))
+    assert plan["objects"] == 70 * 4 + 2 * 2 + 4 + 4
+
+
+def test_target_config_and_text_config(tmp_path: Path) -> None:
+    """config.json sizes are read directly or from text_config; bad sizes are named."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"text_config": {"hidden_size": 5120, "num_hidden_layers": 40,
+                                                "torch_dtype": "bfloat16"}}))
+    assert target_shape_from_config(path).hidden_size == 5120
+    path.write_text(json.dumps({"hidden_size": "big", "num_hidden_layers": 4}))
+    with pytest.raises(ValueError, match="hidden_size must be a positive integer, got 'big'"):
+        target_shape_from_config(path)
+
+
+def test_plan_cli_table_and_usage_errors(tiny_config: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI prints a table; out-of-range layer ids and bad configs exit 2."""
+    assert main(["plan", "--target_config", str(tiny_config), "--layer_ids", "1,2,3",
+                 "--num_tokens", "1000000"]) == 0
+    out = capsys.readouterr().out
+    assert "aux_hidden" in out
+    assert "bytes/token     707" in out  # 4 * 256 / 1.45 + 4 / 3.4 + 1 / 100 = 707.4
+    assert main(["plan", "--target_config", str(tiny_config), "--layer_ids", "1,9",
+                 "--num_tokens", "10"]) == 2
+    assert main(["plan", "--target_config", str(tiny_config.parent / "none.json"),
+                 "--num_aux_layers", "2", "--num_tokens", "10"]) == 2
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> Path:
+    """A Qwen3-shaped config.json with H=128 and 4 layers."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "qwen3", "hidden_size": 128,
+                                "num_hidden_layers": 4, "torch_dtype": "bfloat16"}))
+    return path

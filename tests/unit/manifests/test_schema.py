@@ -1,0 +1,137 @@
+"""Manifest parsing: golden examples round-trip; every invalid manifest names its field."""
+
+from __future__ import annotations
+
+import copy
+import json
+from importlib.resources import files
+from typing import Any
+
+import jsonschema
+import pytest
+
+from sparkforge.manifests import jsonschema as manifest_schema
+from sparkforge.manifests.header import parse_header
+from sparkforge.manifests.schema import (
+    MANIFEST_KEYS,
+    CacheManifest,
+    ManifestError,
+    UnknownFormatVersionError,
+)
+
+EXAMPLES = sorted(p for p in files("sparkforge.manifests").joinpath("examples").iterdir()
+                  if p.name.endswith(".json"))
+
+
+def _example() -> dict[str, Any]:
+    return json.loads(EXAMPLES[0].read_text())
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_golden_examples_round_trip(path: Any) -> None:
+    """Each golden manifest parses and serialises back to the identical JSON."""
+    data = json.loads(path.read_text())
+    manifest = CacheManifest.from_json(data)
+    assert manifest.to_json() == data
+    assert set(data) == MANIFEST_KEYS
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_golden_examples_satisfy_json_schema(path: Any) -> None:
+    """The exported JSON Schema accepts the golden manifests."""
+    jsonschema.validate(json.loads(path.read_text()), manifest_schema.manifest_json_schema())
+
+
+def test_committed_json_schema_is_up_to_date() -> None:
+    """manifests/manifest.schema.json equals the schema derived from the dataclasses.
+
+    Regenerate with: .venv/bin/python -P -m sparkforge.manifests.jsonschema
+    """
+    assert manifest_schema.SCHEMA_PATH.read_text() == manifest_schema.render()
+
+
+def _set(path: str, value: Any) -> Any:
+    def mutate(d: dict[str, Any]) -> None:
+        new = value(d) if callable(value) else value
+        *parents, last = path.split(".")
+        for p in parents:
+            d = d[int(p)] if isinstance(d, list) else d[p]
+        if value is _DELETE:
+            del d[last]
+        elif isinstance(d, list):
+            d[int(last)] = new
+        else:
+            d[last] = new
+    return mutate
+
+
+_DELETE = object()
+
+INVALID = [
+    ("format_version", 2, UnknownFormatVersionError, "reads version 1, got 2"),
+    ("format_version", "1", ManifestError, "'format_version': expected an integer"),
+    ("complete", "yes", ManifestError, "'complete': expected true or false"),
+    ("created_at", "yesterday", ManifestError, "'created_at': expected an ISO 8601"),
+    ("created_at", "2026-01-01T00:00:00", ManifestError, "with a timezone"),
+    ("git_sha", "not-hex", ManifestError, "'git_sha': expected a lowercase hex"),
+    ("target.vocab_size", -5, ManifestError, r"'target.vocab_size': expected an integer in"),
+    ("target.hidden_size", 1 << 40, ManifestError, "'target.hidden_size'"),
+    ("target.num_hidden_layers", True, ManifestError, "'target.num_hidden_layers'"),
+    ("target.content_hash", "XYZ", ManifestError, "'target.content_hash'"),
+    ("target.extra", 1, ManifestError, r"'target': expected only keys .* unknown"),
+    ("target.dtype", _DELETE, ManifestError, r"'target': expected keys \['dtype'\]"),
+    ("capture.layer_ids", [3, 1, 2], ManifestError, "'capture.layer_ids': expected a non-empty"),
+    ("capture.layer_ids", [1, 2, 9], ManifestError, "ids <= target.num_hidden_layers"),
+    ("capture.layer_ids", [1, 2], ManifestError, r"'capture.layer_ids': expected 3 ids"),
+    ("capture.layer_id_convention", "vllm", ManifestError, "'capture.layer_id_convention'"),
+    ("capture.final_hidden", "pre_norm", ManifestError, "'capture.final_hidden'"),
+    ("capture.max_seq_len", 32, ManifestError, "'capture.max_seq_len': expected storage.spec"),
+    ("tokenizer.chat_template_sha256", "ab", ManifestError, "of 64 characters"),
+    ("data.eval_fraction", 1.5, ManifestError, "'data.eval_fraction'"),
+    ("data.sources", "s3://x", ManifestError, "'data.sources': expected a JSON array"),
+    ("accounting.failed", 1, ManifestError, r"'accounting': written .* != input_rows"),
+    ("accounting.written", -1, ManifestError, "'accounting.written'"),
+    ("storage.spec.shard_rows", 8, ManifestError, "shard_rows .* must be >= max_seq_len"),
+    ("storage.spec.hidden_dtype", "int4", ManifestError, "'storage.spec.hidden_dtype'"),
+    ("storage.arrays.aux_hidden.dtype", "float64", ManifestError, "'storage.arrays.aux_hidden'"),
+    ("storage.index_key", "../../etc/passwd", ManifestError, "'storage.index_key'"),
+    ("storage.index_key", "/abs/index.parquet", ManifestError, "inside the cache root"),
+    ("storage.units", lambda d: [d["storage"]["units"][0]] * 2, ManifestError,
+     "'storage.units': expected unique units"),
+    ("storage.units", lambda d: d["storage"]["units"][1:], ManifestError, "without gaps"),
+    ("storage.units.1.slots.0.slot", 0, ManifestError, r"'storage.units\[1\].slots\[0\].slot'"),
+    ("storage.units.0.slots.0.crc32c.aux_hidden", 1 << 33, ManifestError, "crc32c.aux_hidden"),
+    ("storage.units.0.num_tokens", 1, ManifestError, "'storage.units\\[0\\].num_tokens'"),
+    ("storage.totals.tokens", 7, ManifestError, "'storage.totals.tokens'"),
+    ("storage.totals.samples", 10**20, ManifestError, "'storage.totals.samples'"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "error", "match"), INVALID,
+                         ids=[f"{p}={v!r}"[:60] for p, v, _, _ in INVALID])
+def test_invalid_manifest_is_named(path: str, value: Any, error: type, match: str) -> None:
+    """A bad field raises ManifestError naming the field and, where useful, the value."""
+    data = copy.deepcopy(_example())
+    _set(path, value)(data)
+    with pytest.raises(error, match=match):
+        CacheManifest.from_json(data)
+
+
+@pytest.mark.parametrize("data", [None, [], "manifest", 3])
+def test_non_object_manifest_is_rejected(data: Any) -> None:
+    """Anything but a JSON object is rejected before field parsing."""
+    with pytest.raises(ManifestError, match="expected a JSON object"):
+        CacheManifest.from_json(data)
+
+
+def test_manifest_error_is_a_value_error() -> None:
+    """Callers can catch ManifestError as ValueError."""
+    assert issubclass(ManifestError, ValueError)
+
+
+def test_parse_header_accepts_the_example_sections() -> None:
+    """The producer-supplied sections of a golden manifest form a valid run header."""
+    data = _example()
+    header = parse_header({k: data[k] for k in ("producer_config", "target", "capture",
+                                                "tokenizer", "data")})
+    assert header.capture.layer_ids == (1, 2, 3)

@@ -1,0 +1,88 @@
+"""sparkforge inspect: every number agrees with a hand count over the store's files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, build_cache, make_unit
+
+from sparkforge.manifests.cli import main
+from sparkforge.manifests.summary import summarize_cache
+from sparkforge.shared.layout import CacheSpec, array_layouts
+
+
+@pytest.mark.parametrize("spec", [SMALL_SPEC, SMALL_FP8_SPEC], ids=["lossless", "fp8_topk"])
+def test_inspect_numbers_match_a_hand_count(tmp_path: Path, spec: CacheSpec,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Samples, tokens, splits, skips, bytes on disk, ratio and bytes/token from the files."""
+    cache = build_cache(tmp_path / "c", spec)
+    samples = [s for u in range(3) for s in make_unit(spec, u)[0]]
+    tokens = sum(s.num_tokens for s in samples)
+    files = [p for p in cache.rglob("*") if p.is_file()]
+    on_disk = sum(p.stat().st_size for p in files)
+    manifest = json.loads((cache / "manifest.json").read_text())
+    slots = [s["slot"] for u in manifest["storage"]["units"] for s in u["slots"]]
+    layouts = array_layouts(spec)
+    stored = {name: sum((cache / name / "c" / str(slot)).joinpath(
+        *["0"] * len(a.row_shape)).stat().st_size for slot in slots)
+        for name, a in layouts.items()}
+    logical = {name: tokens * a.dtype.itemsize * max(1, _prod(a.row_shape))
+               for name, a in layouts.items()}
+
+    s = summarize_cache(str(cache))
+    assert (s["samples"], s["tokens"], s["units"], s["shards"]) == (12, tokens, 3, len(slots))
+    assert s["objects"] == len(files)
+    assert s["bytes_on_disk"] == on_disk
+    assert s["bytes_per_token"] == pytest.approx(on_disk / tokens)
+    assert s["data_bytes"] == sum(stored.values())
+    assert s["compression_ratio"] == pytest.approx(sum(logical.values()) / sum(stored.values()))
+    for name in layouts:
+        assert s["arrays"][name]["stored_bytes"] == stored[name]
+        assert s["arrays"][name]["logical_bytes"] == logical[name]
+    assert s["splits"]["eval"]["samples"] == sum(s_.split == "eval" for s_ in samples)
+    assert s["splits"]["train"]["tokens"] == sum(x.num_tokens for x in samples
+                                                 if x.split == "train")
+    assert s["splits"]["train"]["loss_tokens"] == sum(int(x.loss_mask.sum()) for x in samples
+                                                      if x.split == "train")
+    assert s["accounting"] == {"input_rows": 15, "written": 12, "skipped": {"too_long": 3},
+                               "failed": 0}
+    assert s["layers"] == {"layer_ids": [1, 2], "dspark_feature_ids": [0, 1],
+                           "final_hidden": "post_norm"}
+    assert s["unreferenced_bytes"] == 0
+
+    assert main(["inspect", str(cache), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == tokens
+    assert main(["inspect", str(cache)]) == 0
+    table = capsys.readouterr().out
+    assert f"tokens          {tokens:,}" in table
+    assert "skipped too_long 3" in table
+
+
+def test_abandoned_attempt_counts_as_unreferenced(tmp_path: Path) -> None:
+    """Slots written by an attempt that never committed are on disk but not in the ratio."""
+    cache = build_cache(tmp_path / "c")
+    before = summarize_cache(str(cache))
+    orphan = cache / "aux_hidden/c/999999/0/0"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"\0" * 1000)
+    after = summarize_cache(str(cache))
+    assert after["unreferenced_bytes"] == 1000
+    assert after["bytes_on_disk"] == before["bytes_on_disk"] + 1000
+    assert after["compression_ratio"] == before["compression_ratio"]
+
+
+def test_inspect_of_an_unfinalized_cache_exits_1(tmp_path: Path) -> None:
+    """inspect refuses a store without a manifest (exit 1) and a missing path (exit 2)."""
+    cache = build_cache(tmp_path / "c")
+    (cache / "manifest.json").unlink()
+    assert main(["inspect", str(cache)]) == 1
+    assert main(["inspect", str(tmp_path / "nope")]) == 2
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for n in shape:
+        out *= n
+    return out

@@ -1,0 +1,272 @@
+"""sparkforge validate: a valid cache passes; each corruption is reported with its own message."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zarr
+from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, build_cache
+
+from sparkforge.manifests.cli import main
+from sparkforge.manifests.objects import CacheNotFoundError
+from sparkforge.manifests.validate import validate_cache
+from sparkforge.shared.layout import CacheSpec
+
+SPEC, FP8 = SMALL_SPEC, SMALL_FP8_SPEC
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _edit_json(path: Path, edit: Callable[[dict], object]) -> None:
+    data = _json(path)
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _first_slot(cache: Path, unit: int = 0) -> int:
+    return int(_json(cache / "manifest.json")["storage"]["units"][unit]["slots"][0]["slot"])
+
+
+def _rewrite_index(cache: Path, edit: Callable[[list[dict]], list[dict]]) -> None:
+    """Change index rows and re-seal the manifest's sha256 so only the row check can object."""
+    table = pq.read_table(cache / "index.parquet")
+    rows = edit(table.to_pylist())
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), buf)
+    (cache / "index.parquet").write_bytes(buf.getvalue())
+    _edit_json(cache / "manifest.json", lambda m: m["storage"].__setitem__(
+        "index_sha256", hashlib.sha256(buf.getvalue()).hexdigest()))
+
+
+def _delete_commit(c: Path) -> None:
+    (c / "_commits/unit_00000001.json").unlink()
+
+
+def _delete_shard(c: Path) -> None:
+    (c / f"aux_hidden/c/{_first_slot(c, 2)}/0/0").unlink()
+
+
+def _delete_chunk(c: Path) -> None:
+    (c / f"input_ids/c/{_first_slot(c)}").unlink()
+
+
+def _wrong_row_shape(c: Path) -> None:
+    _edit_json(c / "aux_hidden/zarr.json", lambda z: z["shape"].__setitem__(2, 8))
+
+
+def _wrong_dtype(c: Path) -> None:
+    _edit_json(c / "final_hidden/zarr.json", lambda z: z.__setitem__("data_type", "int16"))
+
+
+def _tampered_crc(c: Path) -> None:
+    _edit_json(c / "_commits/unit_00000000.json",
+               lambda r: r["slots"][0]["crc32c"].__setitem__("loss_mask", 7))
+
+
+def _tampered_accounting(c: Path) -> None:
+    _edit_json(c / "_commits/unit_00000002.json",
+               lambda r: r["accounting"].__setitem__("skipped", {"empty": 1}))
+
+
+def _accounting_off(c: Path) -> None:
+    def edit(m: dict) -> None:
+        m["accounting"]["failed"] += 1
+        m["accounting"]["input_rows"] += 1
+    _edit_json(c / "manifest.json", edit)
+
+
+def _index_length(c: Path) -> None:
+    _rewrite_index(c, lambda rows: [r | {"length": r["length"] + 1} if i == 2 else r
+                                    for i, r in enumerate(rows)])
+
+
+def _index_extra_row(c: Path) -> None:
+    _rewrite_index(c, lambda rows: [*rows, rows[-1] | {"sample_id": 99, "row_offset": 0}])
+
+
+def _index_tampered(c: Path) -> None:
+    (c / "index.parquet").write_bytes((c / "index.parquet").read_bytes() + b"x")
+
+
+def _extra_commit(c: Path) -> None:
+    (c / "_commits/unit_00000009.json").write_bytes(b"{}")
+
+
+def _no_manifest(c: Path) -> None:
+    (c / "manifest.json").unlink()
+
+
+def _header_changed(c: Path) -> None:
+    _edit_json(c / "_meta/header.json",
+               lambda h: h["header"]["target"].__setitem__("model_type", "llama"))
+
+
+def _logical_bytes_off(c: Path) -> None:
+    _edit_json(c / "manifest.json",
+               lambda m: m["storage"]["totals"].__setitem__("logical_bytes", 5))
+
+
+def _codec_changed(c: Path) -> None:
+    _edit_json(c / "manifest.json",
+               lambda m: m["storage"]["codecs"].__setitem__("input_ids", "lz4"))
+
+
+CORRUPTIONS = [
+    (_delete_commit, r"^unit 1: commit record _commits/unit_00000001.json is missing$"),
+    (_delete_shard, r"^unit 2, slot \d+: object aux_hidden/c/\d+/0/0 is missing \(it would read"),
+    (_delete_chunk, r"^unit 0, slot \d+: object input_ids/c/\d+ is missing"),
+    (_wrong_row_shape, r"^array aux_hidden: row shape is \(2, 8\) but the manifest implies "
+                       r"\(2, 16\)$"),
+    (_wrong_dtype, r"^array final_hidden: dtype is 'int16' but the manifest implies 'uint16'$"),
+    (_tampered_crc, r"^unit 0: manifest storage.units\[0\].slots = .* but the commit record has"),
+    (_tampered_accounting, r"^unit 2: manifest storage.units\[2\].accounting = .*too_long.* but "
+                           r"the commit record has .*empty"),
+    (_accounting_off, r"^manifest: manifest field 'accounting': expected the sum of the units' "
+                      r"accounting"),
+    (_index_length, r"^index row sample \d+: length = \d+ but unit \d's commit record has \d+$"),
+    (_index_extra_row, r"^index row sample 99: references data no listed unit's commit record"),
+    (_index_tampered, r"^index index.parquet: sha256 [0-9a-f]+ != manifest"),
+    (_extra_commit, r"^unit 9: has a commit record but the manifest does not list it"),
+    (_no_manifest, r"^manifest: .*no manifest.json: the cache is incomplete.*\(3 unit commit "
+                   r"records present\)$"),
+    (_header_changed, r"^_meta/header.json vs manifest: header.target.model_type: store has "
+                      r"'llama', manifest has 'qwen3'$"),
+    (_logical_bytes_off, r"^manifest storage.totals.logical_bytes = 5 but tokens x row bytes = "
+                         r"\d+$"),
+    (_codec_changed, r"^array input_ids: codec is 'zstd-3' but the manifest implies 'lz4'$"),
+]
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    """A fresh valid cache per test (corruptions edit it in place)."""
+    return build_cache(tmp_path / "c")
+
+
+@pytest.mark.parametrize("spec", [SPEC, FP8], ids=["lossless", "fp8_topk"])
+def test_valid_cache_validates(tmp_path: Path, spec: CacheSpec,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A cache straight from the writer and finalize has no problem, shallow or deep (exit 0)."""
+    c = build_cache(tmp_path / "c", spec)
+    report = validate_cache(str(c), deep=True)
+    assert report.problems == []
+    assert report.checked["units"] == 3
+    assert report.checked["samples"] == 12
+    assert report.checked["objects"] == report.checked["slots"] * (7 if spec.topk else 4)
+    assert main(["validate", str(c), "--deep"]) == 0
+    assert "valid; checked" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("corrupt", "message"), CORRUPTIONS,
+                         ids=[c.__name__.strip("_") for c, _ in CORRUPTIONS])
+def test_corruption_is_reported(cache: Path, corrupt: Callable[[Path], None], message: str,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Each store/manifest corruption yields its own problem line and exit code 1."""
+    corrupt(cache)
+    problems = validate_cache(str(cache)).problems
+    assert any(re.search(message, p) for p in problems), problems
+    assert main(["validate", str(cache)]) == 1
+    assert any(re.search(message, line) for line in capsys.readouterr().out.splitlines())
+
+
+def test_overwritten_slot_is_caught_only_by_deep(cache: Path) -> None:
+    """A zombie overwrite of a committed slot passes the shallow check; --deep names the crc."""
+    slot = _first_slot(cache, 1)
+    arr = zarr.open_group(str(cache), mode="r+")["input_ids"]
+    arr[slot * 32:(slot + 1) * 32] = np.arange(32, dtype=np.int32)
+    assert validate_cache(str(cache)).problems == []
+    problems = validate_cache(str(cache), deep=True).problems
+    assert any(re.match(rf"unit 1, slot {slot}: array input_ids: crc32c 0x[0-9a-f]{{8}} != "
+                        r"committed 0x[0-9a-f]{8} \(data corrupted", p) for p in problems)
+
+
+def test_flipped_bytes_in_a_shard_object_are_caught_by_deep(cache: Path) -> None:
+    """Bytes flipped inside a stored shard file: --deep reports a crc mismatch or a decode error."""
+    slot = _first_slot(cache, 0)
+    path = cache / f"aux_hidden/c/{slot}/0/0"
+    data = bytearray(path.read_bytes())
+    for i in range(40, 60):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    problems = validate_cache(str(cache), deep=True).problems
+    assert any(re.match(rf"unit 0, slot {slot}: array aux_hidden: (crc32c .* != committed|"
+                        r"cannot be decoded)", p) for p in problems), problems
+
+
+@pytest.mark.parametrize("name", ["aux_hidden", "final_hidden"])
+def test_nan_in_a_slot_names_unit_slot_sample_and_layer(cache: Path, name: str) -> None:
+    """A NaN written through zarr is reported with unit, slot, sample, token (and layer slot)."""
+    manifest = _json(cache / "manifest.json")
+    index = pq.read_table(cache / "index.parquet").to_pylist()
+    sample = next(r for r in index if r["unit"] == 1 and r["length"] > 3)
+    arr = zarr.open_group(str(cache), mode="r+")[name]
+    row = sample["row_offset"] + 2
+    value = np.asarray(arr[row:row + 1])
+    if name == "aux_hidden":
+        value[0, 1, 5] = 0x7FC0  # bf16 quiet NaN bits, layer slot 1
+    else:
+        value[0, 3] = 0x7F80  # bf16 +inf
+    arr[row:row + 1] = value
+    assert manifest["storage"]["units"][1]["unit"] == 1
+    problems = validate_cache(str(cache), deep=True).problems
+    layer = r" \(layer slots \[1\] = capture.layer_ids \[2\]\)" if name == "aux_hidden" else ""
+    expected = (rf"unit 1, slot {sample['slot']}, sample {sample['sample_id']}: array {name}"
+                rf"{layer}: 1 non-finite values, first at token 2$")
+    assert any(re.match(expected, p) for p in problems), problems
+
+
+def test_wrong_loss_token_count_is_caught_by_deep(cache: Path) -> None:
+    """A loss mask that disagrees with the committed num_loss_tokens is named per sample."""
+    sample = pq.read_table(cache / "index.parquet").to_pylist()[0]
+    arr = zarr.open_group(str(cache), mode="r+")["loss_mask"]
+    start = sample["row_offset"]
+    arr[start:start + sample["length"]] = np.ones(sample["length"], dtype=np.uint8)
+    problems = validate_cache(str(cache), deep=True).problems
+    assert any(f"sample {sample['sample_id']}: loss_mask has {sample['length']} loss tokens but "
+               f"the commit record says {sample['num_loss_tokens']}" in p for p in problems)
+
+
+def test_missing_path_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cache path that does not exist raises CacheNotFoundError and exits 2."""
+    with pytest.raises(CacheNotFoundError):
+        validate_cache(str(tmp_path / "nope"))
+    assert main(["validate", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["validate"], ["validate", "x", "--bogus"], ["validate", "{c}", "--storage_options", "{bad"],
+    ["validate", "{c}", "--storage_options", "[1]"],
+    ["validate", "{c}", "--against", "{c}/no.yaml"],
+    ["nonsense"], ["plan", "--hidden_size", "8"],
+])
+def test_usage_errors_exit_2(cache: Path, argv: list[str]) -> None:
+    """Bad command lines, options, JSON and config paths exit 2, never 1."""
+    assert main([a.replace("{c}", str(cache)) for a in argv]) == 2
+
+
+def test_json_output_shape(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json prints one object with valid, problems, uri, deep, against and checked."""
+    assert main(["validate", str(cache), "--json", "--deep"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["valid"] is True
+    assert out["problems"] == []
+    assert out["deep"] is True
+    assert set(out) == {"valid", "problems", "uri", "deep", "against", "checked"}
+    assert out["checked"]["samples"] == 12
+    _delete_commit(cache)
+    assert main(["validate", str(cache), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["valid"] is False
+    assert "unit 1: commit record _commits/unit_00000001.json is missing" in out["problems"]

@@ -1,0 +1,52 @@
+"""Tiny draft configs and random cache-shaped batches for the trainer unit tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_tiny
+from sparkforge.trainer.model import DSparkDraftModel
+
+Batch = dict[str, torch.Tensor]
+
+
+def make_batch(cfg: DSparkDraftConfig, *, batch: int = 2, seq_len: int = 24,
+               seed: int = 0) -> Batch:
+    """Random ids, a prompt/response loss mask with a hole, features and final states."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g)
+    loss_mask = torch.ones(batch, seq_len)
+    loss_mask[:, :5] = 0
+    loss_mask[:, seq_len // 2] = 0
+    return {
+        "input_ids": ids,
+        "loss_mask": loss_mask,
+        "target_hidden_states": torch.randn(batch, seq_len, cfg.num_features * cfg.hidden_size,
+                                            generator=g),
+        "target_last_hidden_states": torch.randn(batch, seq_len, cfg.hidden_size, generator=g),
+    }
+
+
+@pytest.fixture
+def tiny_cfg() -> DSparkDraftConfig:
+    """draft_tiny(): H=64, 1 layer, V=256, K=4, A=8, r=16."""
+    return draft_tiny()
+
+
+@pytest.fixture
+def build() -> Callable[..., tuple[DSparkDraftModel, Batch]]:
+    """Factory: a seeded model for draft_tiny() with field overrides, and a batch."""
+
+    def _build(seed: int = 0, attn: str = "sdpa", **overrides: Any) -> tuple[
+            DSparkDraftModel, Batch]:
+        cfg = dataclasses.replace(draft_tiny(), **overrides)
+        torch.manual_seed(seed)
+        model = DSparkDraftModel(cfg, attn_implementation=attn)  # type: ignore[arg-type]
+        return model, make_batch(cfg, seed=seed)
+
+    return _build

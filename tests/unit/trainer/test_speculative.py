@@ -1,0 +1,133 @@
+"""Reference speculative decoding is lossless: greedy-identical at T=0, target law at T=1."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from sparkforge.trainer.draft_config import from_target_config
+from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.speculative import speculative_generate, target_features
+
+
+def _draft_for(target: Any, *, seed: int = 0, **overrides: Any) -> DSparkDraftModel:
+    cfg = from_target_config(target.config, mask_token_id=3, target_layer_ids=(0, 1),
+                             num_hidden_layers=1, num_anchors=8, markov_rank=8)
+    cfg = dataclasses.replace(cfg, **{"block_size": 4, **overrides})
+    torch.manual_seed(seed)
+    return DSparkDraftModel(cfg, embed_weight=target.model.embed_tokens.weight,
+                            lm_head_weight=target.lm_head.weight).eval()
+
+
+def _greedy_reference(target: Any, prompt: torch.Tensor, n: int) -> list[int]:
+    """Plain greedy decoding with full forwards (no cache), independent of the loop."""
+    ids = prompt.view(1, -1)
+    with torch.no_grad():
+        for _ in range(n):
+            ids = torch.cat([ids, target(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return ids[0, prompt.numel():].tolist()
+
+
+def _small_target(vocab: int = 8, seed: int = 0) -> Qwen3ForCausalLM:
+    """A 3-layer Qwen3 over a tiny vocabulary with peaked next-token laws."""
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=16, initializer_range=0.4, tie_word_embeddings=False,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("threshold", [None, 0.5, 1.01])
+def test_greedy_speculative_equals_target_greedy(tiny_target: Path,
+                                                 threshold: float | None) -> None:
+    """T=0 output is identical to the tiny target's greedy decoding (any verify length)."""
+    target = AutoModelForCausalLM.from_pretrained(tiny_target).eval()
+    draft = _draft_for(target)
+    prompt = torch.tensor([5, 17, 99, 4, 250, 31, 7])
+    res = speculative_generate(target, draft, prompt, max_new_tokens=24,
+                               confidence_threshold=threshold)
+    assert res.tokens == _greedy_reference(target, prompt, 24)
+    assert sum(res.tokens_per_round) + 1 >= 24
+    assert all(t >= 1 for t in res.tokens_per_round)
+    if threshold == 1.01:  # nothing passes: every round verifies 0 drafts, emits 1 token
+        assert set(res.verified_per_round) == {0}
+        assert set(res.tokens_per_round) == {1}
+    assert res.wall_time_s > 0
+
+
+def test_greedy_lossless_with_accepted_drafts() -> None:
+    """On a tiny vocabulary drafts do get accepted, and the output is still greedy-identical."""
+    target = _small_target()
+    draft = _draft_for(target, seed=1, mask_token_id=3)
+    prompt = torch.tensor([1, 2, 5, 7, 0, 3])
+    res = speculative_generate(target, draft, prompt, max_new_tokens=40)
+    assert res.tokens == _greedy_reference(target, prompt, 40)
+    assert res.tau > 1.0
+    assert res.position_accepted[0] > 0
+    assert all(a <= t for a, t in zip(res.position_accepted, res.position_trials, strict=True))
+
+
+def _exact_laws(target: Any, prompt: torch.Tensor, v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact joint law of (t1, t2) [V, V] and marginal of t3 [V] by enumeration."""
+    with torch.no_grad():
+        p1 = torch.softmax(target(prompt[None]).logits[0, -1], -1)
+        x1 = torch.arange(v)[:, None]
+        p2 = torch.softmax(target(torch.cat([prompt.expand(v, -1), x1], 1)).logits[:, -1], -1)
+        pairs = torch.cartesian_prod(torch.arange(v), torch.arange(v))
+        seq = torch.cat([prompt.expand(v * v, -1), pairs], 1)
+        p3 = torch.softmax(target(seq).logits[:, -1], -1).view(v, v, v)
+    joint12 = p1[:, None] * p2
+    return joint12, (joint12[..., None] * p3).sum((0, 1))
+
+
+def _draft_first_slot_law(target: Any, draft: DSparkDraftModel, prompt: torch.Tensor,
+                          p1: torch.Tensor) -> torch.Tensor:
+    """Law of the draft's first token d_1 (t2 if emitted unverified), averaged over t1."""
+    with torch.no_grad():
+        out = target(prompt[None], output_hidden_states=True)
+        cache = draft.extend_context(draft.empty_cache(),
+                                     target_features(out.hidden_states, (0, 1)))
+        law = torch.zeros_like(p1)
+        for x1 in range(p1.numel()):
+            hid, base = draft.draft_block(torch.tensor([x1]), cache)
+            bias, _ = draft.markov_head.step(torch.tensor([x1]), hid[:, 0])
+            law += p1[x1] * torch.softmax(base[0, 0] + bias[0], -1)
+    return law
+
+
+@pytest.mark.slow
+def test_temperature_one_output_follows_the_target_law() -> None:
+    """At T=1 the empirical law of (t1, t2) and of t3 matches the exact target law."""
+    v, trials = 6, 1500
+    target = _small_target(vocab=v, seed=3)
+    draft = _draft_for(target, seed=2, block_size=3)
+    prompt = torch.tensor([1, 4, 2, 5])
+    joint12, marg3 = _exact_laws(target, prompt, v)
+    g = torch.Generator().manual_seed(0)
+    c12, c3 = torch.zeros(v, v), torch.zeros(v)
+    accepted = 0
+    for _ in range(trials):
+        res = speculative_generate(target, draft, prompt, max_new_tokens=3, temperature=1.0,
+                                   generator=g)
+        c12[res.tokens[0], res.tokens[1]] += 1
+        c3[res.tokens[2]] += 1
+        accepted += res.position_accepted[0]
+    # Expected TV of an n-sample empirical law is <= 0.5 * sum sqrt(p(1-p)/n); allow 2.5x.
+    def bound(p: torch.Tensor) -> float:
+        return 2.5 * 0.5 * float((p * (1 - p) / trials).sqrt().sum())
+
+    tv12 = 0.5 * float((c12 / trials - joint12).abs().sum())
+    tv3 = 0.5 * float((c3 / trials - marg3).abs().sum())
+    assert tv12 < bound(joint12.flatten())
+    assert tv3 < bound(marg3)
+    # Power: emitting the draft's tokens unverified would be far outside the bound, and the
+    # accept branch was exercised.
+    q2 = _draft_first_slot_law(target, draft, prompt, joint12.sum(1))
+    assert 0.5 * float((q2 - joint12.sum(0)).abs().sum()) > 3 * bound(joint12.sum(0))
+    assert 0.1 * trials < accepted < trials

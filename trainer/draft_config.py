@@ -1,0 +1,256 @@
+"""The DSpark draft config: derived from the target's HF config, validated, saved as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sparkforge.manifests.contract import default_target_layer_ids
+
+logger = logging.getLogger(__name__)
+
+MarkovHeadType = Literal["vanilla", "gated", "rnn"]
+MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla", "gated", "rnn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DSparkDraftConfig:
+    """Everything needed to build the draft: sizes from the target, DSpark fields from the run."""
+
+    mask_token_id: int
+    """Unused in-vocabulary id filling the non-anchor block slots; the same id must serve."""
+    target_layer_ids: tuple[int, ...]
+    """0-based DSpark feature ids (id l = HF hidden_states[l+1]), strictly increasing."""
+    num_target_layers: int
+    """The target's num_hidden_layers (L); persisted because SGLang validates ids against it."""
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_parameters: Mapping[str, Any] = field(
+        default_factory=lambda: {"rope_type": "default", "rope_theta": 1_000_000.0}
+    )
+    """HF-5 style RoPE settings copied from the target (rope_type, rope_theta, scaling keys)."""
+    max_position_embeddings: int = 40_960
+    attention_bias: bool = False
+    initializer_range: float = 0.02
+    num_hidden_layers: int = 5
+    """Draft depth."""
+    block_size: int = 7
+    """K: tokens drafted per pass (anchor slot predicts anchor+1)."""
+    num_anchors: int = 512
+    """A: blocks sampled per sequence in training (fixed count, dummies padded)."""
+    markov_rank: int = 256
+    """r: rank of the Markov bigram bias; 0 disables the head."""
+    markov_head_type: MarkovHeadType = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    """Confidence features [h ; W1[prev]] when true (requires r > 0), h alone when false."""
+    embedding_scale: float = 1.0
+    """Multiplier on embed_tokens output (Gemma: sqrt(hidden_size)); taken from the target type."""
+    final_logit_softcapping: float | None = None
+    """tanh softcap on lm_head logits (Gemma); applied to draft base logits and teacher logits."""
+    target_model_type: str = "qwen3"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        object.__setattr__(self, "rope_parameters", dict(self.rope_parameters))
+        problems = _collect_problems(self)
+        if problems:
+            raise ValueError("invalid DSparkDraftConfig:\n  " + "\n  ".join(problems))
+        _warn_layer_ids(self.target_layer_ids, self.num_target_layers)
+
+    @property
+    def num_features(self) -> int:
+        """F: number of captured target layers concatenated into the fc input."""
+        return len(self.target_layer_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of every field."""
+        data = dataclasses.asdict(self)
+        data["target_layer_ids"] = list(self.target_layer_ids)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DSparkDraftConfig:
+        """Inverse of to_dict; unknown keys are an error naming them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown DSparkDraftConfig keys: {unknown}")
+        return cls(**dict(data))
+
+    def save(self, path: str | Path) -> None:
+        """Write the config as indented JSON."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> DSparkDraftConfig:
+        """Read a config written by save."""
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _collect_problems(cfg: DSparkDraftConfig) -> list[str]:
+    problems = []
+    if not 0 <= cfg.mask_token_id < cfg.vocab_size:
+        problems.append(
+            f"mask_token_id={cfg.mask_token_id} must be in [0, vocab_size={cfg.vocab_size})"
+        )
+    problems += layer_id_problems(cfg.target_layer_ids, cfg.num_target_layers)
+    positive = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "intermediate_size", "vocab_size", "num_hidden_layers", "block_size",
+                "num_anchors")
+    for name in positive:
+        if getattr(cfg, name) <= 0:
+            problems.append(f"{name}={getattr(cfg, name)} must be > 0")
+    if cfg.num_key_value_heads > 0 and cfg.num_attention_heads % cfg.num_key_value_heads:
+        problems.append(
+            f"num_attention_heads={cfg.num_attention_heads} must be a multiple of "
+            f"num_key_value_heads={cfg.num_key_value_heads}"
+        )
+    if cfg.markov_rank < 0:
+        problems.append(f"markov_rank={cfg.markov_rank} must be >= 0")
+    if cfg.markov_head_type not in MARKOV_HEAD_TYPES:
+        problems.append(f"markov_head_type={cfg.markov_head_type!r} not in {MARKOV_HEAD_TYPES}")
+    if cfg.enable_confidence_head and cfg.confidence_head_with_markov and cfg.markov_rank == 0:
+        problems.append("confidence_head_with_markov=True needs markov_rank > 0")
+    if cfg.head_dim % 2:
+        problems.append(f"head_dim={cfg.head_dim} must be even for RoPE")
+    return problems
+
+
+def layer_id_problems(layer_ids: Sequence[int], num_target_layers: int) -> list[str]:
+    """Hard errors: non-empty, each id in {-1} U [0, L-1], strictly increasing."""
+    ids = list(layer_ids)
+    if not ids:
+        return ["target_layer_ids must be non-empty"]
+    problems = [
+        f"target_layer_ids: id {i} outside [-1, {num_target_layers - 1}]"
+        for i in ids
+        if not -1 <= i <= num_target_layers - 1
+    ]
+    if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
+        problems.append(f"target_layer_ids={ids} must be strictly increasing")
+    return problems
+
+
+def _warn_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> None:
+    # Ids -1 (embeddings) and L-1 (served pre-norm by vLLM but post-norm from HF) are legal but
+    # make training and serving disagree: dspark-algorithm.md section 3.2 rule "[0, L-2]".
+    for bad in (-1, num_target_layers - 1):
+        if bad in layer_ids:
+            logger.warning(
+                "target_layer_ids contains %d: keep ids in [0, %d] so every engine agrees",
+                bad, num_target_layers - 2,
+            )
+
+
+def text_config(target_config: Any) -> Any:
+    """The text sub-config of a multimodal target (``text_config``), or the config itself."""
+    sub = getattr(target_config, "text_config", None)
+    return sub if sub is not None else target_config
+
+
+def from_target_config(
+    target_config: Any,
+    *,
+    mask_token_id: int,
+    target_layer_ids: Sequence[int] | None = None,
+    **overrides: Any,
+) -> DSparkDraftConfig:
+    """Derive a draft config from a target HF config (nested ``text_config`` handled).
+
+    Args:
+        target_config: A transformers ``PretrainedConfig`` of the target.
+        mask_token_id: Required; never defaulted to the pad id.
+        target_layer_ids: Feature ids; default = DFlash rule for the draft depth.
+        **overrides: Any DSpark field (num_hidden_layers, block_size, markov_rank, ...).
+    """
+    tc = text_config(target_config)
+    model_type = str(getattr(tc, "model_type", "") or getattr(target_config, "model_type", ""))
+    heads = int(tc.num_attention_heads)
+    hidden = int(tc.hidden_size)
+    depth = int(overrides.get("num_hidden_layers", 5))
+    rope = getattr(tc, "rope_parameters", None) or {
+        "rope_type": "default", "rope_theta": float(getattr(tc, "rope_theta", 10_000.0))
+    }
+    is_gemma = model_type.startswith("gemma")
+    base: dict[str, Any] = {
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(tc, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(tc, "head_dim", None) or hidden // heads),
+        "intermediate_size": int(tc.intermediate_size),
+        "vocab_size": int(tc.vocab_size),
+        "rms_norm_eps": float(getattr(tc, "rms_norm_eps", 1e-6)),
+        "rope_parameters": dict(rope),
+        "max_position_embeddings": int(getattr(tc, "max_position_embeddings", 40_960)),
+        "attention_bias": bool(getattr(tc, "attention_bias", False)),
+        "initializer_range": float(getattr(tc, "initializer_range", 0.02)),
+        "num_target_layers": int(tc.num_hidden_layers),
+        "embedding_scale": math.sqrt(hidden) if is_gemma else 1.0,
+        "final_logit_softcapping": getattr(tc, "final_logit_softcapping", None),
+        "target_model_type": model_type,
+    }
+    ids = target_layer_ids
+    if ids is None:
+        ids = default_target_layer_ids(base["num_target_layers"], depth)
+    return DSparkDraftConfig(
+        **{**base, **overrides}, mask_token_id=mask_token_id, target_layer_ids=tuple(ids)
+    )
+
+
+def draft_tiny(*, vocab_size: int = 256, mask_token_id: int = 3) -> DSparkDraftConfig:
+    """A CPU-test draft: H=64, 1 layer, head_dim 16, K=4, 8 anchors, r=16."""
+    return DSparkDraftConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, vocab_size=vocab_size, num_hidden_layers=1,
+        num_target_layers=4, target_layer_ids=(0, 1, 2), block_size=4, num_anchors=8,
+        markov_rank=16, mask_token_id=mask_token_id, rope_parameters={
+            "rope_type": "default", "rope_theta": 10_000.0},
+    )
+
+
+def draft_qwen3_small(*, mask_token_id: int = 151_669) -> DSparkDraftConfig:
+    """A Qwen3-0.6B-shaped draft (H=1024, 2 layers, V=151_936), used by the CPU benchmark."""
+    return DSparkDraftConfig(
+        hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        intermediate_size=3072, vocab_size=151_936, num_hidden_layers=2, num_target_layers=28,
+        target_layer_ids=(1, 7, 14, 21, 26), block_size=7, num_anchors=512, markov_rank=256,
+        mask_token_id=mask_token_id,
+    )
+
+
+def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft (serving-format 1.2)."""
+    layers = cfg.num_hidden_layers
+    out: dict[str, Any] = {
+        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
+        "hidden_size": cfg.hidden_size, "num_hidden_layers": layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size, "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_parameters": dict(cfg.rope_parameters),
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "attention_bias": cfg.attention_bias, "vocab_size": cfg.vocab_size,
+        "tie_word_embeddings": False, "layer_types": ["full_attention"] * layers,
+        "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
+        "target_layer_ids": list(cfg.target_layer_ids),
+        "num_target_layers": cfg.num_target_layers, "markov_rank": cfg.markov_rank,
+        "enable_confidence_head": cfg.enable_confidence_head,
+        "confidence_head_with_markov": cfg.enable_confidence_head
+        and cfg.confidence_head_with_markov,
+        "num_anchors": cfg.num_anchors,
+    }
+    if cfg.markov_rank > 0:
+        out["markov_head_type"] = cfg.markov_head_type
+    return out

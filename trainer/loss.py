@@ -1,0 +1,192 @@
+"""The DSpark objective: weighted CE + L1 to the teacher + BCE confidence, globally normalised.
+
+Shape legend: B batch, A anchors, K block size, V vocab, N supervised rows (slots with weight > 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F  # noqa: N812
+
+from sparkforge.trainer.model import DSparkOutput
+
+EPS = 1e-6
+
+
+@dataclass
+class LossOutput:
+    """The backward loss plus detached, locally normalised parts for logging."""
+
+    loss: torch.Tensor
+    """Scalar to backpropagate: world_size * sum_t alpha_t * num_t / (global D + 1e-6)."""
+    logged_loss: torch.Tensor
+    """Same formula with the local denominator and no world_size factor (detached)."""
+    ce_loss: torch.Tensor
+    l1_loss: torch.Tensor
+    """Full L1 distance (= 2 TV); logged as ``tv_loss`` upstream."""
+    confidence_loss: torch.Tensor
+    accept_rate: torch.Tensor | None
+    """[B, A, K] fp32 detached analytic acceptance c* (0 on unsupervised slots), or None."""
+    weights: torch.Tensor
+    """[B, A, K] fp32 decay weights times eval_mask."""
+    local_denominator: torch.Tensor
+    global_denominator: torch.Tensor
+
+
+def decay_weights(eval_mask_BAK: torch.Tensor, gamma: float | None) -> torch.Tensor:
+    """``eval_mask * exp(-k/gamma)`` in fp32 (k 0-indexed); ``eval_mask`` if gamma is unset/<= 0."""
+    w = eval_mask_BAK.float()
+    if gamma is None or gamma <= 0:
+        return w
+    k = torch.arange(w.shape[-1], device=w.device, dtype=torch.float32)
+    return w * torch.exp(-k / gamma)
+
+
+def l1_distance(draft_NV: torch.Tensor, target_NV: torch.Tensor) -> torch.Tensor:
+    """Full L1 norm ``sum_v |softmax(draft) - softmax(target)|`` in fp32 -> [N] (unchunked)."""
+    p_d = torch.softmax(draft_NV.float(), dim=-1)
+    p_t = torch.softmax(target_NV.float(), dim=-1)
+    return (p_d - p_t).abs().sum(-1)
+
+
+def _row_ce(draft_NV: torch.Tensor, ids_N: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(draft_NV.float(), ids_N, reduction="none")
+
+
+def _row_terms(
+    draft_NV: torch.Tensor, target_NV: torch.Tensor, ids_N: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _row_ce(draft_NV, ids_N), l1_distance(draft_NV, target_NV)
+
+
+class _ChunkedRowTerms(torch.autograd.Function):
+    """Per-row CE and L1 whose forward and backward each hold one chunk's fp32 temporaries.
+
+    This is non-reentrant activation checkpointing per chunk, written out so the backward
+    writes each chunk's gradient straight into one [N, V] buffer (checkpoint + split would keep
+    every chunk's gradient and then a concatenated copy: twice the logits' size).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, draft_NV: torch.Tensor, target_NV: torch.Tensor | None, ids_N: torch.Tensor,
+        chunk_rows: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(draft_NV, target_NV, ids_N)
+        ctx.chunk_rows = chunk_rows
+        ce = draft_NV.new_zeros(draft_NV.shape[0], dtype=torch.float32)
+        l1 = torch.zeros_like(ce)
+        for lo in range(0, draft_NV.shape[0], chunk_rows):
+            hi = lo + chunk_rows
+            ce[lo:hi] = _row_ce(draft_NV[lo:hi], ids_N[lo:hi])
+            if target_NV is not None:
+                l1[lo:hi] = l1_distance(draft_NV[lo:hi], target_NV[lo:hi])
+        return ce, l1
+
+    @staticmethod
+    def backward(
+        ctx: Any, g_ce: torch.Tensor, g_l1: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None, None]:
+        draft_NV, target_NV, ids_N = ctx.saved_tensors
+        grad = torch.empty_like(draft_NV)
+        for lo in range(0, draft_NV.shape[0], ctx.chunk_rows):
+            hi = lo + ctx.chunk_rows
+            with torch.enable_grad():
+                d = draft_NV[lo:hi].detach().requires_grad_()
+                total = (_row_ce(d, ids_N[lo:hi]) * g_ce[lo:hi]).sum()
+                if target_NV is not None:
+                    total = total + (l1_distance(d, target_NV[lo:hi]) * g_l1[lo:hi]).sum()
+                grad[lo:hi] = torch.autograd.grad(total, d)[0]
+        return grad, None, None, None
+
+
+def chunked_row_terms(
+    draft_NV: torch.Tensor, target_NV: torch.Tensor | None, ids_N: torch.Tensor, chunk_rows: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-row CE and L1 computed ``chunk_rows`` rows at a time, exact in value and gradient.
+
+    No full-batch fp32 [N, V] temporary exists in forward or backward (see _ChunkedRowTerms).
+
+    Returns:
+        ce [N] fp32 and l1 [N] fp32 (None without teacher logits).
+    """
+    teacher = None if target_NV is None else target_NV.detach()
+    ce, l1 = _ChunkedRowTerms.apply(
+        draft_NV, teacher, ids_N, chunk_rows)
+    return ce, None if target_NV is None else l1
+
+
+def global_denominator(
+    local: torch.Tensor, group: dist.ProcessGroup | None = None
+) -> tuple[torch.Tensor, int]:
+    """Sum a detached denominator over data-parallel ranks; returns (global, world_size)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return local.detach(), 1
+    total = local.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    return total, dist.get_world_size(group)
+
+
+def compute_dspark_loss(
+    out: DSparkOutput,
+    *,
+    ce_alpha: float = 0.1,
+    l1_alpha: float = 0.9,
+    confidence_alpha: float = 1.0,
+    decay_gamma: float | None = 4.0,
+    chunk_rows: int = 128,
+    process_group: dist.ProcessGroup | None = None,
+) -> LossOutput:
+    """The three-term DSpark loss (dspark-algorithm.md section 8).
+
+    Denominators are all-reduced (SUM) over ``process_group`` when torch.distributed is
+    initialised; numerators stay local. The backward loss is multiplied by world_size so that
+    DDP/FSDP gradient averaging yields exactly ``sum_ranks num / global D``.
+
+    Raises:
+        ValueError: The L1 term or the confidence head is on but there are no teacher logits.
+    """
+    needs_teacher = l1_alpha > 0 or (confidence_alpha > 0 and out.confidence_logits is not None)
+    if needs_teacher and out.target_logits is None:
+        raise ValueError("target_last_hidden_states is required when l1_alpha > 0 or the "
+                         "confidence head is enabled")
+    w_BAK = decay_weights(out.eval_mask, decay_gamma)
+    rows = w_BAK.flatten().nonzero().squeeze(-1)
+    w_N = w_BAK.flatten()[rows]
+    v = out.draft_logits.shape[-1]
+    draft_NV = out.draft_logits.reshape(-1, v)[rows]
+    target_NV = None if out.target_logits is None else out.target_logits.reshape(-1, v)[rows]
+    ce_N, l1_N = chunked_row_terms(draft_NV, target_NV, out.target_ids.flatten()[rows],
+                                   chunk_rows)
+    zero = w_N.sum() * 0.0
+    ce_num = (ce_N * w_N).sum()
+    l1_num = (l1_N * w_N).sum() if (l1_N is not None and l1_alpha > 0) else zero
+    accept_BAK = None
+    conf_num = zero
+    if l1_N is not None:
+        accept_N = (1.0 - 0.5 * l1_N.detach()).clamp(0.0, 1.0)
+        accept_BAK = torch.zeros_like(w_BAK).flatten().index_copy(0, rows, accept_N)
+        accept_BAK = accept_BAK.view_as(w_BAK)
+        if out.confidence_logits is not None and confidence_alpha > 0:
+            conf_N = out.confidence_logits.flatten()[rows]
+            bce = F.binary_cross_entropy_with_logits(conf_N, accept_N, reduction="none")
+            conf_num = (bce * w_N).sum()
+    local_d = w_BAK.sum()
+    global_d, world = global_denominator(local_d, process_group)
+    weighted = ce_alpha * ce_num + l1_alpha * l1_num + confidence_alpha * conf_num
+    local_den = local_d + EPS
+    return LossOutput(
+        loss=world * weighted / (global_d + EPS),
+        logged_loss=(weighted / local_den).detach(),
+        ce_loss=(ce_num / local_den).detach(),
+        l1_loss=(l1_num / local_den).detach(),
+        confidence_loss=(conf_num / local_den).detach(),
+        accept_rate=accept_BAK,
+        weights=w_BAK,
+        local_denominator=local_d.detach(),
+        global_denominator=global_d,
+    )

@@ -1,0 +1,73 @@
+"""Rotary position embedding whose inverse frequencies stay fp32 through any dtype cast."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def compute_inv_freq(
+    head_dim: int, rope_parameters: Mapping[str, Any], max_position_embeddings: int,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, float]:
+    """fp32 inverse frequencies and the attention scaling for the target's RoPE settings.
+
+    "default" is computed here; scaled types (linear, yarn, llama3, ...) go through
+    transformers' own RoPE initialisers so the draft matches the target exactly.
+    """
+    rope_type = rope_parameters.get("rope_type", "default")
+    theta = float(rope_parameters.get("rope_theta", 10_000.0))
+    if rope_type == "default":
+        exps = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+        return 1.0 / (theta ** exps), 1.0
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = Qwen3Config(head_dim=head_dim, hidden_size=head_dim, num_attention_heads=1,
+                     rope_parameters=dict(rope_parameters),
+                     max_position_embeddings=max_position_embeddings)
+    inv, scale = ROPE_INIT_FUNCTIONS[rope_type](hf, device)
+    return inv.float(), float(scale)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for arbitrary positions; ``inv_freq`` is rebuilt in fp32 after casts.
+
+    Rounding ``inv_freq`` to bf16 puts the frequencies out of phase with absolute position
+    (servers keep RoPE fp32), so an up-cast of the rounded buffer is not enough: the
+    ``_apply`` override recomputes it from the settings (dspark-algorithm.md 2.4).
+    """
+
+    inv_freq: torch.Tensor
+
+    def __init__(self, head_dim: int, rope_parameters: Mapping[str, Any],
+                 max_position_embeddings: int) -> None:
+        super().__init__()
+        self._settings = (head_dim, dict(rope_parameters), max_position_embeddings)
+        inv, self.attention_scaling = compute_inv_freq(*self._settings)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        out = super()._apply(fn, recurse)
+        inv = self.inv_freq
+        if inv.dtype != torch.float32:
+            self.inv_freq = compute_inv_freq(*self._settings, device=inv.device)[0]
+        return out
+
+    def forward(self, positions_BP: torch.Tensor, dtype: torch.dtype) -> tuple[
+            torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, P, D] in ``dtype``, computed in fp32."""
+        freqs = positions_BP[..., None].float() * self.inv_freq.float()
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]
+        scale = self.attention_scaling
+        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style rotation of ``x [B, N, P, D]`` (Qwen3's rotate_half)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,158 @@
+"""Reference speculative decoding: a transformers target verifies DSpark drafts, losslessly.
+
+Batch size 1, plain PyTorch; for measuring tau and per-position acceptance, not for serving.
+Shape legend: T tokens, K block size, m verified draft tokens, V vocab, X = F*H features.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.sampling import (
+    logits_to_probs,
+    residual_probs,
+    sample_draft_tokens,
+    sample_from_probs,
+    sample_token,
+)
+
+
+@dataclass
+class SpecDecodeResult:
+    """Generated tokens and acceptance statistics of one speculative generation."""
+
+    tokens: list[int]
+    """Generated ids (prompt excluded), cut at max_new_tokens / after eos."""
+    tokens_per_round: list[int] = field(default_factory=list)
+    """Accepted draft tokens + 1 (the token the target sampled) per draft round: tau."""
+    verified_per_round: list[int] = field(default_factory=list)
+    """Draft tokens sent to verification per round (m <= K)."""
+    position_accepted: list[int] = field(default_factory=list)
+    """Per slot k: rounds whose draft token k was accepted."""
+    position_trials: list[int] = field(default_factory=list)
+    """Per slot k: rounds that verified slot k with every earlier slot accepted."""
+    wall_time_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per draft round (>= 1); 0 if no round ran."""
+        rounds = self.tokens_per_round
+        return sum(rounds) / len(rounds) if rounds else 0.0
+
+
+def target_features(
+    hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]
+) -> torch.Tensor:
+    """Concat HF ``hidden_states[l+1]`` over the DSpark feature ids, in id order -> [B, T, X]."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def verify_draft(
+    draft_m: torch.Tensor, q_mV: torch.Tensor, p_m1V: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[int, int]:
+    """Standard speculative rejection sampling over one block.
+
+    Accept ``d_j`` with probability ``min(1, p(d_j)/q(d_j))``; at the first rejection draw from
+    ``normalize(max(p - q, 0))``; if all m are accepted draw the bonus token from ``p[m]``.
+
+    Returns:
+        (accepted count n, the token the target contributes).
+    """
+    for j in range(draft_m.shape[0]):
+        tok = int(draft_m[j])
+        ratio = p_m1V[j, tok] / q_mV[j, tok].clamp(min=1e-30)
+        u = torch.rand((), generator=generator, device=ratio.device)
+        if u >= ratio.clamp(max=1.0):
+            return j, int(sample_from_probs(residual_probs(p_m1V[j], q_mV[j]), generator))
+    m = draft_m.shape[0]
+    return m, int(sample_from_probs(p_m1V[m], generator))
+
+
+def _verify_length(draft: DSparkDraftModel, hidden_1KH: torch.Tensor, prev_1K: torch.Tensor,
+                   threshold: float | None) -> int:
+    """m = K, or the number of leading slots whose confidence is >= threshold."""
+    k = hidden_1KH.shape[1]
+    conf = draft.confidence(hidden_1KH, prev_1K)
+    if threshold is None or conf is None:
+        return k
+    below = (torch.sigmoid(conf[0]) < threshold).nonzero()
+    return int(below[0]) if below.numel() else k
+
+
+@torch.no_grad()
+def speculative_generate(
+    target: Any,
+    draft: DSparkDraftModel,
+    prompt_ids: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    confidence_threshold: float | None = None,
+    eos_token_id: int | None = None,
+    generator: torch.Generator | None = None,
+) -> SpecDecodeResult:
+    """Prefill, then draft / verify / accept rounds until ``max_new_tokens`` (or eos).
+
+    Args:
+        target: A transformers causal LM (returns ``logits``, ``hidden_states``, a croppable
+            ``past_key_values``).
+        draft: The DSpark draft; its ``target_layer_ids`` select the features.
+        prompt_ids: [T] or [1, T] prompt.
+        max_new_tokens: Tokens to generate.
+        temperature: 0 = greedy (output equals the target's greedy decoding).
+        confidence_threshold: Verify only the slots before the first confidence < threshold.
+        eos_token_id: Stop after this token.
+        generator: RNG for draft sampling and acceptance tests.
+    """
+    t0 = time.perf_counter()
+    ids = prompt_ids.view(1, -1)
+    k = draft.config.block_size
+    layer_ids = draft.config.target_layer_ids
+    res = SpecDecodeResult(tokens=[], position_accepted=[0] * k, position_trials=[0] * k)
+    out = target(ids, use_cache=True, output_hidden_states=True)
+    cache_t = out.past_key_values
+    cache_d = draft.extend_context(draft.empty_cache(),
+                                   target_features(out.hidden_states, layer_ids))
+    x0 = int(sample_token(out.logits[0, -1], temperature, generator))
+    res.tokens.append(x0)
+    while len(res.tokens) < max_new_tokens and eos_token_id not in res.tokens:
+        anchor = torch.tensor([x0], device=ids.device)
+        hidden, base = draft.draft_block(anchor, cache_d)
+        drafts, q_logits = sample_draft_tokens(base, anchor, hidden, draft.markov_head,
+                                               temperature, generator)
+        prev = torch.cat([anchor[:, None], drafts[:, :-1]], dim=1)
+        m = _verify_length(draft, hidden, prev, confidence_threshold)
+        ver = target(torch.cat([anchor[:, None], drafts[:, :m]], dim=1), past_key_values=cache_t,
+                     use_cache=True, output_hidden_states=True)
+        p = logits_to_probs(ver.logits[0], temperature)
+        q = logits_to_probs(q_logits[0, :m], temperature)
+        n, nxt = verify_draft(drafts[0, :m], q, p, generator)
+        cache_t = ver.past_key_values
+        if m > n:  # drop the target K/V of the rejected draft tokens
+            cache_t.crop(n - m)
+        feats = target_features(ver.hidden_states, layer_ids)[:, : n + 1]
+        cache_d = draft.extend_context(cache_d, feats)
+        for j in range(min(m, n + 1)):
+            res.position_trials[j] += 1
+            res.position_accepted[j] += int(j < n)
+        res.tokens += [int(t) for t in drafts[0, :n]] + [nxt]
+        res.tokens_per_round.append(n + 1)
+        res.verified_per_round.append(m)
+        x0 = nxt
+    res.tokens = _cut(res.tokens, max_new_tokens, eos_token_id)
+    res.wall_time_s = time.perf_counter() - t0
+    return res
+
+
+def _cut(tokens: list[int], max_new_tokens: int, eos_token_id: int | None) -> list[int]:
+    tokens = tokens[:max_new_tokens]
+    if eos_token_id is not None and eos_token_id in tokens:
+        tokens = tokens[: tokens.index(eos_token_id) + 1]
+    return tokens
