@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sparkforge.manifests.contract import default_target_layer_ids
+
 
 class LayerIdError(ValueError):
     """Raised when layer ids are out of range, unsorted, duplicated or empty."""
@@ -49,26 +51,13 @@ def validate_feature_ids(feature_ids: Sequence[int], num_hidden_layers: int) -> 
 
 
 def default_feature_ids(num_hidden_layers: int, num_features: int) -> tuple[int, ...]:
-    """DFlash default: ``num_features`` ids evenly spaced in ``[1, L - 3]`` (DSpark ids).
+    """DFlash default ids for a target depth, as DSpark ids, validated.
 
-    ``round(1 + i * (L - 4) / (n - 1))`` with Python's round-half-even; L=36, n=5 gives
-    ``(1, 9, 17, 25, 33)``. Shallow targets where the span is too short fall back to the
-    distinct values of that formula clipped to ``[0, L - 2]``.
-
-    Raises:
-        LayerIdError: If ``num_features < 1`` or the target has fewer than 2 layers.
+    The rule (evenly spaced in ``[1, L - 3]``) lives in ``manifests.contract`` so the producer and
+    the trainer can never disagree on it; L=36, n=5 gives ``(1, 9, 17, 25, 33)``.
     """
-    if num_features < 1:
-        raise LayerIdError(f"num_features must be >= 1, got {num_features}")
-    if num_hidden_layers < 2:
-        raise LayerIdError(f"a target needs >= 2 layers for features, got {num_hidden_layers}")
-    if num_features == 1:
-        ids = [1]
-    else:
-        step = (num_hidden_layers - 4) / (num_features - 1)
-        ids = [round(1 + i * step) for i in range(num_features)]
-    clipped = sorted({min(max(i, 0), num_hidden_layers - 2) for i in ids})
-    return validate_feature_ids(clipped, num_hidden_layers)
+    ids = default_target_layer_ids(num_hidden_layers, num_features)
+    return validate_feature_ids(ids, num_hidden_layers)
 
 
 def feature_to_hf(feature_ids: Sequence[int]) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ from sparkforge.producer.layer_ids import (
     [(36, 5, (1, 9, 17, 25, 33)), (40, 5, (1, 10, 19, 28, 37)), (28, 3, (1, 13, 25)), (4, 2, (1,))],
 )
 def test_default_ids_follow_the_dflash_rule(num_layers, num_features, expected) -> None:
-    """Defaults are round(1 + i (L-4)/(n-1)), as DSpark ids, de-duplicated for shallow targets."""
+    """Defaults are round(1 + i (L-4)/(n-1)) as DSpark ids (the contract's rule), all valid."""
     assert default_feature_ids(num_layers, num_features) == expected
 
 
