@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from sparkforge.manifests.header import CaptureInfo, parse_capture
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.source import CaptureRequest
 
@@ -150,7 +151,7 @@ def test_too_long_request_fails_alone(source) -> None:
 
 
 def test_engine_info_names_ids_and_sizes(source) -> None:
-    """engine_info records the engine, both id lists, the dtype and the parallel sizes."""
+    """engine_info has both id lists, the dtype and every key of the contract's capture section."""
     info = source.engine_info()
     assert info["engine"] == "vllm"
     assert info["engine_version"].startswith("0.")
@@ -158,6 +159,9 @@ def test_engine_info_names_ids_and_sizes(source) -> None:
     assert info["vllm_aux_ids"] == [1, 3, 4]
     assert info["dtype"] == "float32"
     assert info["tensor_parallel_size"] == 1
+    capture_keys = set(CaptureInfo.__dataclass_fields__) - {"max_seq_len"}
+    parsed = parse_capture({k: info[k] for k in capture_keys} | {"max_seq_len": 256})
+    assert parsed.layer_ids == (1, 3)
 
 
 def test_parity_against_hf_backend_passes_in_fp32(source, hf_source, requests_) -> None:
