@@ -187,21 +187,36 @@ class VllmSource:
         todo = deque(_Job(r, 0, False) for r in requests)
         running: dict[str, _Job] = {}
         written: deque[_Job] = deque()
-        while todo or running or written:
-            while todo and len(running) + len(written) < self.window:
-                rejected = self._submit(todo.popleft(), running, k)
-                if rejected is not None:
-                    yield rejected
+        try:
+            while todo or running or written:
+                while todo and len(running) + len(written) < self.window:
+                    rejected = self._submit(todo.popleft(), running, k)
+                    if rejected is not None:
+                        yield rejected
+                job = self._pop_readable(written)
+                if job is None:
+                    self._advance(running, written)
+                    continue
+                result = self._consume(job, k)
+                if result.error is not None and job.attempt < self.max_retries:
+                    logger.warning("retrying sample %d: %s", job.request.sample_id, result.error)
+                    todo.append(_Job(job.request, job.attempt + 1, job.verify))
+                    continue
+                yield result
+        except GeneratorExit:
+            # The caller stopped early. Aborting is not enough: the connector still saves an
+            # aborted request's file, at a time of its choosing. Finishing the (at most
+            # ``window``) requests in flight and deleting their files leaves nothing behind.
+            self._drain(running, written)
+            raise
+
+    def _drain(self, running: dict[str, _Job], written: deque[_Job]) -> None:
+        while running or written:
             job = self._pop_readable(written)
             if job is None:
                 self._advance(running, written)
-                continue
-            result = self._consume(job, k)
-            if result.error is not None and job.attempt < self.max_retries:
-                logger.warning("retrying sample %d: %s", job.request.sample_id, result.error)
-                todo.append(_Job(job.request, job.attempt + 1, job.verify))
-                continue
-            yield result
+            elif (path := _file_of(job.output)) is not None:
+                _remove(path)
 
     def _submit(self, job: _Job, running: dict[str, _Job], k: int) -> CaptureResult | None:
         """Add one request; a request the engine refuses (e.g. too long) fails without retry."""
@@ -209,6 +224,7 @@ class VllmSource:
             self.verify_every > 0 and self._num_submitted % self.verify_every == 0
         )
         self._num_submitted += 1
+        request_id = f"s{job.request.sample_id}-{self._num_submitted}"  # unique per submission
         num_logprobs = max(k, 1) if job.verify else k
         params = SamplingParams(
             max_tokens=1,
@@ -218,7 +234,6 @@ class VllmSource:
             logprobs=num_logprobs or None,
             flat_logprobs=True,
         )
-        request_id = f"s{job.request.sample_id}-a{job.attempt}"
         prompt = TokensPrompt(prompt_token_ids=job.request.input_ids.tolist())
         try:
             self._engine.add_request(request_id, prompt, params)
@@ -240,8 +255,8 @@ class VllmSource:
         outputs = self._engine.step()
         self.timings["engine_s"] += time.perf_counter() - start
         for out in outputs:
-            if out.finished:
-                job = running.pop(out.request_id)
+            job = running.pop(out.request_id, None) if out.finished else None
+            if job is not None:
                 job.output = out
                 written.append(job)
 

@@ -235,3 +235,14 @@ def test_tensor_parallel_2_equals_tp1(captured, requests_, tiny_target, tmp_path
         torch.testing.assert_close(aux, results[sample_id].aux_hidden, atol=5e-5, rtol=1e-5)
         torch.testing.assert_close(final, results[sample_id].final_hidden, atol=5e-5, rtol=1e-5)
         assert torch.equal(topk_ids, results[sample_id].topk_ids)
+
+
+def test_stopping_early_leaves_nothing_behind(source, requests_) -> None:
+    """Closing the capture generator early aborts what is in flight; the next call is clean."""
+    stream = source.capture(requests_)
+    next(stream)
+    stream.close()
+    results = list(source.capture(requests_[2:4]))
+    assert sorted(r.sample_id for r in results) == [102, 103]
+    assert all(r.error is None for r in results)
+    assert sorted(p.name for p in source.scratch_dir.iterdir()) == [], source._aborted
