@@ -226,7 +226,8 @@ def test_tensor_parallel_2_equals_tp1(captured, requests_, tiny_target, tmp_path
         text=True,
         timeout=400,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    causes = [line for line in proc.stderr.splitlines() if "Error" in line or "error" in line]
+    assert proc.returncode == 0, "\n".join(causes[-20:]) or proc.stderr[-3000:]
     tp2 = torch.load(tmp_path / "out.pt")
     assert tp2["info"]["tensor_parallel_size"] == 2
     results, _ = captured
