@@ -140,8 +140,9 @@ def run_contract_from_train_config(config: str | Path | Mapping[str, Any]) -> Ru
     Reads ``model.draft.{target_layer_ids, hidden_size, vocab_size, num_target_layers,
     mask_token_id, target_model_type, num_hidden_layers}``, ``data.max_seq_len`` (trainer default
     4096) and, as ``sparkforge train`` does, needs an eval split when
-    ``trainer.limit_val_batches`` (default 1.0) is non-zero and ``trainer.val_check_interval`` is
-    set. Missing ``target_layer_ids`` follow :func:`default_target_layer_ids`.
+    ``trainer.limit_val_batches`` (default 1.0) is non-zero and validation is scheduled
+    (``val_check_interval`` set or ``check_val_every_n_epoch``, default 1, not null). Missing
+    ``target_layer_ids`` follow :func:`default_target_layer_ids`.
 
     Raises:
         TrainConfigError: naming every missing or mistyped field.
@@ -175,8 +176,11 @@ def run_contract_from_train_config(config: str | Path | Mapping[str, Any]) -> Ru
         problems.append(f"model.draft.target_model_type must be a string, got {model_type!r}")
     if problems:
         raise TrainConfigError("train config: " + "; ".join(problems))
-    need_eval = bool(trainer.get("limit_val_batches", 1.0)) and \
+    # Lightning validates every epoch by default (check_val_every_n_epoch=1) even when
+    # val_check_interval is unset; only limit_val_batches=0 or no interval at all turns it off.
+    need_eval = bool(trainer.get("limit_val_batches", 1.0)) and (
         trainer.get("val_check_interval") is not None
+        or trainer.get("check_val_every_n_epoch", 1) is not None)
     return RunContract(target_layer_ids=tuple(ids), max_seq_len=max_seq_len,
                        target_model_type=model_type, need_eval_split=need_eval, **sizes)
 

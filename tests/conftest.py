@@ -58,3 +58,11 @@ def moto_server() -> Iterator[dict[str, Any]]:
         yield {"endpoint": endpoint, "bucket": "sparkforge-test", "storage_options": options}
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A finalized bf16 cache (16 samples, 4 units, 4 eval) of the tiny target, on local disk."""
+    from cache_helpers import write_tiny_cache
+
+    return write_tiny_cache(str(tmp_path_factory.mktemp("tiny_cache") / "cache"), tiny_target)

@@ -30,7 +30,7 @@ FITS: dict[str, Any] = {
                         "num_target_layers": 4, "target_layer_ids": [0, 1],
                         "num_hidden_layers": 1, "target_model_type": "qwen3"}},
     "data": {"uri": "./tiny-cache", "max_seq_len": 256},
-    "trainer": {"accelerator": "cpu", "val_check_interval": None},
+    "trainer": {"accelerator": "cpu", "val_check_interval": None, "check_val_every_n_epoch": None},
 }
 
 MISMATCHES = [

@@ -1,0 +1,125 @@
+"""The transformers capture backend: same outputs as the vLLM backend, from a plain HF forward.
+
+It serves targets vLLM cannot run and is the reference for the parity check. ``hidden_states[k]``
+is the residual after k decoder layers and HF's ``hidden_states[L]`` is already post-final-norm,
+which is exactly the lm_head input the cache stores as ``final_hidden``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+from sparkforge.producer.layer_ids import validate_hf_ids
+from sparkforge.producer.source import CaptureRequest, CaptureResult
+from sparkforge.producer.target_head import TargetHead
+
+
+class HfSource:
+    """HiddenStateSource backed by ``AutoModelForCausalLM`` with ``output_hidden_states``.
+
+    Args:
+        model_path: Local checkpoint folder.
+        layer_ids: Captured layers as HF ``hidden_states`` indices, strictly increasing.
+        dtype: Model dtype.
+        topk: Top-k logprobs per row (0 = none).
+        device: Torch device for the forward.
+        max_batch_tokens: Padded tokens per forward; requests are batched up to this budget.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        layer_ids: Sequence[int],
+        dtype: str = "float32",
+        topk: int = 0,
+        device: str = "cpu",
+        max_batch_tokens: int = 8192,
+    ) -> None:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model = model.to(device).eval()  # type: ignore[arg-type]  # odd transformers stub
+        config = self.model.config.get_text_config()
+        self.num_hidden_layers = int(config.num_hidden_layers)
+        self.layer_ids = validate_hf_ids(layer_ids, self.num_hidden_layers)
+        self.dtype = getattr(torch, dtype)
+        self.topk, self.device, self.max_batch_tokens = topk, device, max_batch_tokens
+
+    def engine_info(self) -> dict[str, Any]:
+        """Engine name and version, captured ids and dtype for the manifest."""
+        return {
+            "engine": "hf",
+            "engine_version": transformers.__version__,
+            "tensor_parallel_size": 1,
+            "expert_parallel": False,
+            "data_parallel_size": 1,
+            "layer_ids": list(self.layer_ids),
+            "layer_id_convention": "hf_hidden_states_index",
+            "final_hidden": "post_norm",
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+    def capture(
+        self, requests: Sequence[CaptureRequest], *, topk: int | None = None
+    ) -> Iterator[CaptureResult]:
+        """Run ``requests`` in right-padded batches; yield one result each, in request order."""
+        k = self.topk if topk is None else topk
+        for batch in self._batches(requests):
+            yield from self._forward(batch, k)
+
+    def _batches(self, requests: Sequence[CaptureRequest]) -> Iterator[list[CaptureRequest]]:
+        batch: list[CaptureRequest] = []
+        longest = 0
+        for request in requests:
+            longest_if_added = max(longest, request.input_ids.shape[0])
+            if batch and longest_if_added * (len(batch) + 1) > self.max_batch_tokens:
+                yield batch
+                batch, longest_if_added = [], request.input_ids.shape[0]
+            batch.append(request)
+            longest = longest_if_added
+        if batch:
+            yield batch
+
+    @torch.no_grad()
+    def _forward(self, batch: list[CaptureRequest], k: int) -> Iterator[CaptureResult]:
+        lengths = [r.input_ids.shape[0] for r in batch]
+        ids_BT = torch.zeros(len(batch), max(lengths), dtype=torch.long)
+        mask_BT = torch.zeros_like(ids_BT)
+        for i, r in enumerate(batch):
+            ids_BT[i, : lengths[i]] = torch.from_numpy(r.input_ids.astype("int64"))
+            mask_BT[i, : lengths[i]] = 1
+        out = self.model(
+            input_ids=ids_BT.to(self.device),
+            attention_mask=mask_BT.to(self.device),
+            output_hidden_states=True,
+        )
+        aux_BTFH = torch.stack([out.hidden_states[k_] for k_ in self.layer_ids], dim=2).cpu()
+        final_BTH = out.hidden_states[self.num_hidden_layers].cpu()
+        if k:
+            topk_lps, topk_ids = torch.log_softmax(out.logits.float(), dim=-1).topk(k, dim=-1)
+        for i, r in enumerate(batch):
+            t = lengths[i]
+            yield CaptureResult(
+                sample_id=r.sample_id,
+                aux_hidden=aux_BTFH[i, :t].clone(),
+                final_hidden=final_BTH[i, :t].clone(),
+                topk_ids=topk_ids[i, :t].int().cpu() if k else None,
+                topk_logprobs=topk_lps[i, :t].cpu() if k else None,
+            )
+
+    def target_head(self) -> TargetHead:
+        """The model's final norm and lm_head as fp32 CPU tensors (for recomputed logits)."""
+        norm = self.model.model.norm
+        return TargetHead(
+            norm_weight=norm.weight.detach().float().cpu(),
+            eps=float(norm.variance_epsilon),
+            lm_head_weight=self.model.lm_head.weight.detach().float().cpu(),
+        )
+
+    def close(self) -> None:
+        """Drop the model."""
+        del self.model

@@ -1,0 +1,166 @@
+"""Parity check: the vLLM capture against the transformers reference on a few samples.
+
+Per layer it reports the max abs and relative (Frobenius) error of the captured states, and for
+the final state it recomputes ``log_softmax(lm_head(final))`` and compares it with vLLM's own prompt
+logprobs: top-1 agreement and KL over vLLM's top-k support. Silently wrong hidden states (off-by-one
+layer ids, a missing norm) show up here as errors of order one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import torch
+
+from sparkforge.producer.hf_source import HfSource
+from sparkforge.producer.source import CaptureRequest, CaptureResult
+from sparkforge.producer.target_head import TargetHead
+
+PARITY_TOPK = 20
+"""Prompt logprobs requested from vLLM for the logit comparison."""
+# Relative error limits for ``passed``: fp32 engines agree to ~1e-6 (vllm-capture.md 5); bf16
+# differs from an fp32 reference by about one bf16 ulp.
+REL_TOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
+MIN_TOP1 = 0.9
+
+
+class ParitySource(Protocol):
+    """A capture backend that can be asked for top-k logprobs on one call."""
+
+    layer_ids: tuple[int, ...]
+
+    def capture(
+        self, requests: Sequence[CaptureRequest], *, topk: int | None = None
+    ) -> Iterator[CaptureResult]: ...
+
+    def engine_info(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class LayerParity:
+    """Error of one captured layer (``name`` = "hidden_states[k]" or "final")."""
+
+    name: str
+    max_abs: float
+    rel: float
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    """The parity result; ``to_dict()`` goes into the manifest, ``table()`` to the console."""
+
+    num_samples: int
+    num_tokens: int
+    dtype: str
+    layers: tuple[LayerParity, ...]
+    top1_agreement: float
+    kl_topk: float
+    max_abs_logprob: float
+    passed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """A printable table, one line per layer then the logit comparison."""
+        lines = [
+            f"parity on {self.num_samples} samples / {self.num_tokens} tokens ({self.dtype})",
+            f"{'layer':<20}{'max abs':>12}{'rel':>12}",
+        ]
+        lines += [f"{p.name:<20}{p.max_abs:>12.3e}{p.rel:>12.3e}" for p in self.layers]
+        lines.append(
+            f"logits vs vLLM: top-1 agreement {self.top1_agreement:.4f}, KL(top-k) "
+            f"{self.kl_topk:.3e}, max |dlogprob| {self.max_abs_logprob:.3e}"
+        )
+        lines.append("PASSED" if self.passed else "FAILED")
+        return "\n".join(lines)
+
+
+def run_parity(
+    vllm_source: ParitySource,
+    hf_source: HfSource,
+    requests: Sequence[CaptureRequest],
+) -> ParityReport:
+    """Capture ``requests`` with both backends and compare them.
+
+    Args:
+        vllm_source: The engine under test (asked for ``PARITY_TOPK`` prompt logprobs).
+        hf_source: The transformers reference, ideally in fp32.
+        requests: A few samples (token ids).
+
+    Raises:
+        ValueError: If the two sources capture different layers or a capture failed.
+    """
+    if tuple(vllm_source.layer_ids) != tuple(hf_source.layer_ids):
+        raise ValueError(
+            f"parity: layer_ids differ, vllm {vllm_source.layer_ids} vs hf {hf_source.layer_ids}"
+        )
+    head = hf_source.target_head()
+    ours = _by_sample(vllm_source.capture(requests, topk=PARITY_TOPK))
+    ref = _by_sample(hf_source.capture(requests, topk=0))
+    names = [f"hidden_states[{k}]" for k in vllm_source.layer_ids] + ["final"]
+    diffs: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {n: [] for n in names}
+    logit_rows = []
+    for r in requests:
+        a, b = ours[r.sample_id], ref[r.sample_id]
+        assert a.aux_hidden is not None
+        assert b.aux_hidden is not None
+        assert a.final_hidden is not None
+        assert b.final_hidden is not None
+        for f, name in enumerate(names[:-1]):
+            diffs[name].append((a.aux_hidden[:, f].float(), b.aux_hidden[:, f].float()))
+        diffs["final"].append((a.final_hidden.float(), b.final_hidden.float()))
+        logit_rows.append(_logit_parity(a, head))
+    layers = tuple(_layer_error(name, pairs) for name, pairs in diffs.items())
+    top1 = float(torch.cat([row[0] for row in logit_rows]).mean())
+    kl = float(torch.cat([row[1] for row in logit_rows]).mean())
+    max_lp = float(torch.cat([row[2] for row in logit_rows]).max())
+    dtype = str(vllm_source.engine_info()["dtype"])
+    tol = REL_TOL.get(dtype, 3e-2)
+    return ParityReport(
+        num_samples=len(requests),
+        num_tokens=sum(r.input_ids.shape[0] for r in requests),
+        dtype=dtype,
+        layers=layers,
+        top1_agreement=top1,
+        kl_topk=kl,
+        max_abs_logprob=max_lp,
+        passed=all(p.rel <= tol for p in layers) and top1 >= MIN_TOP1,
+    )
+
+
+def _by_sample(results: Iterator[CaptureResult]) -> dict[int, CaptureResult]:
+    out = {}
+    for r in results:
+        if r.error is not None:
+            raise ValueError(f"parity: capture of sample {r.sample_id} failed: {r.error}")
+        out[r.sample_id] = r
+    return out
+
+
+def _layer_error(name: str, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> LayerParity:
+    delta = torch.cat([(a - b).flatten() for a, b in pairs])
+    ref = torch.cat([b.flatten() for _, b in pairs])
+    return LayerParity(
+        name=name, max_abs=float(delta.abs().max()), rel=float(delta.norm() / ref.norm())
+    )
+
+
+def _logit_parity(
+    result: CaptureResult, head: TargetHead
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: top-1 match, KL(vLLM || recomputed) over vLLM's top-k, max |dlogprob| on top-k."""
+    assert result.topk_ids is not None
+    assert result.topk_logprobs is not None
+    assert result.final_hidden is not None
+    recomputed_TV = head.log_probs(result.final_hidden)
+    ids_TK = result.topk_ids.long()
+    engine_TK = result.topk_logprobs.float()
+    ours_TK = recomputed_TV.gather(1, ids_TK)
+    top1 = (recomputed_TV.argmax(-1) == ids_TK[:, 0]).float()
+    p_TK = torch.softmax(engine_TK, -1)
+    kl = (p_TK * (torch.log_softmax(engine_TK, -1) - torch.log_softmax(ours_TK, -1))).sum(-1)
+    return top1, kl, (ours_TK - engine_TK).abs().amax(-1)

@@ -1,0 +1,138 @@
+"""Checks and converts what the vLLM capture path returns: connector files and prompt logprobs.
+
+Kept free of vLLM imports so the boundary checks can be tested on crafted files directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+CHECK_ROWS = 512
+"""Rows scanned per chunk in the finite check, to bound temporary memory on long sequences."""
+
+
+class PayloadError(ValueError):
+    """Raised when a captured hidden-state file does not match the request it answers."""
+
+
+@dataclass(frozen=True)
+class SplitPayload:
+    """A checked connector file split into the captured layers and the pre-norm final residual."""
+
+    aux_TFH: torch.Tensor
+    final_residual_TH: torch.Tensor
+
+
+def check_payload(
+    data: dict[str, torch.Tensor],
+    *,
+    sample_id: int,
+    sent_ids: np.ndarray,
+    aux_ids: Sequence[int],
+    hidden_size: int,
+) -> None:
+    """Check one connector file against its request: keys, token ids, shape, finiteness.
+
+    Args:
+        data: The loaded safetensors dict (``hidden_states`` [T, n_ids, H], ``token_ids`` [T]).
+        sample_id: For error messages.
+        sent_ids: The token ids that were sent.
+        aux_ids: The vLLM aux ids requested, ascending (one slot each).
+        hidden_size: The target's H.
+
+    Raises:
+        PayloadError: Naming the sample, the expected and actual values, and the first bad row
+            and layer slot for non-finite values.
+    """
+    where = f"sample {sample_id}"
+    missing = {"hidden_states", "token_ids"} - data.keys()
+    if missing:
+        raise PayloadError(f"{where}: capture file lacks {sorted(missing)}, has {sorted(data)}")
+    got_ids = data["token_ids"].numpy()
+    if got_ids.shape != sent_ids.shape or not np.array_equal(got_ids, sent_ids):
+        first = _first_difference(got_ids, sent_ids)
+        raise PayloadError(
+            f"{where}: engine token ids differ from the request ({got_ids.shape[0]} vs "
+            f"{sent_ids.shape[0]} tokens, first difference at position {first})"
+        )
+    hidden = data["hidden_states"]
+    expected = (sent_ids.shape[0], len(aux_ids), hidden_size)
+    if tuple(hidden.shape) != expected:
+        raise PayloadError(
+            f"{where}: hidden_states shape {tuple(hidden.shape)} != expected {expected} "
+            f"[tokens, aux ids {list(aux_ids)}, hidden_size]"
+        )
+    for start in range(0, hidden.shape[0], CHECK_ROWS):
+        chunk = hidden[start : start + CHECK_ROWS]
+        # A NaN or inf makes the fp32 sum non-finite; the sum is ~50x faster than an elementwise
+        # isfinite on bf16 (CPU). Only a non-finite sum (or an overflow of huge finite values)
+        # pays for the elementwise scan that locates the bad value.
+        if torch.isfinite(chunk.float().sum()):
+            continue
+        bad = ~torch.isfinite(chunk)
+        if bad.any():
+            row, slot, _ = (int(i) for i in bad.nonzero()[0])
+            raise PayloadError(
+                f"{where}: non-finite hidden state ({int(bad.sum())} values in rows "
+                f"{start}..{start + chunk.shape[0] - 1}; first at row {start + row}, "
+                f"aux id {aux_ids[slot]}, dtype {hidden.dtype})"
+            )
+
+
+def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.shape[0], b.shape[0])
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+def split_payload(
+    hidden_TNH: torch.Tensor, *, aux_ids: Sequence[int], layer_ids: Sequence[int], final_id: int
+) -> SplitPayload:
+    """Map file slots (ascending aux ids) to the captured layers and the final residual."""
+    slot = {aux: i for i, aux in enumerate(aux_ids)}
+    aux = hidden_TNH[:, [slot[k] for k in layer_ids]]
+    return SplitPayload(aux_TFH=aux, final_residual_TH=hidden_TNH[:, slot[final_id]])
+
+
+class FlatLogprobsLike(Protocol):
+    """The fields of vLLM's ``FlatLogprobs`` that the conversion reads."""
+
+    start_indices: list[int]
+    end_indices: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+def topk_rows(
+    prompt: FlatLogprobsLike, sampled: FlatLogprobsLike, *, num_tokens: int, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k per row, aligned so row t holds the distribution computed from row t.
+
+    vLLM's prompt entry t (t >= 1) scores token t from the state at t - 1, and entry 0 is empty;
+    the distribution after the last prompt token comes from the sampled step. Each entry lists the
+    scored token first, then the top-k in rank order (vllm/logprobs.py), so the top-k are entries
+    ``[1, k]``.
+
+    Returns:
+        ``(ids [T, k] int32, logprobs [T, k] float32)``.
+    """
+    rows = [(prompt, t) for t in range(1, num_tokens)] + [(sampled, 0)]
+    ids = np.empty((num_tokens, k), dtype=np.int32)
+    lps = np.empty((num_tokens, k), dtype=np.float32)
+    for row, (flat, position) in enumerate(rows):
+        start = flat.start_indices[position] + 1
+        assert flat.end_indices[position] - start == k, "vLLM returned a different top-k width"
+        ids[row] = flat.token_ids[start : start + k]
+        lps[row] = flat.logprobs[start : start + k]
+    return torch.from_numpy(ids), torch.from_numpy(lps)
+
+
+def scored_token_logprobs(prompt: FlatLogprobsLike, num_tokens: int) -> torch.Tensor:
+    """vLLM's log-probability of each actual next token: [T - 1], row t scores token t + 1."""
+    values = [prompt.logprobs[prompt.start_indices[t]] for t in range(1, num_tokens)]
+    return torch.tensor(values, dtype=torch.float32)

@@ -1,0 +1,150 @@
+"""sparkforge train/export/eval end to end on a tiny cache written from a real HF forward."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkforge.trainer.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_YAML = ROOT / "trainer" / "examples" / "tiny.yaml"
+
+
+def _train_args(cache: str, out: Path, *extra: str) -> list[str]:
+    return ["train", "--config", str(TINY_YAML), "--data.uri", cache,
+            "--trainer.logger.init_args.save_dir", str(out), "--trainer.log_every_n_steps", "1",
+            "--model.scheduler.total_steps", "60", *extra]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    """train/loss by step from the CSV logger (one window per step)."""
+    with (run_dir / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
+    return {int(r["step"]): float(r["train/loss"]) for r in rows}
+
+
+def _run_dir(out: Path) -> Path:
+    return sorted(out.glob("dspark/version_*"))[-1]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_cache: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """30 optimizer steps (5 epochs over the 12 train samples) of the tiny draft."""
+    out = tmp_path_factory.mktemp("run")
+    assert main(_train_args(tiny_cache, out, "--trainer.max_steps", "30",
+                            "--trainer.check_val_every_n_epoch", "5")) == 0
+    return _run_dir(out)
+
+
+@pytest.mark.slow
+def test_fit_logs_finite_decreasing_loss_and_checkpoints(tiny_run: Path) -> None:
+    """Loss is finite at every step and falls on a repeated small cache; last.ckpt is written."""
+    losses = _losses(tiny_run)
+    assert sorted(losses) == list(range(1, 31))
+    assert all(math.isfinite(v) for v in losses.values())
+    first = sum(losses[s] for s in range(1, 6)) / 5
+    last = sum(losses[s] for s in range(26, 31)) / 5
+    assert last < first - 0.1, (first, last)
+    assert (tiny_run / "checkpoints" / "last.ckpt").exists()
+    assert (tiny_run / "config.yaml").exists()
+    with (tiny_run / "metrics.csv").open() as f:
+        header = next(csv.reader(f))
+    for name in ("train/tau", "train/accept_rate@0", "train/confidence_abs_error", "train/lr",
+                 "train/tokens_per_s", "train/data_wait_frac", "val_loss", "val/tau"):
+        assert name in header
+
+
+def test_mismatched_cache_is_refused_before_training(tiny_cache: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A run whose draft does not fit the cache exits 1 naming each field; nothing trains."""
+    code = main(_train_args(tiny_cache, tmp_path, "--model.draft.hidden_size", "64",
+                            "--model.draft.target_layer_ids", "[0, 1]"))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "model.hidden_size=64" in err
+    assert "model.target_layer_ids=[0, 1]" in err
+    assert not list(tmp_path.glob("dspark/version_*/checkpoints/*.ckpt"))
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_path: Path) -> None:
+    """SIGKILL after the step-4 checkpoint, resume from it: steps 5..9 match an unkilled run."""
+    ref = tmp_path / "ref"
+    assert main(_train_args(tiny_cache, ref, "--trainer.max_steps", "9")) == 0
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-P", "-m", "sparkforge.shared.cli",
+           *_train_args(tiny_cache, killed, "--trainer.max_steps", "60",
+                        "--checkpoint.every_n_train_steps", "4", "--checkpoint.save_top_k", "-1")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(killed.glob("dspark/version_*/checkpoints/*step=8.ckpt")):
+            assert proc.poll() is None, "training exited before its step-8 checkpoint"
+            assert time.monotonic() < deadline, "no step-8 checkpoint"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    ckpt = next(killed.glob("dspark/version_*/checkpoints/*step=4.ckpt"))
+    resumed = tmp_path / "resumed"
+    assert main(_train_args(tiny_cache, resumed, "--trainer.max_steps", "9",
+                            "--ckpt_path", str(ckpt))) == 0
+    want, got = _losses(_run_dir(ref)), _losses(_run_dir(resumed))
+    assert sorted(got) == [5, 6, 7, 8, 9]
+    assert got == pytest.approx({s: want[s] for s in got}, rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_export_loads_in_vllm_and_eval_reports(tiny_run: Path, tiny_target: Path,
+                                               tiny_cache: str, tmp_path: Path) -> None:
+    """The trained draft exports, loads through vLLM's DSpark class, and eval reports tau >= 1."""
+    ckpt = tiny_run / "checkpoints" / "last.ckpt"
+    draft = tmp_path / "draft"
+    assert main(["export", str(ckpt), str(draft), "--engine", "vllm"]) == 0
+    info = json.loads((draft / "sparkforge_export.json").read_text())
+    assert info["cache_uri"] == tiny_cache
+    assert info["global_step"] == 30
+    assert info["capture_layer_ids"] == [1, 3]
+    assert "torch" in info["versions"]
+    script = Path(__file__).with_name("vllm_dspark_load.py")
+    out = subprocess.run([sys.executable, "-P", str(script), str(tiny_target), str(draft)],
+                         capture_output=True, text=True, timeout=300, check=False)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, out.stderr[-3000:]
+    res = json.loads(line.removeprefix("RESULT "))
+    assert res["method"] == "dspark"
+    assert res["draft_architecture"] == ["Qwen3DSparkModel"]
+    assert res["aux_layer_ids"] == [1, 3]   # feature ids [0, 2] + 1
+    assert res["num_speculative_tokens"] == 4
+    assert res["params_without_tensor"] == ["model.mask_embedding"]   # vLLM drops it by design
+    assert res["params_not_equal"] == []
+    assert res["tensors_not_loaded"] == []
+    assert res["confidence_head"] is True
+
+    report_dir = tmp_path / "eval"
+    assert main(["eval", "--draft", str(draft), "--target", str(tiny_target), "--cache", tiny_cache,
+                 "--out_dir", str(report_dir), "--num_prompts", "3",
+                 "--max_new_tokens", "12", "--temperature", "1.0"]) == 0
+    report = json.loads((report_dir / "eval_report.json").read_text())
+    assert report["speculative"]["tau"] >= 1.0
+    assert report["speculative"]["tau"] > 1.0   # at T=1 the trained draft gets tokens accepted
+    assert report["speculative"]["rounds"] > 0
+    assert len(report["speculative"]["acceptance_by_position"]) == 4
+    forced = report["teacher_forced"]
+    assert 0.0 <= forced["metrics"]["accept_rate"] <= 1.0
+    assert forced["metrics"]["tau"] >= 1.0
+    assert "confidence_abs_error" in forced["metrics"]
+    assert forced["reliability"]
+    png = report_dir / "acceptance_by_position.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

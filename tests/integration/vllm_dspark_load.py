@@ -1,0 +1,100 @@
+"""Load an exported draft through vLLM's own DSpark classes on CPU; print a JSON account.
+
+Run in a separate interpreter (``python vllm_dspark_load.py TARGET DRAFT``) so the training
+environment never imports vLLM. Two vLLM code paths run, no forward pass:
+1. config resolution: ``EngineArgs(..., speculative_config={"method": "dspark", "model": DRAFT})``
+   ``.create_engine_config()`` and the aux-layer ids vLLM derives from the draft config;
+2. ``Qwen3DSparkForCausalLM(vllm_config).load_weights(...)`` on CPU.
+
+One in-process patch (serving-format.md, "Verification status"): vLLM accepts DSpark only on its
+V2 GPU runner, which needs Triton, so ``VllmConfig`` rejects "dspark speculative decoding" on the
+V1 runner CPU builds use. This script removes that one entry from the V1 unsupported-feature list
+for the duration of the process; nothing else is patched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def _patch_v1_rejection() -> None:
+    from vllm.config.vllm import VllmConfig
+
+    original = VllmConfig._get_v1_model_runner_unsupported_features
+
+    def without_dspark(self: VllmConfig) -> list[str]:
+        return [f for f in original(self) if f != "dspark speculative decoding"]
+
+    VllmConfig._get_v1_model_runner_unsupported_features = without_dspark  # type: ignore[method-assign]
+
+
+def _sources(name: str, ckpt: dict[str, torch.Tensor]) -> list[str]:
+    """Checkpoint keys a vLLM parameter is loaded from (q/k/v and gate/up are stacked)."""
+    bare = name.removeprefix("model.")
+    stacks = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    for fused, parts in stacks.items():
+        if f".{fused}." in bare:
+            return [bare.replace(fused, p) for p in parts]
+    return [bare] if bare in ckpt else []
+
+
+def main(target: str, draft: str) -> dict[str, object]:
+    _patch_v1_rejection()
+    from safetensors.torch import load_file
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+        get_eagle3_aux_layers_from_config,
+    )
+
+    cfg = EngineArgs(model=target, speculative_config={"method": "dspark", "model": draft},
+                     max_model_len=256, enable_prefix_caching=False,
+                     enforce_eager=True).create_engine_config()
+    spec = cfg.speculative_config
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ckpt = load_file(str(Path(draft) / "model.safetensors"))
+    with set_current_vllm_config(cfg), torch.device("cpu"):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
+        initialize_model_parallel(1, 1)
+        model = Qwen3DSparkForCausalLM(vllm_config=cfg)
+        model.load_weights(iter(ckpt.items()))
+    params = dict(model.named_parameters())
+    unmatched, mismatched, used = [], [], set()
+    for name, param in params.items():
+        keys = _sources(name, ckpt)
+        if not keys or any(k not in ckpt for k in keys):
+            unmatched.append(name)
+            continue
+        used |= set(keys)
+        want = torch.cat([ckpt[k] for k in keys]).float()
+        if not torch.equal(param.detach().float().cpu(), want):
+            mismatched.append(name)
+    return {
+        "method": spec.method,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "aux_layer_ids": list(get_eagle3_aux_layers_from_config(spec) or ()),
+        "draft_architecture": spec.draft_model_config.hf_config.architectures,
+        "num_params": len(params),
+        "params_without_tensor": unmatched,
+        "params_not_equal": mismatched,
+        "tensors_not_loaded": sorted(set(ckpt) - used),
+        "confidence_head": model.model.confidence_head is not None,
+    }
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(main(sys.argv[1], sys.argv[2])))

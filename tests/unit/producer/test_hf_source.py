@@ -1,0 +1,48 @@
+"""The transformers backend: right layers, post-norm final state, batching that changes nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from sparkforge.producer.hf_source import HfSource
+from sparkforge.producer.source import CaptureRequest
+
+
+def _requests():
+    rng = np.random.default_rng(2)
+    return [
+        CaptureRequest(sample_id=i, input_ids=rng.integers(4, 1000, n).astype(np.int32))
+        for i, n in enumerate((30, 5, 17))
+    ]
+
+
+def test_hf_source_returns_layers_and_lm_head_input(tiny_target) -> None:
+    """aux = hidden_states[k]; lm_head(final) = the model's logits; top-k from row t's logits."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+    source = HfSource(str(tiny_target), layer_ids=(1, 2), topk=3)
+    for request, result in zip(_requests(), source.capture(_requests()), strict=True):
+        with torch.no_grad():
+            out = model(
+                torch.from_numpy(request.input_ids.astype(np.int64))[None],
+                output_hidden_states=True,
+            )
+        torch.testing.assert_close(result.aux_hidden[:, 1], out.hidden_states[2][0])
+        logits = model.lm_head(result.final_hidden)
+        torch.testing.assert_close(logits, out.logits[0], atol=1e-4, rtol=1e-5)
+        assert torch.equal(result.topk_ids.long(), out.logits[0].topk(3, dim=-1).indices)
+
+
+def test_padded_batches_equal_single_forwards(tiny_target) -> None:
+    """Right-padded batches give the same states as one request per forward."""
+    batched = list(
+        HfSource(str(tiny_target), layer_ids=(1, 3), max_batch_tokens=4096).capture(_requests())
+    )
+    single = list(
+        HfSource(str(tiny_target), layer_ids=(1, 3), max_batch_tokens=1).capture(_requests())
+    )
+    for a, b in zip(batched, single, strict=True):
+        assert a.sample_id == b.sample_id
+        torch.testing.assert_close(a.aux_hidden, b.aux_hidden, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.final_hidden, b.final_hidden, atol=1e-5, rtol=1e-5)

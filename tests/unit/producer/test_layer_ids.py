@@ -1,0 +1,59 @@
+"""Layer-id conversions between DSpark feature ids, HF hidden_states indices and vLLM aux ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkforge.producer.layer_ids import (
+    LayerIdError,
+    default_feature_ids,
+    feature_to_hf,
+    hf_to_feature,
+    validate_feature_ids,
+    validate_hf_ids,
+    vllm_aux_ids,
+)
+
+
+@pytest.mark.parametrize(
+    ("num_layers", "num_features", "expected"),
+    [(36, 5, (1, 9, 17, 25, 33)), (40, 5, (1, 10, 19, 28, 37)), (28, 3, (1, 13, 25)), (4, 2, (1,))],
+)
+def test_default_ids_follow_the_dflash_rule(num_layers, num_features, expected) -> None:
+    """Defaults are round(1 + i (L-4)/(n-1)) as DSpark ids (the contract's rule), all valid."""
+    assert default_feature_ids(num_layers, num_features) == expected
+
+
+def test_feature_and_hf_ids_differ_by_one() -> None:
+    """DSpark id l is HF hidden_states[l + 1] and back."""
+    assert feature_to_hf([0, 5, 34]) == (1, 6, 35)
+    assert hf_to_feature(feature_to_hf([0, 5, 34])) == (0, 5, 34)
+
+
+def test_vllm_aux_ids_add_the_final_layer_sorted() -> None:
+    """The engine is asked for the captured ids plus L (pre-norm final), ascending."""
+    assert vllm_aux_ids([1, 9, 17], 36) == (1, 9, 17, 36)
+
+
+@pytest.mark.parametrize(
+    ("ids", "match"),
+    [
+        ([], "empty"),
+        ([0, 35], r"outside \[0, 34\]"),
+        ([-1, 3], "outside"),
+        ([3, 3], "strictly increasing"),
+        ([5, 2], "strictly increasing"),
+    ],
+)
+def test_bad_feature_ids_are_rejected(ids, match) -> None:
+    """Feature ids must be non-empty, strictly increasing and in [0, L-2]."""
+    with pytest.raises(LayerIdError, match=match):
+        validate_feature_ids(ids, 36)
+
+
+def test_bad_hf_ids_name_the_hf_range() -> None:
+    """Captured HF indices outside [1, L-1] are rejected with the HF range in the message."""
+    with pytest.raises(LayerIdError, match=r"allowed \[1, 35\]"):
+        validate_hf_ids([0, 4], 36)
+    with pytest.raises(LayerIdError, match="outside"):
+        validate_hf_ids([36], 36)

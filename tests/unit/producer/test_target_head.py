@@ -1,0 +1,52 @@
+"""The offline final norm and the logprob check, against a plain transformers forward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from sparkforge.producer.target_head import FinalStateMismatch, load_target_head
+
+
+@pytest.fixture(scope="module")
+def forward(tiny_target):
+    """HF forward of one sequence: hidden states, the last layer's pre-norm output, logprobs."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+    ids = np.random.default_rng(1).integers(4, 1000, 40)
+    seen = {}
+    hook = model.model.layers[-1].register_forward_hook(
+        lambda _m, _i, out: seen.setdefault("pre_norm", out[0] if isinstance(out, tuple) else out)
+    )
+    with torch.no_grad():
+        out = model(torch.from_numpy(ids)[None], output_hidden_states=True)
+    hook.remove()
+    return ids, out.hidden_states, seen["pre_norm"][0], torch.log_softmax(out.logits[0], -1)
+
+
+def test_final_norm_of_pre_norm_residual_is_hf_post_norm(tiny_target, forward) -> None:
+    """RMSNorm(last layer output) with the checkpoint's weight and eps = HF hidden_states[L]."""
+    _, hidden, pre_norm, _ = forward
+    head = load_target_head(tiny_target, with_lm_head=False)
+    assert not torch.allclose(pre_norm, hidden[4], atol=1e-2)
+    torch.testing.assert_close(
+        head.final_norm(pre_norm, torch.float32), hidden[4][0], atol=1e-5, rtol=1e-5
+    )
+
+
+def test_logprob_check_accepts_the_right_state_and_stops_a_wrong_one(tiny_target, forward) -> None:
+    """The lm_head check passes for the post-norm state and raises for a pre-norm one."""
+    ids, hidden, pre_norm, logprobs = forward
+    head = load_target_head(tiny_target, with_lm_head=True)
+    actual = logprobs[:-1].gather(1, torch.from_numpy(ids[1:])[:, None]).squeeze(1)
+    assert head.check_against_engine(ids, hidden[4][0], actual) < 1e-4
+    with pytest.raises(FinalStateMismatch, match="differ from the engine's"):
+        head.check_against_engine(ids, pre_norm, actual)
+
+
+def test_unsupported_family_is_refused(tmp_path) -> None:
+    """A family whose lm_head input is not RMSNorm(h_L) * w is refused with a pointer to 'hf'."""
+    (tmp_path / "config.json").write_text('{"model_type": "gemma3", "num_hidden_layers": 2}')
+    with pytest.raises(ValueError, match="use backend 'hf'"):
+        load_target_head(tmp_path, with_lm_head=False)

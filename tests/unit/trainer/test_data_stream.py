@@ -1,0 +1,165 @@
+"""The cache stream: every rank/worker share disjoint, exact resume, only needed units read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from sparkforge.trainer.data import CacheStream, ResumableLoader, collate, load_split_index
+
+F, H = 2, 4
+
+
+@dataclass
+class _Sample:
+    sample_id: int
+    length: int
+
+    def to_torch(self) -> dict[str, torch.Tensor]:
+        n = self.length
+        return {
+            "input_ids": torch.full((n,), self.sample_id, dtype=torch.int32),
+            "loss_mask": torch.ones(n, dtype=torch.uint8),
+            "aux_hidden": torch.full((n, F, H), float(self.sample_id)).to(torch.bfloat16),
+            "final_hidden": torch.full((n, H), -float(self.sample_id)).to(torch.bfloat16),
+        }
+
+
+class _Reader:
+    """In-memory stand-in for CacheReader's index and unit reads (the stream's only inputs)."""
+
+    def __init__(self, num_units: int = 6, per_unit: int = 7) -> None:
+        rng = np.random.default_rng(0)
+        self.units = {u: [_Sample(u * 100 + i, int(rng.integers(3, 20))) for i in range(per_unit)]
+                      for u in range(num_units)}
+        self.reads: list[int] = []
+
+    def sample_index(self) -> pa.Table:
+        rows = [(s, u) for u, ss in self.units.items() for s in ss]
+        return pa.table({
+            "sample_id": [s.sample_id for s, _ in rows], "unit": [u for _, u in rows],
+            "length": [s.length for s, _ in rows],
+            "num_loss_tokens": [s.length for s, _ in rows],
+            "split": ["eval" if s.sample_id % 10 == 9 else "train" for s, _ in rows],
+        })
+
+    def read_unit(self, unit: int) -> list[_Sample]:
+        self.reads.append(unit)
+        return list(self.units[unit])
+
+
+def _stream(reader: _Reader, *, rank: int = 0, world: int = 1, workers: int = 0,
+            split: str = "train") -> CacheStream:
+    index = load_split_index(reader, split)
+    return CacheStream(lambda: reader, index, rank=rank, world_size=world, num_workers=workers,
+                       batch_size=3, batching="bucket", shuffle=split == "train", shuffle_buffer=8,
+                       pool_batches=2, seed=3, read_ahead_units=2)
+
+
+def _ids(batches: list[dict[str, torch.Tensor]]) -> list[list[int]]:
+    return [b["sample_ids"].tolist() for b in batches]
+
+
+def test_collate_pads_right_with_masked_padding() -> None:
+    """Padding rows carry loss_mask 0 and attention_mask 0; features keep their values."""
+    batch = collate([_Sample(5, 3).to_torch(), _Sample(7, 1).to_torch()], [5, 7])
+    assert batch["input_ids"].tolist() == [[5, 5, 5], [7, 0, 0]]
+    assert batch["loss_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["target_hidden_states"].shape == (2, 3, F * H)
+    assert batch["target_hidden_states"][1, 0].float().eq(7).all()
+    assert batch["target_hidden_states"][1, 1:].float().eq(0).all()
+    assert batch["target_last_hidden_states"][0, 2].float().eq(-5).all()
+
+
+@pytest.mark.parametrize(("world", "workers"), [(1, 0), (2, 0), (2, 2), (1, 3)])
+def test_ranks_and_workers_see_disjoint_equal_shares(world: int, workers: int) -> None:
+    """Across all (rank, worker) shares each train sample appears at most once; counts equal."""
+    reader = _Reader()
+    per_rank = []
+    for rank in range(world):
+        loader = ResumableLoader(_stream(reader, rank=rank, world=world, workers=workers))
+        batches = list(loader)
+        assert len(batches) == len(loader)
+        per_rank.append([i for b in _ids(batches) for i in b])
+    flat = [i for ids in per_rank for i in ids]
+    assert len(flat) == len(set(flat))
+    assert len({len(ids) for ids in per_rank}) == 1
+    train = [s.sample_id for ss in reader.units.values() for s in ss if s.sample_id % 10 != 9]
+    assert set(flat) <= set(train)
+    assert len(train) - len(flat) < world * max(1, workers)
+
+
+@pytest.mark.parametrize(("workers", "stop"), [(0, 0), (0, 4), (2, 3), (2, 4), (3, 5)])
+def test_resume_continues_at_the_exact_batch(workers: int, stop: int) -> None:
+    """A loader restored from state_dict yields exactly the uninterrupted remaining batches."""
+    full = _ids(list(ResumableLoader(_stream(_Reader(), workers=workers))))
+    first = ResumableLoader(_stream(_Reader(), workers=workers))
+    batches = iter(first)
+    seen = [next(batches)["sample_ids"].tolist() for _ in range(stop)]
+    state = first.state_dict()
+    assert state["consumed"] == stop
+    resumed = ResumableLoader(_stream(_Reader(), workers=workers))
+    resumed.load_state_dict(state)
+    assert seen + _ids(list(resumed)) == full
+
+
+def test_resume_skips_units_whose_samples_were_all_consumed() -> None:
+    """Fast-forwarding reads no unit whose samples all lie in already consumed batches."""
+    reader = _Reader(num_units=8, per_unit=4)
+    loader = ResumableLoader(_stream(reader))
+    total = len(loader)
+    resumed_reader = _Reader(num_units=8, per_unit=4)
+    resumed = ResumableLoader(_stream(resumed_reader))
+    resumed.load_state_dict({**loader.state_dict(), "consumed": total - 1})
+    assert len(list(resumed)) == 1
+    assert len(resumed_reader.reads) < 8
+
+
+def test_epochs_differ_and_end_of_epoch_state_moves_to_the_next() -> None:
+    """set_epoch reshuffles; a state saved after the last batch resumes at the next epoch."""
+    loader = ResumableLoader(_stream(_Reader()))
+    epoch0 = _ids(list(loader))
+    state = loader.state_dict()
+    loader.set_epoch(1)
+    epoch1 = _ids(list(loader))
+    assert sorted(map(sorted, epoch0)) != sorted(map(sorted, epoch1)) or epoch0 != epoch1
+    resumed = ResumableLoader(_stream(_Reader()))
+    resumed.load_state_dict(state)
+    assert _ids(list(resumed)) == epoch1
+
+
+def test_resume_with_another_layout_is_refused() -> None:
+    """Restoring into a different world size names the field instead of silently reordering."""
+    state = ResumableLoader(_stream(_Reader())).state_dict()
+    other = ResumableLoader(_stream(_Reader(), world=2))
+    with pytest.raises(ValueError, match="data.world_size"):
+        other.load_state_dict(state)
+
+
+def test_eval_stream_reads_the_eval_split_in_order() -> None:
+    """Validation sees exactly the eval split, in storage order."""
+    reader = _Reader()
+    ids = [i for b in _ids(list(_stream(reader, split="eval"))) for i in b]
+    assert ids == sorted(s.sample_id for ss in reader.units.values() for s in ss
+                         if s.sample_id % 10 == 9)
+
+
+def test_samples_held_stay_bounded_whatever_the_cache_size() -> None:
+    """Read-but-unyielded samples never exceed buffer + pool + the units in flight."""
+    reader = _Reader(num_units=40, per_unit=7)
+    stream = _stream(reader)
+    train = {s.sample_id for ss in reader.units.values() for s in ss if s.sample_id % 10 != 9}
+    yielded, peak = 0, 0
+    for batch in ResumableLoader(stream):
+        read = sum(1 for u in reader.reads for s in reader.units[u] if s.sample_id in train)
+        yielded += batch["sample_ids"].numel()
+        peak = max(peak, read - yielded)
+    bound = (stream.shuffle_buffer + stream.batch_size * stream.pool_batches
+             + 7 * (stream.read_ahead_units + 1))
+    assert yielded == len(train)
+    assert peak <= bound < len(train) / 4

@@ -1,0 +1,136 @@
+"""Export: the serving layout of serving-format.md, exact key set, refusals, lossless round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_tiny
+from sparkforge.trainer.export import (
+    ExportError,
+    export_checkpoint,
+    export_draft,
+    key_problems,
+    load_draft,
+)
+from sparkforge.trainer.model import DSparkDraftModel
+
+
+def _draft(cfg: DSparkDraftConfig | None = None) -> DSparkDraftModel:
+    torch.manual_seed(0)
+    model = DSparkDraftModel(cfg or draft_tiny())
+    with torch.no_grad():  # bf16-representable weights make the bf16 export lossless
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return model.eval()
+
+
+def _ckpt(model: DSparkDraftModel, path: Path) -> Path:
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "draft_config": model.config.to_dict(), "global_step": 3},
+               path)
+    return path
+
+
+def _batch(cfg: DSparkDraftConfig) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    s = 24
+    return {"input_ids": torch.randint(0, cfg.vocab_size, (2, s), generator=g),
+            "loss_mask": (torch.arange(s) >= 6).long().expand(2, s).contiguous(),
+            "target_hidden_states": torch.randn(2, s, cfg.num_features * cfg.hidden_size,
+                                                generator=g),
+            "target_last_hidden_states": torch.randn(2, s, cfg.hidden_size, generator=g)}
+
+
+def test_export_reloads_with_identical_logits(tmp_path: Path) -> None:
+    """Checkpoint -> export -> reload gives bit-identical draft logits and confidences."""
+    model = _draft()
+    out = export_checkpoint(_ckpt(model, tmp_path / "a.ckpt"), tmp_path / "draft")
+    reloaded = load_draft(out)
+    batch = _batch(model.config)
+    anchors = torch.tensor([[6, 9, 15, 20], [7, 8, 12, 21]])
+    keep = torch.ones_like(anchors, dtype=torch.bool)
+    a = model(**batch, anchor_positions=anchors, block_keep_mask=keep)
+    b = reloaded(**batch, anchor_positions=anchors, block_keep_mask=keep)
+    assert torch.equal(a.draft_logits, b.draft_logits)
+    assert a.confidence_logits is not None
+    assert b.confidence_logits is not None
+    assert torch.equal(a.confidence_logits, b.confidence_logits)
+
+
+def test_exported_layout_is_the_serving_format(tmp_path: Path) -> None:
+    """config.json carries the section 1.2 fields; tensors are bare bf16 keys, 11 L_d + 7 + 2."""
+    model = _draft()
+    out = export_draft(model.config, model.state_dict(), tmp_path / "d")
+    cfg = json.loads((out / "config.json").read_text())
+    c = model.config
+    expected = {
+        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "tie_word_embeddings": False,
+        "hidden_size": c.hidden_size, "num_hidden_layers": c.num_hidden_layers,
+        "layer_types": ["full_attention"] * c.num_hidden_layers, "block_size": c.block_size,
+        "mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids),
+        "num_target_layers": c.num_target_layers, "markov_rank": c.markov_rank,
+        "markov_head_type": "vanilla", "enable_confidence_head": True,
+        "confidence_head_with_markov": True, "hidden_act": "silu", "dtype": "bfloat16",
+        "vocab_size": c.vocab_size,
+    }
+    assert {k: cfg[k] for k in expected} == expected
+    tensors = load_file(str(out / "model.safetensors"))
+    assert len(tensors) == 11 * c.num_hidden_layers + 7 + 2
+    assert not any(k.startswith("model.") for k in tensors)
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    assert tensors["confidence_head.proj.weight"].shape == (1, c.hidden_size + c.markov_rank)
+    assert (out / "sparkforge_export.json").exists()
+
+
+@pytest.mark.parametrize(("change", "engine", "reason"), [
+    ({"markov_head_type": "gated"}, "vllm", "vanilla Markov head"),
+    ({"markov_head_type": "rnn"}, "any", "vanilla Markov head"),
+    ({"markov_rank": 0, "confidence_head_with_markov": False}, "vllm", "rank-0"),
+    ({"target_layer_ids": (0, 3)}, "any", "last layer"),
+    ({"enable_confidence_head": False}, "sglang", "SGLang"),
+    ({"final_logit_softcapping": 30.0}, "any", "softcap"),
+])
+def test_unservable_drafts_are_refused(tmp_path: Path, change: dict, engine: str,
+                                       reason: str) -> None:
+    """A draft the engine would reject or serve wrongly is refused, naming why; nothing written."""
+    cfg = dataclasses.replace(draft_tiny(), **change)
+    model = DSparkDraftModel(cfg)
+    with pytest.raises(ExportError, match=reason):
+        export_draft(cfg, model.state_dict(), tmp_path / "d", engine=engine)  # type: ignore[arg-type]
+    assert not (tmp_path / "d").exists()
+
+
+def test_gated_head_exports_for_sglang_only(tmp_path: Path) -> None:
+    """SGLang serves gated heads, so an sglang-only export of one is allowed."""
+    cfg = dataclasses.replace(draft_tiny(), markov_head_type="gated")
+    tensors = DSparkDraftModel(cfg).state_dict()
+    with pytest.raises(ExportError, match="unexpected tensor markov_head.gate_proj"):
+        export_draft(cfg, tensors, tmp_path / "d", engine="sglang")
+
+
+def test_key_set_check_catches_what_vllm_would_silently_accept() -> None:
+    """Missing Markov weights, a model. prefix and a wrong shape each fail the self-check."""
+    cfg = draft_tiny()
+    good = DSparkDraftModel(cfg).state_dict()
+    assert key_problems(cfg, good) == []
+    no_markov = {k: v for k, v in good.items() if not k.startswith("markov_head")}
+    assert any("missing tensor markov_head.markov_w1" in p for p in key_problems(cfg, no_markov))
+    prefixed = {f"model.{k}": v for k, v in good.items()}
+    assert any("unexpected tensor model.fc.weight" in p for p in key_problems(cfg, prefixed))
+    bad_fc = {**good, "fc.weight": torch.zeros(cfg.hidden_size, cfg.hidden_size)}
+    assert any(p.startswith("fc.weight: shape") for p in key_problems(cfg, bad_fc))
+
+
+def test_non_empty_output_is_not_overwritten_by_default(tmp_path: Path) -> None:
+    """An existing export is kept unless --overwrite is given."""
+    model = _draft()
+    out = export_draft(model.config, model.state_dict(), tmp_path / "d")
+    with pytest.raises(ExportError, match="overwrite"):
+        export_draft(model.config, model.state_dict(), out)
+    export_draft(model.config, model.state_dict(), out, overwrite=True)

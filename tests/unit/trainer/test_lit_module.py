@@ -1,0 +1,57 @@
+"""Window metrics: ratios of sums (never means of ratios); config consistency checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparkforge.trainer.lit_module import DSparkLitModule, anchor_generator, window_metrics
+from sparkforge.trainer.run_config import DraftSpec, LossSpec
+
+SPEC = DraftSpec(mask_token_id=3, hidden_size=128, vocab_size=1024, num_target_layers=4,
+                 target_layer_ids=(0, 2), num_hidden_layers=1, block_size=2, num_anchors=4,
+                 markov_rank=8)
+
+
+def _sums(accept_num: list[float], accept_den: list[float], loss: float) -> dict[str, torch.Tensor]:
+    d = torch.float64
+    return {
+        "accept_num": torch.tensor(accept_num, dtype=d),
+        "accept_den": torch.tensor(accept_den, dtype=d),
+        "tau_num": torch.tensor(0.0, dtype=d), "tau_den": torch.tensor(0.0, dtype=d),
+        "valid_anchors": torch.tensor(1.0, dtype=d),
+        "anchor_candidates": torch.tensor(1.0, dtype=d),
+        "kept_anchors": torch.tensor(1.0, dtype=d), "anchor_slots": torch.tensor(1.0, dtype=d),
+        "supervised_slots": torch.tensor(1.0, dtype=d),
+        "loss": torch.tensor(loss, dtype=d), "ce_loss": torch.tensor(loss, dtype=d),
+        "tv_loss": torch.tensor(0.0, dtype=d), "confidence_loss": torch.tensor(0.0, dtype=d),
+        "micro_batches": torch.tensor(1.0, dtype=d), "tokens": torch.tensor(100.0, dtype=d),
+        "data_wait_s": torch.tensor(0.5, dtype=d),
+    }
+
+
+def test_window_is_a_ratio_of_sums() -> None:
+    """Two micro-batches (or ranks) with 1/1 and 0/3 accepted give 1/4, not the mean 1/2."""
+    a, b = _sums([1.0, 0.0], [1.0, 0.0], 2.0), _sums([0.0, 0.0], [3.0, 0.0], 4.0)
+    total = {k: a[k] + b[k] for k in a}
+    m = window_metrics(total, elapsed_s=2.0, world_size=1)
+    assert m["accept_rate@0"] == pytest.approx(0.25)
+    assert "accept_rate@1" not in m   # never measured: omitted, not 0
+    assert m["loss"] == pytest.approx(3.0)   # loss terms: mean over micro-batches
+    assert m["tokens_per_s"] == pytest.approx(100.0)
+    assert m["data_wait_frac"] == pytest.approx(0.5)
+
+
+def test_confidence_head_and_its_loss_weight_must_agree() -> None:
+    """A confidence head with alpha 0 (or alpha > 0 without a head) is a config error."""
+    with pytest.raises(ValueError, match="confidence_head_alpha"):
+        DSparkLitModule(draft=SPEC, loss=LossSpec(confidence_head_alpha=0.0))
+
+
+def test_anchor_generator_depends_only_on_the_batch_position() -> None:
+    """Same (seed, rank, stage, epoch, batch) -> same draws; another rank -> other draws."""
+    def draw(*key: int) -> torch.Tensor:
+        return torch.rand(4, generator=anchor_generator(*key))
+
+    assert torch.equal(draw(0, 1, 0, 2, 5), draw(0, 1, 0, 2, 5))
+    assert not torch.equal(draw(0, 1, 0, 2, 5), draw(0, 0, 0, 2, 5))

@@ -1,0 +1,253 @@
+"""Stream a hidden-state cache into padded micro-batches: per-share plans, unit reads, resume.
+
+Each (data-parallel rank x dataloader worker) executes its own ``EpochPlan`` (see ``data_plan``):
+it reads the units holding its samples whole and in plan order, with a few units read ahead on a
+thread, keeps only the samples the plan still needs, and yields collated batches. The loader
+wrapper counts the batches the trainer took, so a checkpoint records the exact data position and a
+resumed run recomputes the plan and skips those batches without reading them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from sparkforge.trainer.data_plan import (
+    Batching,
+    EpochPlan,
+    SplitIndex,
+    batches_per_share,
+    plan_epoch,
+)
+
+logger = logging.getLogger(__name__)
+
+# Keys of a collated batch; the first four are the draft forward's argument names.
+BATCH_KEYS = ("input_ids", "loss_mask", "target_hidden_states", "target_last_hidden_states",
+              "attention_mask", "sample_ids")
+
+
+def load_split_index(reader: Any, split: str, *, min_loss_tokens: int = 2) -> SplitIndex:
+    """The split's samples from ``index.parquet``, minus those too short to hold one anchor."""
+    table = reader.sample_index()
+    col = {name: table.column(name).to_numpy(zero_copy_only=False)
+           for name in ("sample_id", "unit", "length", "num_loss_tokens", "split")}
+    in_split = col["split"] == split
+    keep = in_split & (col["num_loss_tokens"] >= min_loss_tokens)
+    if int(in_split.sum()) > int(keep.sum()):
+        logger.info("%s split: skipping %d samples with < %d loss tokens (no valid anchor)",
+                    split, int(in_split.sum() - keep.sum()), min_loss_tokens)
+    return SplitIndex.from_columns(sample_id=col["sample_id"][keep], unit=col["unit"][keep],
+                                   length=col["length"][keep])
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor (bf16 through its int16 bits)."""
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def _to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    t = torch.from_numpy(a)
+    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+
+
+def collate(samples: Sequence[Mapping[str, torch.Tensor]],
+            sample_ids: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Right-pad a list of ``CachedSample.to_torch()`` dicts to the longest sample.
+
+    Padding has ``loss_mask = 0`` and ``attention_mask = 0``, so no anchor or label falls in it.
+    Copies go through numpy: torch's CPU slice assignment of large bf16 blocks measured ~50x
+    slower here (benchmarks/bench_trainer_data.py).
+    """
+    lengths = [int(s["input_ids"].shape[0]) for s in samples]
+    batch, seq = len(samples), max(lengths)
+    first = samples[0]
+    aux_dtype, fin_dtype = first["aux_hidden"].dtype, first["final_hidden"].dtype
+    num_feat = first["aux_hidden"].shape[1] * first["aux_hidden"].shape[2]
+    hid = first["final_hidden"].shape[1]
+    ids = np.zeros((batch, seq), dtype=np.int64)
+    mask = np.zeros((batch, seq), dtype=np.uint8)
+    attn = np.zeros((batch, seq), dtype=np.uint8)
+    aux = np.zeros((batch, seq, num_feat), dtype=_as_numpy(first["aux_hidden"][:0]).dtype)
+    fin = np.zeros((batch, seq, hid), dtype=_as_numpy(first["final_hidden"][:0]).dtype)
+    for b, (s, n) in enumerate(zip(samples, lengths, strict=True)):
+        ids[b, :n] = _as_numpy(s["input_ids"])
+        mask[b, :n] = _as_numpy(s["loss_mask"])
+        attn[b, :n] = 1
+        aux[b, :n] = _as_numpy(s["aux_hidden"]).reshape(n, num_feat)
+        fin[b, :n] = _as_numpy(s["final_hidden"])
+    return {
+        "input_ids": torch.from_numpy(ids), "loss_mask": torch.from_numpy(mask),
+        "target_hidden_states": _to_torch(aux, aux_dtype),
+        "target_last_hidden_states": _to_torch(fin, fin_dtype),
+        "attention_mask": torch.from_numpy(attn),
+        "sample_ids": torch.tensor(list(sample_ids), dtype=torch.long),
+    }
+
+
+class CacheStream(IterableDataset):  # type: ignore[type-arg]
+    """One rank's stream of collated micro-batches; each dataloader worker runs its own share.
+
+    Args:
+        open_reader: Picklable zero-argument callable returning a ``CacheReader``; called once
+            per process (readers hold open stores and are not shipped to workers).
+        index: The split's samples.
+        rank: Data-parallel rank.
+        world_size: Data-parallel size.
+        num_workers: DataLoader workers per rank (0 = read in the main process).
+        batch_size: Samples per micro-batch.
+        batching: "bucket" (length-sorted pools) or "pad" (stream order).
+        shuffle: Shuffle units, samples and batches (training); False reads in storage order.
+        shuffle_buffer: Samples held by the streaming shuffle buffer.
+        pool_batches: Batches per length-sorting pool for "bucket".
+        seed: Base seed; the plan depends only on (seed, epoch, share).
+        read_ahead_units: Units read concurrently ahead of the one being consumed.
+    """
+
+    def __init__(self, open_reader: Any, index: SplitIndex, *, rank: int, world_size: int,
+                 num_workers: int, batch_size: int, batching: Batching, shuffle: bool,
+                 shuffle_buffer: int, pool_batches: int, seed: int, read_ahead_units: int) -> None:
+        self.open_reader, self.index = open_reader, index
+        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        self.batch_size, self.batching, self.shuffle = batch_size, batching, shuffle
+        self.shuffle_buffer, self.pool_batches, self.seed = shuffle_buffer, pool_batches, seed
+        self.read_ahead_units = read_ahead_units
+        self.epoch = 0
+        self.skip_batches = 0
+        """Batches of this epoch the rank already consumed (set by the loader before iterating)."""
+        self._reader: Any = None
+
+    @property
+    def num_shares(self) -> int:
+        """Disjoint shares per epoch: one per (rank, worker)."""
+        return self.world_size * max(1, self.num_workers)
+
+    def __len__(self) -> int:
+        per_share = batches_per_share(len(self.index), num_shares=self.num_shares,
+                                      batch_size=self.batch_size)
+        return per_share * max(1, self.num_workers)
+
+    def plan(self, share: int) -> EpochPlan:
+        """This epoch's plan for one share."""
+        return plan_epoch(
+            self.index, seed=self.seed, epoch=self.epoch, num_shares=self.num_shares, share=share,
+            batch_size=self.batch_size, batching=self.batching, shuffle=self.shuffle,
+            shuffle_buffer=self.shuffle_buffer, pool_batches=self.pool_batches,
+        )
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        workers = max(1, self.num_workers)
+        worker = 0 if info is None else info.id
+        # Batches come out round-robin over workers; after n consumed batches the next one is
+        # role n % W's, so worker w plays role (w + n) % W and skips that role's consumed batches.
+        n = self.skip_batches
+        role = (worker + n) % workers
+        skip = max(0, -(-(n - role) // workers))
+        if self._reader is None:
+            self._reader = self.open_reader()
+        plan = self.plan(self.rank * workers + role)
+        if plan.num_dropped and self.rank == 0 and role == 0:
+            logger.info("epoch %d: %d samples left out so every share is equal", self.epoch,
+                        plan.num_dropped)
+        return self._execute(plan, skip)
+
+    def _execute(self, plan: EpochPlan, skip: int) -> Iterator[dict[str, torch.Tensor]]:
+        remaining = plan.batches[skip:]
+        if not remaining:
+            return
+        positions = np.concatenate(remaining)
+        needed = set(self.index.sample_id[positions].tolist())
+        wanted = set(self.index.unit[positions].tolist())
+        units = [u for u in plan.unit_order.tolist() if u in wanted]
+        held: dict[int, Any] = {}
+        reads = self._read_ahead(units)
+        for batch in remaining:
+            ids = self.index.sample_id[batch].tolist()
+            while any(i not in held for i in ids):
+                for sample in next(reads):
+                    if sample.sample_id in needed:
+                        held[sample.sample_id] = sample
+            yield collate([held.pop(i).to_torch() for i in ids], ids)
+        reads.close()
+
+    def _read_ahead(self, units: list[int]) -> Generator[list[Any], None, None]:
+        """Yield whole units in order, keeping ``read_ahead_units`` reads in flight."""
+        depth = max(1, self.read_ahead_units)
+        with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="cache-read") as pool:
+            pending: list[Future[list[Any]]] = []
+            for unit in units:
+                pending.append(pool.submit(self._reader.read_unit, unit))
+                if len(pending) > depth:
+                    yield pending.pop(0).result()
+            while pending:
+                yield pending.pop(0).result()
+
+
+class ResumableLoader:
+    """A DataLoader over a ``CacheStream`` that records how many batches the trainer consumed.
+
+    Lightning saves ``state_dict()`` in the checkpoint (it treats any loader with
+    ``state_dict``/``load_state_dict`` as resumable) and calls ``sampler.set_epoch`` at each epoch
+    start. Because the loader has a length, Lightning does not prefetch ahead of the step, so the
+    count equals the batches trained on.
+    """
+
+    def __init__(self, stream: CacheStream, *, prefetch_factor: int = 4,
+                 pin_memory: bool = False) -> None:
+        self.stream = stream
+        self.prefetch_factor, self.pin_memory = prefetch_factor, pin_memory
+        self.epoch = 0
+        self.consumed = 0
+
+    @property
+    def sampler(self) -> ResumableLoader:
+        """Lightning looks for ``loader.sampler.set_epoch``; the loader is its own sampler."""
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (a no-op when resuming inside it)."""
+        if epoch != self.epoch:
+            self.epoch, self.consumed = epoch, 0
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self.stream.epoch, self.stream.skip_batches = self.epoch, self.consumed
+        workers = self.stream.num_workers
+        loader = DataLoader(
+            self.stream, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
+            prefetch_factor=self.prefetch_factor if workers else None,
+        )
+        for batch in loader:
+            self.consumed += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """The data position: epoch, consumed batches, and the layout that fixes the plan."""
+        return {"epoch": self.epoch, "consumed": self.consumed,
+                "world_size": self.stream.world_size, "num_workers": self.stream.num_workers,
+                "batch_size": self.stream.batch_size, "seed": self.stream.seed}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resume at a saved position; the data layout must be the one it was saved with."""
+        problems = [
+            f"data.{key}: checkpoint has {state[key]}, this run has {now}"
+            for key, now in (("world_size", self.stream.world_size),
+                             ("num_workers", self.stream.num_workers),
+                             ("batch_size", self.stream.batch_size), ("seed", self.stream.seed))
+            if state.get(key, now) != now
+        ]
+        if problems:
+            raise ValueError("cannot resume the data position exactly (the epoch plan depends on "
+                             "these):\n  " + "\n  ".join(problems))
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        if self.consumed >= len(self):
+            self.epoch, self.consumed = self.epoch + 1, 0

@@ -1,0 +1,188 @@
+"""Plan one epoch of the training stream from the cache's sample index alone (no hidden states).
+
+The plan is a pure function of (index, seed, epoch, share): units are visited in a per-epoch
+shuffled order, the epoch's sample sequence is cut into equal contiguous shares (one per
+data-parallel rank x dataloader worker), each share passes through a bounded shuffle buffer and is
+cut into micro-batches. Because only sample ids and lengths are needed, a resumed run recomputes
+the same plan and skips the batches already consumed without reading them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Batching = Literal["pad", "bucket"]
+
+
+@dataclass(frozen=True)
+class SplitIndex:
+    """The samples of one split, in storage order (unit, then slot, then row offset)."""
+
+    sample_id: np.ndarray
+    """[N] int64 global sample ids."""
+    unit: np.ndarray
+    """[N] int64 commit unit holding each sample."""
+    length: np.ndarray
+    """[N] int64 tokens per sample."""
+
+    def __len__(self) -> int:
+        return int(self.sample_id.shape[0])
+
+    @classmethod
+    def from_columns(
+        cls,
+        *,
+        sample_id: Sequence[int] | np.ndarray,
+        unit: Sequence[int] | np.ndarray,
+        length: Sequence[int] | np.ndarray,
+        order_key: np.ndarray | None = None,
+    ) -> SplitIndex:
+        """Build from index columns; rows are sorted by ``order_key`` (default: unit, sample id)."""
+        sid = np.asarray(sample_id, dtype=np.int64)
+        uni = np.asarray(unit, dtype=np.int64)
+        ln = np.asarray(length, dtype=np.int64)
+        if order_key is None:
+            order = np.lexsort((sid, uni))
+        else:
+            order = np.argsort(order_key, kind="stable")
+        return cls(sample_id=sid[order], unit=uni[order], length=ln[order])
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The micro-batches one share consumes in one epoch, as row positions into the SplitIndex."""
+
+    batches: list[np.ndarray]
+    unit_order: np.ndarray
+    """Units in the order this share reads them (only those holding its samples)."""
+    num_dropped: int
+    """Samples left out this epoch so every share gets the same count (< num_shares)."""
+
+
+def epoch_unit_order(units: np.ndarray, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Distinct units in a deterministic per-epoch order (sorted when ``shuffle`` is False)."""
+    distinct = np.unique(units)
+    if not shuffle:
+        return distinct
+    return np.random.default_rng([seed, epoch, 0]).permutation(distinct)
+
+
+def share_positions(
+    index: SplitIndex, unit_order: np.ndarray, *, num_shares: int, share: int
+) -> tuple[np.ndarray, int]:
+    """Row positions of ``share``: an equal contiguous cut of the epoch's unit-ordered sequence.
+
+    Returns:
+        The positions (in stream order) and the number of samples dropped by the equal cut.
+    """
+    rank_of_unit = np.empty(int(unit_order.max()) + 1 if unit_order.size else 0, dtype=np.int64)
+    rank_of_unit[unit_order] = np.arange(unit_order.size)
+    stream = np.argsort(rank_of_unit[index.unit], kind="stable")
+    per_share = len(index) // num_shares
+    start = share * per_share
+    return stream[start : start + per_share], len(index) - per_share * num_shares
+
+
+def shuffle_buffer_order(positions: np.ndarray, buffer_size: int,
+                         rng: np.random.Generator) -> np.ndarray:
+    """Emission order of a streaming shuffle buffer holding at most ``buffer_size`` samples."""
+    if buffer_size <= 1:
+        return positions.copy()
+    out = np.empty_like(positions)
+    buf: list[int] = []
+    n = 0
+    for pos in positions.tolist():
+        if len(buf) < buffer_size:
+            buf.append(pos)
+            continue
+        j = int(rng.integers(buffer_size))
+        out[n], buf[j] = buf[j], pos
+        n += 1
+    out[n:] = np.asarray(buf, dtype=positions.dtype)[rng.permutation(len(buf))]
+    return out
+
+
+def cut_batches(
+    order: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    batch_size: int,
+    batching: Batching,
+    pool_batches: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """Cut a stream into micro-batches of ``batch_size`` samples (the last may be smaller).
+
+    ``pad`` keeps stream order; ``bucket`` sorts each pool of ``pool_batches`` batches by length
+    so samples of similar length share a batch, then shuffles the batch order inside the pool.
+    Both give ``ceil(len(order) / batch_size)`` batches, so equal shares give equal batch counts.
+    """
+    if batching == "pad":
+        return [order[i : i + batch_size] for i in range(0, order.size, batch_size)]
+    pool = batch_size * pool_batches
+    batches: list[np.ndarray] = []
+    for start in range(0, order.size, pool):
+        chunk = order[start : start + pool]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        cut = [chunk[i : i + batch_size] for i in range(0, chunk.size, batch_size)]
+        batches += [cut[i] for i in rng.permutation(len(cut))]
+    return batches
+
+
+def plan_epoch(
+    index: SplitIndex,
+    *,
+    seed: int,
+    epoch: int,
+    num_shares: int,
+    share: int,
+    batch_size: int,
+    batching: Batching = "bucket",
+    shuffle: bool = True,
+    shuffle_buffer: int = 256,
+    pool_batches: int = 16,
+) -> EpochPlan:
+    """The deterministic micro-batch schedule of one share for one epoch."""
+    assert 0 <= share < num_shares, (share, num_shares)
+    unit_order = epoch_unit_order(index.unit, seed=seed, epoch=epoch, shuffle=shuffle)
+    positions, dropped = share_positions(index, unit_order, num_shares=num_shares, share=share)
+    rng = np.random.default_rng([seed, epoch, 1, share])
+    order = shuffle_buffer_order(positions, shuffle_buffer, rng) if shuffle else positions
+    batches = cut_batches(
+        order, index.length, batch_size=batch_size, batching=batching if shuffle else "pad",
+        pool_batches=pool_batches, rng=rng,
+    )
+    mine = np.unique(index.unit[positions])
+    return EpochPlan(
+        batches=batches, unit_order=unit_order[np.isin(unit_order, mine)], num_dropped=dropped
+    )
+
+
+def batches_per_share(num_samples: int, *, num_shares: int, batch_size: int) -> int:
+    """Micro-batches each share yields per epoch (identical for every share)."""
+    return -(-(num_samples // num_shares) // batch_size)
+
+
+def padding_waste(batches: Sequence[np.ndarray], lengths: np.ndarray) -> float:
+    """Fraction of computed token slots that are padding when each batch pads to its longest."""
+    real = sum(int(lengths[b].sum()) for b in batches)
+    computed = sum(int(lengths[b].max()) * b.size for b in batches if b.size)
+    return 1.0 - real / computed if computed else 0.0
+
+
+def packing_waste(lengths: np.ndarray, *, row_tokens: int) -> float:
+    """Padding fraction of first-fit-decreasing packing into rows of ``row_tokens`` tokens."""
+    free: list[int] = []
+    for length in sorted(lengths.tolist(), reverse=True):
+        for i, room in enumerate(free):
+            if room >= length:
+                free[i] -= length
+                break
+        else:
+            free.append(row_tokens - length)
+    computed = len(free) * row_tokens
+    return 1.0 - int(lengths.sum()) / computed if computed else 0.0

@@ -1,0 +1,222 @@
+"""The LightningModule: holds the DSpark draft and its objective, logs ratio-of-sums metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
+
+from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
+from sparkforge.trainer.metrics import (
+    MetricSums,
+    accumulate,
+    all_reduce_sums,
+    metric_ratios,
+    metric_sums,
+)
+from sparkforge.trainer.model import DSparkDraftModel, DSparkOutput
+from sparkforge.trainer.run_config import DraftSpec, LossSpec
+from sparkforge.trainer.schedule import (
+    OptimizerConfig,
+    SchedulerConfig,
+    build_optimizer,
+    build_scheduler,
+)
+
+logger = logging.getLogger(__name__)
+
+LOSS_TERMS = ("loss", "ce_loss", "tv_loss", "confidence_loss")
+
+
+class DSparkLitModule(L.LightningModule):
+    """Trains a ``DSparkDraftModel`` on batches from ``CacheDataModule``.
+
+    The draft is built in ``setup`` from the target config and frozen weights stored in the cache,
+    so the target model is never loaded.
+
+    Args:
+        draft: The draft architecture and its target-facing contract.
+        loss: Loss term weights.
+        optimizer: Optimizer class and settings.
+        scheduler: Warmup + cosine schedule.
+        attn_implementation: "sdpa" (dense mask), "flex" (GPU) or "auto" (flex on CUDA).
+        seed: Seed of anchor sampling; each batch draws from (seed, rank, epoch, batch index), so
+            a resumed run samples the same anchors without saved RNG state.
+    """
+
+    def __init__(
+        self,
+        *,
+        draft: DraftSpec,
+        loss: LossSpec = LossSpec(),  # noqa: B008 - frozen dataclass, safe as a default
+        optimizer: OptimizerConfig = OptimizerConfig(),  # noqa: B008
+        scheduler: SchedulerConfig = SchedulerConfig(),  # noqa: B008
+        attn_implementation: Literal["auto", "sdpa", "flex"] = "auto",
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if draft.enable_confidence_head != (loss.confidence_head_alpha > 0):
+            raise ValueError(
+                f"model.draft.enable_confidence_head={draft.enable_confidence_head} needs "
+                "model.loss.confidence_head_alpha "
+                f"{'> 0' if draft.enable_confidence_head else '= 0'}"
+                f", got {loss.confidence_head_alpha}")
+        # Plain dicts keep checkpoints loadable with torch.load(weights_only=True).
+        self.save_hyperparameters({"draft": dataclasses.asdict(draft),
+                                   "loss": dataclasses.asdict(loss),
+                                   "optimizer": dataclasses.asdict(optimizer),
+                                   "scheduler": dataclasses.asdict(scheduler),
+                                   "attn_implementation": attn_implementation, "seed": seed})
+        self.draft, self.loss_spec, self.seed = draft, loss, seed
+        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
+        self.attn_implementation = attn_implementation
+        self.model: DSparkDraftModel | None = None
+        self._window: MetricSums | None = None
+        self._window_start = time.perf_counter()
+        self._batch_end = time.perf_counter()
+        self._val: MetricSums | None = None
+        self._provenance: dict[str, Any] = {}
+
+    # ---- model ---------------------------------------------------------------------------------
+    def build(self, cfg: DSparkDraftConfig, weights: dict[str, torch.Tensor] | None = None) -> None:
+        """Create the draft (frozen target pieces copied from ``weights`` when given)."""
+        impl = self.attn_implementation
+        if impl == "auto":
+            impl = "flex" if torch.cuda.is_available() else "sdpa"
+        weights = weights or {}
+        self.model = DSparkDraftModel(cfg, embed_weight=weights.get("embed_tokens.weight"),
+                                      lm_head_weight=weights.get("lm_head.weight"),
+                                      attn_implementation=impl)
+
+    def setup(self, stage: str) -> None:
+        """Build the draft from the target pieces in the datamodule's cache."""
+        if self.model is not None:
+            return
+        dm: Any = self.trainer.datamodule  # type: ignore[attr-defined]
+        self.build(self.draft.draft_config(dm.target_config()), dm.target_weights())
+        self._provenance = dm.provenance() if hasattr(dm, "provenance") else {}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Store the resolved draft config so export and eval need no cache."""
+        assert self.model is not None
+        checkpoint["draft_config"] = self.model.config.to_dict()
+        checkpoint["sparkforge_provenance"] = self._provenance
+
+    def _anchor_generator(self, stage: int, batch_idx: int) -> torch.Generator:
+        return anchor_generator(self.seed, self.global_rank, stage, self.current_epoch, batch_idx,
+                                device=self.device)
+
+    def forward(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None,
+                **fixed_anchors: torch.Tensor) -> tuple[DSparkOutput, LossOutput]:
+        """Draft forward + loss on one collated batch."""
+        assert self.model is not None
+        out = self.model(batch["input_ids"], batch["loss_mask"], batch["target_hidden_states"],
+                         batch["target_last_hidden_states"],
+                         attention_mask=batch.get("attention_mask"), generator=generator,
+                         **fixed_anchors)
+        spec = self.loss_spec
+        return out, compute_dspark_loss(
+            out, ce_alpha=spec.ce_loss_alpha, l1_alpha=spec.l1_loss_alpha,
+            confidence_alpha=spec.confidence_head_alpha, decay_gamma=spec.loss_decay_gamma,
+            chunk_rows=spec.l1_chunk_rows)
+
+    # ---- training --------------------------------------------------------------------------------
+    def _sums(self, batch: dict[str, torch.Tensor], out: DSparkOutput,
+              res: LossOutput) -> MetricSums:
+        sums = metric_sums(out, res.accept_rate, res.weights)
+        one = torch.ones((), dtype=torch.float64, device=self.device)
+        values = (res.logged_loss, res.ce_loss, res.l1_loss, res.confidence_loss)
+        sums |= {name: v.detach().double() for name, v in zip(LOSS_TERMS, values, strict=True)}
+        sums["micro_batches"] = one
+        sums["tokens"] = batch["attention_mask"].sum().double()
+        return sums
+
+    def on_train_epoch_start(self) -> None:
+        """Start the data-wait clock (setup and validation time is not data wait)."""
+        self._batch_end = time.perf_counter()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Time spent waiting for this batch since the previous step ended."""
+        self._wait = time.perf_counter() - self._batch_end
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """One micro-batch: globally normalised loss; window sums for logging."""
+        out, res = self(batch, self._anchor_generator(0, batch_idx))
+        sums = self._sums(batch, out, res)
+        sums["data_wait_s"] = torch.tensor(self._wait, dtype=torch.float64, device=self.device)
+        self._window = accumulate(self._window, sums)
+        self.log("loss", res.logged_loss, prog_bar=True, logger=False)
+        loss: torch.Tensor = res.loss
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Every ``log_every_n_steps`` micro-batches: reduce the window over ranks and log it."""
+        window = self.trainer.log_every_n_steps  # type: ignore[attr-defined]
+        if (batch_idx + 1) % window == 0 or self.trainer.is_last_batch:
+            self._log_window()
+        self._batch_end = time.perf_counter()
+
+    def _log_window(self) -> None:
+        assert self._window is not None
+        sums = all_reduce_sums(self._window)
+        elapsed = time.perf_counter() - self._window_start
+        metrics = window_metrics(sums, elapsed_s=elapsed, world_size=self.trainer.world_size)
+        metrics["lr"] = self.trainer.optimizers[0].param_groups[0]["lr"]
+        if self.trainer.is_global_zero:
+            for lg in self.loggers:
+                lg.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=self.global_step)
+        self._window, self._window_start = None, time.perf_counter()
+
+    # ---- validation ------------------------------------------------------------------------
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Accumulate the eval split's sums (ratios are formed once at the end)."""
+        out, res = self(batch, self._anchor_generator(1, batch_idx))
+        self._val = accumulate(self._val, self._sums(batch, out, res))
+
+    def on_validation_epoch_end(self) -> None:
+        """Log ``val_loss`` and every validation ratio, reduced over ranks."""
+        self._batch_end = time.perf_counter()  # validation time is not data wait
+        if self._val is None:
+            return
+        metrics = window_metrics(all_reduce_sums(self._val), elapsed_s=0.0, world_size=1)
+        self._val = None
+        # The values are already reduced over ranks, hence identical: sync_dist's mean keeps them
+        # (and keeps Lightning from warning about unsynced epoch-level logs).
+        self.log("val_loss", metrics.pop("loss"), prog_bar=True, sync_dist=True)
+        self.log_dict({f"val/{k}": v for k, v in metrics.items() if k != "tokens_per_s"},
+                      sync_dist=True)
+
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        """Optimizer over the trainable parameters and the per-step warmup + cosine schedule."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        opt = build_optimizer(params, self.optimizer_cfg)
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = build_scheduler(opt, self.scheduler_cfg, total_steps=total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def anchor_generator(seed: int, rank: int, stage: int, epoch: int, batch_idx: int, *,
+                     device: torch.device | str = "cpu") -> torch.Generator:
+    """The anchor-sampling RNG of one micro-batch: a pure function of its position in the run."""
+    gen = torch.Generator(device=device)
+    # hash() of a tuple of ints is stable across processes (PYTHONHASHSEED affects only str/bytes).
+    gen.manual_seed(hash((seed, rank, stage, epoch, batch_idx)) & 0x7FFF_FFFF_FFFF_FFFF)
+    return gen
+
+
+def window_metrics(sums: MetricSums, *, elapsed_s: float, world_size: int) -> dict[str, float]:
+    """Ratios of a (rank-reduced) window: loss terms are means over micro-batches of all ranks."""
+    metrics = metric_ratios(sums)
+    count = float(sums["micro_batches"])
+    metrics |= {name: float(sums[name]) / count for name in LOSS_TERMS}
+    if elapsed_s > 0:
+        metrics["tokens_per_s"] = float(sums["tokens"]) / elapsed_s
+    if "data_wait_s" in sums and elapsed_s > 0:
+        metrics["data_wait_frac"] = float(sums["data_wait_s"]) / (elapsed_s * world_size)
+    return metrics

@@ -1,0 +1,45 @@
+"""``sparkforge train``: check the cache against the run, then fit with Lightning and summarise."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning as L
+
+from sparkforge.manifests.contract import check_contract
+from sparkforge.trainer.datamodule import CacheDataModule
+from sparkforge.trainer.lit_module import DSparkLitModule
+
+logger = logging.getLogger(__name__)
+
+
+def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> None:
+    """Refuse a cache that cannot feed this run, listing every mismatch (before any training)."""
+    need_eval = bool(trainer.limit_val_batches)
+    contract = model.draft.contract(max_seq_len=data.max_seq_len, need_eval_split=need_eval)
+    check_contract(data.reader.manifest, contract, split_counts=data.split_counts(), uri=data.uri)
+    logger.info("cache %s fits the run: %d train / %d eval samples", data.uri,
+                len(data.split_index("train")), len(data.split_index("eval")))
+
+
+def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
+          ckpt_path: str | None = None) -> dict[str, Any]:
+    """Validate the cache, fit (resuming from ``ckpt_path`` when given) and return a summary.
+
+    Raises:
+        CacheContractError: the cache does not match the run's draft and data settings.
+    """
+    check_cache(model, data, trainer)
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    callback = trainer.checkpoint_callback
+    summary = {
+        "global_step": trainer.global_step,
+        "epoch": trainer.current_epoch,
+        "last_checkpoint": getattr(callback, "last_model_path", None) or None,
+        "log_dir": trainer.log_dir,
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+    }
+    logger.info("training done: %d steps, checkpoint %s, logs %s", summary["global_step"],
+                summary["last_checkpoint"], summary["log_dir"])
+    return summary
