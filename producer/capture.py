@@ -1,0 +1,157 @@
+"""Capture one commit unit: tokenize its rows, run them through a source, build sample records.
+
+Results are checked at the source boundary (shapes), converted to the cache's storage dtype and
+sorted by sample id, so a unit's records do not depend on the order requests finished in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from sparkforge.producer.chat import ChatEncoder, SkipReason
+from sparkforge.producer.dataset import RawRow
+from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
+from sparkforge.producer.splits import SplitRule
+from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
+
+logger = logging.getLogger(__name__)
+
+
+class CaptureAborted(RuntimeError):
+    """Raised after ``max_consecutive_failures`` requests failed in a row."""
+
+
+@dataclass
+class _Pending:
+    raw: RawRow
+    split: Split
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+
+
+@dataclass
+class FailureRun:
+    """Counts failed requests in a row and aborts the run at ``limit``."""
+
+    limit: int
+    count: int = 0
+    last_errors: list[str] = field(default_factory=list)
+
+    def failed(self, sample_id: int, error: str) -> None:
+        """Record one failure; raise CaptureAborted when the run of failures reaches the limit."""
+        self.count += 1
+        self.last_errors = [*self.last_errors[-2:], f"sample {sample_id}: {error}"]
+        logger.warning("capture failed for sample %d: %s", sample_id, error)
+        if self.count >= self.limit:
+            raise CaptureAborted(
+                f"{self.count} consecutive capture requests failed (--max_consecutive_failures="
+                f"{self.limit}); the engine is likely broken, so the run stops instead of writing "
+                "an empty cache. Committed units are kept; re-run to resume. Last errors:\n  "
+                + "\n  ".join(self.last_errors)
+            )
+
+    def succeeded(self) -> None:
+        """A success ends the run of failures."""
+        self.count = 0
+
+
+def to_storage(tensor: torch.Tensor, hidden_dtype: str) -> np.ndarray:
+    """A CPU tensor in the cache's storage dtype (bf16 as its uint16 bit pattern)."""
+    if hidden_dtype == "bfloat16":
+        bits = tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy()
+        return bits.view(np.uint16)
+    return tensor.to(getattr(torch, hidden_dtype)).contiguous().numpy()
+
+
+def _check_result(
+    result: CaptureResult, pending: _Pending, num_layers: int, topk: int
+) -> str | None:
+    """Shape errors at the source boundary, as a failure message (None: fine)."""
+    t = pending.input_ids.shape[0]
+    aux, final = result.aux_hidden, result.final_hidden
+    if aux is None or final is None or aux.shape[:2] != (t, num_layers) or final.shape[0] != t:
+        shapes = [None if x is None else tuple(x.shape) for x in (aux, final)]
+        return f"expected aux [{t}, {num_layers}, H] and final [{t}, H], got {shapes}"
+    if topk and (result.topk_ids is None or tuple(result.topk_ids.shape) != (t, topk)):
+        return f"expected top-{topk} ids of shape [{t}, {topk}]"
+    return None
+
+
+def _record(
+    result: CaptureResult, pending: _Pending, hidden_dtype: str, topk: int
+) -> SampleRecord:
+    assert result.aux_hidden is not None
+    assert result.final_hidden is not None
+    topk_ids = result.topk_ids if topk else None  # a source may return more than was asked
+    topk_lp = result.topk_logprobs if topk else None
+    return SampleRecord(
+        sample_id=pending.raw.index,
+        source_row=pending.raw.index,
+        source_hash=pending.raw.content_hash,
+        split=pending.split,
+        input_ids=pending.input_ids,
+        loss_mask=pending.loss_mask,
+        aux_hidden=to_storage(result.aux_hidden, hidden_dtype),
+        final_hidden=to_storage(result.final_hidden, hidden_dtype),
+        topk_ids=None if topk_ids is None else topk_ids.to(torch.int32).numpy(),
+        topk_logprobs=None if topk_lp is None else topk_lp.float().numpy(),
+    )
+
+
+@dataclass
+class UnitCapturer:
+    """Turns one unit's rows into sample records and its accounting, through a source."""
+
+    encoder: ChatEncoder
+    split_rule: SplitRule
+    num_layers: int
+    hidden_dtype: str
+    topk: int
+    failures: FailureRun
+
+    def encode(self, rows: Sequence[RawRow]) -> tuple[list[_Pending], Counter[str]]:
+        """Tokenize rows; bad ones are counted by reason."""
+        skipped: Counter[str] = Counter()
+        pending = []
+        for raw in rows:
+            encoded = SkipReason.MALFORMED_JSON if raw.row is None else self.encoder.encode(raw.row)
+            if isinstance(encoded, SkipReason):
+                skipped[encoded.value] += 1
+                continue
+            split = self.split_rule.split_of(index=raw.index, content_hash=raw.content_hash)
+            pending.append(_Pending(raw, split, encoded.input_ids, encoded.loss_mask))
+        return pending, skipped
+
+    def capture(
+        self, source: HiddenStateSource, rows: Sequence[RawRow]
+    ) -> tuple[list[SampleRecord], UnitAccounting]:
+        """Capture a unit's rows; results sorted by sample id, whatever the completion order."""
+        pending, skipped = self.encode(rows)
+        by_id = {p.raw.index: p for p in pending}
+        requests = [CaptureRequest(sample_id=p.raw.index, input_ids=p.input_ids) for p in pending]
+        records, failed = [], 0
+        for result in source.capture(requests) if requests else ():
+            item = by_id.pop(result.sample_id, None)
+            if item is None:
+                raise RuntimeError(f"capture backend returned sample {result.sample_id}, which "
+                                   "was not requested or was already returned")
+            error = result.error or _check_result(result, item, self.num_layers, self.topk)
+            if error is not None:
+                failed += 1
+                self.failures.failed(result.sample_id, error)
+                continue
+            self.failures.succeeded()
+            records.append(_record(result, item, self.hidden_dtype, self.topk))
+        for sample_id in by_id:  # requests the backend never answered
+            failed += 1
+            self.failures.failed(sample_id, "the capture backend returned no result")
+        records.sort(key=lambda r: r.sample_id)
+        accounting = UnitAccounting(input_rows=len(rows), written=len(records),
+                                    skipped=dict(sorted(skipped.items())), failed=failed)
+        return records, accounting

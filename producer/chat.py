@@ -1,0 +1,261 @@
+"""Turn one chat row into token ids and an assistant-only loss mask, or a typed skip reason.
+
+Two masking methods, chosen once per template: templates with ``{% generation %}`` markers use
+transformers' ``return_assistant_tokens_mask``; templates without them are rendered prefix by prefix
+and the character span each assistant turn adds is mapped onto the tokens of the full rendering.
+Both are probed on a known conversation at start-up, so a template that would give an all-zeros or
+all-ones mask is refused before any row is read (peers.md section 3.E).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+import fsspec
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+ReasoningPolicy = Literal["keep", "drop"]
+OverlongPolicy = Literal["truncate", "skip"]
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_EMPTY_THINK = re.compile(r"\s*<think>\s*</think>\s*")
+_PROBE = (
+    {"role": "system", "content": "Answer in one line."},
+    {"role": "user", "content": "Name the model layer."},
+    {"role": "assistant", "content": "The draft block."},
+    {"role": "user", "content": "And the cache?"},
+    {"role": "assistant", "content": "One shard per slot."},
+)
+
+
+class SkipReason(StrEnum):
+    """Why a row was not written; the values are the manifest's accounting keys."""
+
+    MALFORMED_JSON = "malformed_json"
+    MISSING_MESSAGES = "missing_messages"
+    UNKNOWN_ROLE = "unknown_role"
+    NON_STRING_CONTENT = "non_string_content"
+    MISSING_ASSISTANT = "missing_assistant"
+    EMPTY_ASSISTANT = "empty_assistant"
+    TEMPLATE_ERROR = "template_error"
+    UNSTABLE_TEMPLATE = "unstable_template"
+    BAD_PRETOKENIZED = "bad_pretokenized"
+    TOO_LONG = "too_long"
+    NO_LOSS_TOKENS = "no_loss_tokens"
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A tokenized row: unshifted ids and a mask that is 1 on assistant tokens."""
+
+    input_ids: np.ndarray
+    """[T] int32."""
+    loss_mask: np.ndarray
+    """[T] uint8."""
+
+
+def resolve_chat_template(override: str | None, tokenizer: Any) -> str:
+    """The template to use: ``override`` (a Jinja string or a file URI) or the tokenizer's own.
+
+    Raises:
+        ValueError: Neither exists.
+    """
+    if override is not None:
+        if "{%" in override or "{{" in override:
+            return override
+        with fsspec.open(override, "r") as f:
+            text: str = f.read()
+        return text
+    template = tokenizer.chat_template
+    if isinstance(template, dict):
+        template = template.get("default")
+    if not template:
+        raise ValueError(
+            "chat_template: the tokenizer ships no chat template; pass --chat_template "
+            "(a Jinja string or a file)"
+        )
+    return str(template)
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    """sha256 of the tokenizer's serialised vocabulary, merges, normaliser and special tokens."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def clean_messages(
+    messages: object, reasoning: ReasoningPolicy
+) -> list[dict[str, str]] | SkipReason:
+    """Check the OpenAI ``messages`` shape and apply the reasoning policy.
+
+    ``keep`` passes ``reasoning_content`` to the template; ``drop`` removes it.
+    """
+    if not isinstance(messages, list) or not messages:
+        return SkipReason.MISSING_MESSAGES
+    clean: list[dict[str, str]] = []
+    for message in messages:
+        if not isinstance(message, Mapping) or message.get("role") not in ROLES:
+            return SkipReason.UNKNOWN_ROLE
+        content = message.get("content")
+        reasoning_text = message.get("reasoning_content")
+        if not isinstance(content, str) or not isinstance(reasoning_text, str | None):
+            return SkipReason.NON_STRING_CONTENT
+        out = {"role": str(message["role"]), "content": content}
+        if reasoning == "keep" and reasoning_text:
+            out["reasoning_content"] = reasoning_text
+        if out["role"] == "assistant" and not (content.strip() or out.get("reasoning_content")):
+            return SkipReason.EMPTY_ASSISTANT
+        clean.append(out)
+    return clean
+
+
+def validate_messages(
+    messages: object, reasoning: ReasoningPolicy
+) -> list[dict[str, str]] | SkipReason:
+    """:func:`clean_messages`, and at least one assistant turn to learn from."""
+    clean = clean_messages(messages, reasoning)
+    if not isinstance(clean, SkipReason) and not any(m["role"] == "assistant" for m in clean):
+        return SkipReason.MISSING_ASSISTANT
+    return clean
+
+
+class ChatEncoder:
+    """Tokenize rows with one tokenizer and template, under a length and reasoning policy."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        chat_template: str | None = None,
+        reasoning: ReasoningPolicy = "keep",
+        max_seq_len: int,
+        overlong: OverlongPolicy = "skip",
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.template = resolve_chat_template(chat_template, tokenizer)
+        self.template_sha256 = hashlib.sha256(self.template.encode()).hexdigest()
+        self.tokenizer_hash = tokenizer_hash(tokenizer)
+        self.uses_generation_tags = bool(_GENERATION_TAG.search(self.template))
+        self.reasoning: ReasoningPolicy = reasoning
+        self.max_seq_len = max_seq_len
+        self.overlong: OverlongPolicy = overlong
+        self.vocab_size = len(tokenizer)
+        self._reasoning_ignored = reasoning == "keep" and "reasoning_content" not in self.template
+        self._probe()
+
+    def encode(self, row: Mapping[str, Any]) -> Encoded | SkipReason:
+        """Tokenize one row (``messages`` or pre-tokenized ``input_ids`` + ``loss_mask``)."""
+        if "messages" not in row and "input_ids" in row:
+            encoded = self._pretokenized(row)
+        else:
+            messages = validate_messages(row.get("messages"), self.reasoning)
+            if isinstance(messages, SkipReason):
+                return messages
+            if self._reasoning_ignored and any("reasoning_content" in m for m in messages):
+                self._reasoning_ignored = False  # warn once
+                logger.warning(
+                    "reasoning='keep' but the chat template never reads reasoning_content: "
+                    "reasoning text will not reach the cache"
+                )
+            encoded = self.encode_messages(messages)
+        if isinstance(encoded, SkipReason):
+            return encoded
+        return self._fit(encoded)
+
+    def encode_messages(self, messages: Sequence[Mapping[str, str]]) -> Encoded | SkipReason:
+        """Token ids and the assistant mask of validated messages, before length policy."""
+        try:
+            if self.uses_generation_tags:
+                return self._tagged(messages)
+            return self._prefix_diff(messages)
+        except Exception as exc:  # noqa: BLE001 - Jinja raises anything (e.g. raise_exception)
+            logger.debug("template failed on a row: %s", exc)
+            return SkipReason.TEMPLATE_ERROR
+
+    def _render(self, messages: Sequence[Mapping[str, str]], *, generation_prompt: bool) -> str:
+        text: str = self.tokenizer.apply_chat_template(
+            list(messages), chat_template=self.template, tokenize=False,
+            add_generation_prompt=generation_prompt,
+        )
+        return text
+
+    def _tagged(self, messages: Sequence[Mapping[str, str]]) -> Encoded:
+        out = self.tokenizer.apply_chat_template(
+            list(messages), chat_template=self.template, tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        return Encoded(np.asarray(out["input_ids"], dtype=np.int32),
+                       np.asarray(out["assistant_masks"], dtype=np.uint8))
+
+    def _prefix_diff(self, messages: Sequence[Mapping[str, str]]) -> Encoded | SkipReason:
+        full = self._render(messages, generation_prompt=False)
+        spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self._render(messages[:i], generation_prompt=True) if i else ""
+            upto = self._render(messages[: i + 1], generation_prompt=False)
+            if not (full.startswith(before) and full.startswith(upto) and len(upto) > len(before)):
+                return SkipReason.UNSTABLE_TEMPLATE
+            # Whitespace after the end-of-turn marker is never generated, and an empty think block
+            # that the template inserts is prompt at inference: neither is supervised.
+            start = len(before)
+            empty_think = _EMPTY_THINK.match(full, start)
+            spans.append((empty_think.end() if empty_think else start, len(upto.rstrip())))
+        enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
+        mask = np.zeros(len(starts), dtype=np.uint8)
+        for lo, hi in spans:
+            mask[(starts >= lo) & (starts < hi)] = 1
+        return Encoded(np.asarray(enc["input_ids"], dtype=np.int32), mask)
+
+    def _pretokenized(self, row: Mapping[str, Any]) -> Encoded | SkipReason:
+        ids, mask = row.get("input_ids"), row.get("loss_mask")
+        try:
+            ids_arr = np.asarray(ids, dtype=np.int64)
+            mask_arr = np.asarray(mask, dtype=np.int64)
+        except (TypeError, ValueError):
+            return SkipReason.BAD_PRETOKENIZED
+        if (ids_arr.ndim != 1 or ids_arr.shape != mask_arr.shape or ids_arr.size == 0
+                or ids_arr.min() < 0 or ids_arr.max() >= self.vocab_size
+                or not np.isin(mask_arr, (0, 1)).all()):
+            return SkipReason.BAD_PRETOKENIZED
+        return Encoded(ids_arr.astype(np.int32), mask_arr.astype(np.uint8))
+
+    def _fit(self, encoded: Encoded) -> Encoded | SkipReason:
+        if encoded.input_ids.shape[0] > self.max_seq_len:
+            if self.overlong == "skip":
+                return SkipReason.TOO_LONG
+            encoded = Encoded(encoded.input_ids[: self.max_seq_len],
+                              encoded.loss_mask[: self.max_seq_len])
+        if not encoded.loss_mask.any():
+            return SkipReason.NO_LOSS_TOKENS
+        return encoded
+
+    def _probe(self) -> None:
+        """Refuse a template whose mask misses assistant text or covers user text."""
+        encoded = self.encode_messages(_PROBE)
+        method = "{% generation %} markers" if self.uses_generation_tags else "prefix rendering"
+        if isinstance(encoded, SkipReason):
+            raise ValueError(f"chat_template: masking by {method} failed on a probe ({encoded})")
+        decode = self.tokenizer.decode
+        masked = decode(encoded.input_ids[encoded.loss_mask == 1].tolist())
+        unmasked = decode(encoded.input_ids[encoded.loss_mask == 0].tolist())
+        replies = [m["content"] for m in _PROBE if m["role"] == "assistant"]
+        others = [m["content"] for m in _PROBE if m["role"] != "assistant"]
+        if not all(r in masked for r in replies) or any(o in masked for o in others) or any(
+            r in unmasked for r in replies
+        ):
+            raise ValueError(
+                f"chat_template: masking by {method} does not isolate assistant turns on a probe "
+                f"conversation (masked text: {masked!r}); fix the template or pass --chat_template"
+            )

@@ -1,0 +1,200 @@
+"""The producer's one config: what to capture, from which data, into which cache, and how."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sparkforge.producer.engine_options import EngineOptions
+
+# Settings that change how a run goes but not a byte of the cache: left out of the cache header, so
+# a resumed run (or another worker) may differ in them. Everything else must match on resume.
+RUN_LOCAL_FIELDS = frozenset({
+    "storage_options", "output", "worker_index", "num_workers", "window", "max_retries",
+    "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
+    "finalize", "progress",
+})
+RUN_LOCAL_ENGINE_FIELDS = frozenset({
+    "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+    "enforce_eager", "data_parallel_size", "extra",
+})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProducerConfig:
+    """``sparkforge produce``: run the frozen target teacher-forced, write a hidden-state cache."""
+
+    data: str
+    """Chat dataset: a JSONL/Parquet file, a folder or a glob, local or any fsspec URI."""
+    engine: EngineOptions
+    """The target and how vLLM runs it (``engine.model`` is the target checkpoint)."""
+    output: str
+    """Cache URI: a local path, s3://bucket/prefix, gs://..."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """fsspec options for ``output``, ``data`` and ``eval_ids`` (e.g. endpoint_url, key, secret)."""
+    backend: Literal["vllm", "hf"] = "vllm"
+    """Capture engine: vLLM (default) or a transformers forward (targets vLLM cannot run)."""
+    layer_ids: list[int] | None = None
+    """DSpark feature ids (output of decoder layer l, 0-based); default: evenly spaced."""
+    num_feature_layers: int = 5
+    """How many default feature layers to pick when ``layer_ids`` is not given."""
+    hidden_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Storage dtype of aux and final hidden states."""
+    aux_codec: Literal["lossless", "fp8"] = "lossless"
+    """Aux hidden codec; fp8 halves the disk (final_hidden stays lossless)."""
+    topk: int = 0
+    """Store the top-k target log-probabilities per position (0: none)."""
+    max_seq_len: int | None = None
+    """Longest sequence written; default ``engine.max_model_len``."""
+    overlong: Literal["truncate", "skip"] = "skip"
+    """Rows longer than ``max_seq_len``: cut to length, or skip (counted as too_long)."""
+    chat_template: str | None = None
+    """Jinja template (string or file URI) replacing the tokenizer's own."""
+    reasoning: Literal["keep", "drop"] = "keep"
+    """Assistant ``reasoning_content``: pass it to the template, or drop it."""
+    eval_fraction: float = 0.0
+    """Fraction of rows put in the eval split (seeded hash of each row's content)."""
+    eval_ids: str | None = None
+    """URI of a file with one input row index per line: those rows form the eval split."""
+    split_seed: int = 0
+    """Seed of the eval-fraction hash."""
+    rows_per_unit: int = 64
+    """Input rows per commit unit (the resume and multi-worker granule). A unit is held in memory
+    until it commits: about rows_per_unit x mean tokens x (F + 1) x H x 2 bytes."""
+    shard_rows: int = 8192
+    """Token rows per shard (>= max_seq_len)."""
+    data_format: Literal["auto", "jsonl", "parquet"] = "auto"
+    """Input format; auto reads it from the file suffix."""
+    worker_index: int | None = None
+    """This worker's index; default from JOB_COMPLETION_INDEX / SLURM_* (see README)."""
+    num_workers: int | None = None
+    """How many workers share the units; default from the environment, else 1."""
+    window: int = 64
+    """Requests in flight at once (bounds scratch space)."""
+    max_retries: int = 2
+    """Retries of a failed request before it is counted as failed."""
+    max_consecutive_failures: int = 16
+    """Abort after this many failed requests in a row."""
+    parity_samples: int = 0
+    """Compare N samples against a transformers forward before capturing (vllm backend)."""
+    scratch_dir: str = "/dev/shm/sparkforge"
+    """Where the vLLM connector drops per-request files (RAM disk recommended)."""
+    hf_device: str = "auto"
+    """Device of the hf backend ("auto": cuda if available, else cpu)."""
+    read_batch_rows: int = 1024
+    """Parquet record-batch size while reading the dataset."""
+    finalize: bool = True
+    """Build the manifest when this worker sees every unit committed."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
+                    "max_consecutive_failures", "read_batch_rows")
+        for name in positive:
+            if getattr(self, name) < 1:
+                problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("topk", "max_retries", "parity_samples"):
+            if getattr(self, name) < 0:
+                problems.append(f"--{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("data", "output"):
+            if not getattr(self, name):
+                problems.append(f"--{name} is required")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            problems.append(f"--eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.eval_fraction > 0.0 and self.eval_ids is not None:
+            problems.append("Can't provide both --eval_fraction and --eval_ids")
+        if self.layer_ids is not None and (
+            not self.layer_ids or list(self.layer_ids) != sorted(set(self.layer_ids))
+            or self.layer_ids[0] < 0
+        ):
+            problems.append(f"--layer_ids must be non-empty, >= 0, strictly increasing: "
+                            f"{self.layer_ids}")
+        if self.max_seq_len is not None and not 1 <= self.max_seq_len <= self.engine.max_model_len:
+            problems.append(f"--max_seq_len must be in [1, --engine.max_model_len="
+                            f"{self.engine.max_model_len}], got {self.max_seq_len}")
+        if self.shard_rows < self.seq_len:
+            problems.append(f"--shard_rows ({self.shard_rows}) must be >= --max_seq_len "
+                            f"({self.seq_len}): a sample never straddles a shard")
+        if (self.worker_index is None) != (self.num_workers is None):
+            problems.append("--worker_index and --num_workers must be given together")
+        elif self.num_workers is not None and not 0 <= self.worker_index < self.num_workers:  # type: ignore[operator]
+            problems.append(f"--worker_index must be in [0, --num_workers={self.num_workers})")
+        if self.parity_samples and self.backend != "vllm":
+            problems.append("--parity_samples compares vLLM with transformers: "
+                            "needs --backend vllm")
+        if problems:
+            raise ValueError("invalid producer config:\n  " + "\n  ".join(problems))
+
+    @property
+    def seq_len(self) -> int:
+        """The effective maximum sequence length."""
+        return self.max_seq_len if self.max_seq_len is not None else self.engine.max_model_len
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that decide the cache's bytes (recorded in the header, checked on resume)."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_LOCAL_FIELDS}
+        out["engine"] = {k: v for k, v in out["engine"].items() if k not in RUN_LOCAL_ENGINE_FIELDS}
+        out["max_seq_len"] = self.seq_len
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegenerateConfig:
+    """``sparkforge regenerate``: sample new assistant turns with the target (on-policy data)."""
+
+    data: str
+    """Chat dataset to regenerate (the last assistant turn, if any, is replaced)."""
+    engine: EngineOptions
+    """The target and how vLLM runs it."""
+    output: str
+    """Folder URI for the Parquet parts (``part-000000.parquet``, ...)."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """fsspec options for ``data`` and ``output``."""
+    temperature: float = 1.0
+    """Sampling temperature; 1.0 samples the target's own distribution (on-policy)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    max_tokens: int = 2048
+    """Longest generated response."""
+    seed: int = 0
+    """Sampling seed; input row i samples with ``seed + i``, so a resumed part repeats exactly."""
+    rows_per_part: int = 1024
+    """Input rows per output part (the resume granule)."""
+    chat_template: str | None = None
+    """Jinja template (string or file URI) replacing the tokenizer's own."""
+    reasoning: Literal["keep", "drop"] = "keep"
+    """Prompt turns' ``reasoning_content``: pass it to the template, or drop it."""
+    data_format: Literal["auto", "jsonl", "parquet"] = "auto"
+    """Input format; auto reads it from the file suffix."""
+    read_batch_rows: int = 1024
+    """Parquet record-batch size while reading the dataset."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("max_tokens", "rows_per_part", "read_batch_rows"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0:
+            problems.append(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"--top_p must be in (0, 1], got {self.top_p}")
+        for name in ("data", "output"):
+            if not getattr(self, name):
+                problems.append(f"--{name} is required")
+        if problems:
+            raise ValueError("invalid regenerate config:\n  " + "\n  ".join(problems))
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinalizeConfig:
+    """``sparkforge finalize``: write the manifest once every unit is committed."""
+
+    output: str
+    """Cache URI."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """fsspec options for ``output``."""

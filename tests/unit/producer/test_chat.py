@@ -1,0 +1,187 @@
+"""Loss masks and skip reasons of the chat encoder, on the tiny target's two templates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from sparkforge.producer.chat import ChatEncoder, SkipReason, validate_messages
+
+CONVERSATIONS = [
+    [
+        {"role": "user", "content": "What is the sum?"},
+        {"role": "assistant", "content": "The sum is 42."},
+    ],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a layer."},
+        {"role": "assistant", "content": "The draft layer."},
+        {"role": "user", "content": "And then?"},
+        {"role": "assistant", "content": "Then the cache, with 3 shards!"},
+    ],
+    [
+        {"role": "user", "content": "One"},
+        {"role": "assistant", "content": " leading space and trailing newline\n"},
+    ],
+]
+
+
+def chatml_assistant_mask(tokenizer, ids: np.ndarray) -> np.ndarray:
+    """Hand rule for ChatML: after '<|im_start|>assistant\\n', up to and including '<|im_end|>'."""
+    start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    mask = np.zeros(len(ids), dtype=np.uint8)
+    i = 0
+    while i < len(ids):
+        if ids[i] == start:
+            j = i + 1
+            while tokenizer.decode([ids[j]]) != "\n":
+                j += 1
+            role = tokenizer.decode(ids[i + 1 : j].tolist())
+            k = j + 1
+            while ids[k] != end:
+                k += 1
+            if role == "assistant":
+                mask[j + 1 : k + 1] = 1
+            i = k + 1
+        else:
+            i += 1
+    return mask
+
+
+@pytest.fixture(scope="module", params=["tiny_target", "tiny_target_plain_template"])
+def encoder(request: pytest.FixtureRequest) -> ChatEncoder:
+    path: Path = request.getfixturevalue(request.param)
+    return ChatEncoder(AutoTokenizer.from_pretrained(path), max_seq_len=512)
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_mask_covers_exactly_the_assistant_turns(encoder: ChatEncoder, messages: list) -> None:
+    """Both masking methods mark assistant content plus its end-of-turn token, nothing else."""
+    encoded = encoder.encode({"messages": messages})
+    assert not isinstance(encoded, SkipReason)
+    expected = chatml_assistant_mask(encoder.tokenizer, encoded.input_ids)
+    assert expected.sum() > 0
+    np.testing.assert_array_equal(encoded.loss_mask, expected)
+    assert encoded.input_ids.dtype == np.int32
+    assert encoded.loss_mask.dtype == np.uint8
+
+
+def test_two_methods_agree(tiny_target: Path, tiny_target_plain_template: Path) -> None:
+    """Generation markers and prefix rendering give identical ids and masks for the same chat."""
+    tagged = ChatEncoder(AutoTokenizer.from_pretrained(tiny_target), max_seq_len=512)
+    plain = ChatEncoder(AutoTokenizer.from_pretrained(tiny_target_plain_template), max_seq_len=512)
+    assert tagged.uses_generation_tags
+    assert not plain.uses_generation_tags
+    assert tagged.template_sha256 != plain.template_sha256
+    for messages in CONVERSATIONS:
+        a, b = tagged.encode({"messages": messages}), plain.encode({"messages": messages})
+        np.testing.assert_array_equal(a.input_ids, b.input_ids)
+        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+
+
+def test_template_masking_everything_is_refused(tiny_target: Path) -> None:
+    """A template whose markers wrap user text too fails the start-up probe, naming the field."""
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    bad = "{% generation %}" + tok.chat_template.replace("{% generation %}", "").replace(
+        "{% endgeneration %}", "") + "{% endgeneration %}"
+    with pytest.raises(ValueError, match="chat_template"):
+        ChatEncoder(tok, chat_template=bad, max_seq_len=512)
+
+
+def test_override_from_file(tiny_target: Path, tiny_target_plain_template: Path, tmp_path: Path):
+    """A chat_template file overrides the tokenizer's own template."""
+    tok = AutoTokenizer.from_pretrained(tiny_target_plain_template)
+    path = tmp_path / "t.jinja"
+    path.write_text(AutoTokenizer.from_pretrained(tiny_target).chat_template)
+    enc = ChatEncoder(tok, chat_template=str(path), max_seq_len=512)
+    assert enc.uses_generation_tags
+
+
+def test_missing_template_names_the_field(tiny_target: Path) -> None:
+    """A tokenizer without a template and no override is refused with the flag name."""
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="chat_template"):
+        ChatEncoder(tok, max_seq_len=512)
+
+
+OK = {"role": "user", "content": "hi"}
+ANSWER = {"role": "assistant", "content": "yes"}
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"text": "no messages"}, SkipReason.MISSING_MESSAGES),
+        ({"messages": []}, SkipReason.MISSING_MESSAGES),
+        ({"messages": [{"role": "wizard", "content": "x"}, ANSWER]}, SkipReason.UNKNOWN_ROLE),
+        ({"messages": ["just text", ANSWER]}, SkipReason.UNKNOWN_ROLE),
+        ({"messages": [{"role": "user", "content": ["a"]}, ANSWER]}, SkipReason.NON_STRING_CONTENT),
+        ({"messages": [OK, {"role": "assistant", "content": None}]}, SkipReason.NON_STRING_CONTENT),
+        ({"messages": [OK]}, SkipReason.MISSING_ASSISTANT),
+        ({"messages": [OK, {"role": "assistant", "content": "  \n"}]}, SkipReason.EMPTY_ASSISTANT),
+        ({"input_ids": [1, 2, 3], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, 99999], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, 2], "loss_mask": [0, 2]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, 2], "loss_mask": [0, 0]}, SkipReason.NO_LOSS_TOKENS),
+        ({"messages": [{"role": "user", "content": "word " * 300}, ANSWER]}, SkipReason.TOO_LONG),
+    ],
+)
+def test_bad_rows_get_their_reason(encoder: ChatEncoder, row: dict, reason: SkipReason) -> None:
+    """Each malformed row maps to its typed skip reason instead of raising."""
+    assert encoder.encode(row) == reason
+
+
+def test_truncation_keeps_head_and_skips_rows_left_without_loss(tiny_target: Path) -> None:
+    """truncate cuts to max_seq_len; a row whose assistant turn is cut off is no_loss_tokens."""
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    enc = ChatEncoder(tok, max_seq_len=24, overlong="truncate")
+    long_answer = {"messages": [OK, {"role": "assistant", "content": "word " * 50}]}
+    out = enc.encode(long_answer)
+    assert out.input_ids.shape == (24,)
+    assert out.loss_mask.sum() > 0
+    long_prompt = {"messages": [{"role": "user", "content": "word " * 50}, ANSWER]}
+    assert enc.encode(long_prompt) == SkipReason.NO_LOSS_TOKENS
+
+
+def test_pretokenized_rows_pass_through(encoder: ChatEncoder) -> None:
+    """input_ids + loss_mask rows are used as given."""
+    out = encoder.encode({"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]})
+    np.testing.assert_array_equal(out.input_ids, [5, 6, 7])
+    np.testing.assert_array_equal(out.loss_mask, [0, 1, 1])
+
+
+def test_reasoning_policy() -> None:
+    """drop removes reasoning_content; keep passes it on; reasoning alone is not an empty turn."""
+    msgs = [OK, {"role": "assistant", "content": "", "reasoning_content": "think"}]
+    kept = validate_messages(msgs, "keep")
+    assert kept[1]["reasoning_content"] == "think"
+    assert validate_messages(msgs, "drop") == SkipReason.EMPTY_ASSISTANT
+
+
+THINK_TEMPLATE = (  # Qwen3-style: every assistant turn opens with a (possibly empty) think block
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' -}}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{{- '<think>\\n' + (m.get('reasoning_content') or '') + '\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{{- m['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_empty_think_block_is_not_supervised(tiny_target_plain_template: Path) -> None:
+    """A template-inserted empty <think></think> is prompt; real reasoning is supervised."""
+    tok = AutoTokenizer.from_pretrained(tiny_target_plain_template)
+    enc = ChatEncoder(tok, chat_template=THINK_TEMPLATE, max_seq_len=512)
+    plain = enc.encode({"messages": [OK, {"role": "assistant", "content": "The answer."}]})
+    masked = tok.decode(plain.input_ids[plain.loss_mask == 1].tolist())
+    assert masked == "The answer.<|im_end|>"
+    thought = enc.encode({"messages": [OK, {"role": "assistant", "content": "The answer.",
+                                            "reasoning_content": "Sum it."}]})
+    masked = tok.decode(thought.input_ids[thought.loss_mask == 1].tolist())
+    assert masked == "<think>\nSum it.\n</think>\n\nThe answer.<|im_end|>"

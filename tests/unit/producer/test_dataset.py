@@ -1,0 +1,76 @@
+"""The streaming row reader: formats, global indices, bad lines, hashes, filtering."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkforge.producer.dataset import DatasetError, describe_sources, iter_rows
+
+ROWS = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(7)]
+
+
+def write_jsonl(path: Path, lines: list[str]) -> None:
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_jsonl_bad_lines_become_bad_rows(tmp_path: Path) -> None:
+    """A malformed line or a non-object is one bad row with an error; blank lines are not rows."""
+    lines = [json.dumps(ROWS[0]), "{not json", "", json.dumps([1, 2]), json.dumps(ROWS[1])]
+    write_jsonl(tmp_path / "d.jsonl", lines)
+    (source,) = describe_sources(str(tmp_path / "d.jsonl"))
+    assert source.num_rows == 4
+    assert source.format == "jsonl"
+    rows = list(iter_rows([source]))
+    assert [r.index for r in rows] == [0, 1, 2, 3]
+    assert [r.error is None for r in rows] == [True, False, False, True]
+    assert rows[1].error.startswith("malformed_json")
+    assert rows[3].row == ROWS[1]
+    assert len({r.content_hash for r in rows}) == 4
+
+
+def test_sources_concatenate_with_global_indices(tmp_path: Path) -> None:
+    """A folder of JSONL(.gz) and Parquet files is read in name order with running indices."""
+    write_jsonl(tmp_path / "a.jsonl", [json.dumps(r) for r in ROWS[:3]])
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.write("\n".join(json.dumps(r) for r in ROWS[3:5]) + "\n")
+    pq.write_table(pa.Table.from_pylist(ROWS[5:]), tmp_path / "c.parquet", row_group_size=1)
+    sources = describe_sources(str(tmp_path))
+    assert [s.num_rows for s in sources] == [3, 2, 2]
+    rows = list(iter_rows(sources, batch_rows=1))
+    assert [r.index for r in rows] == list(range(7))
+    assert [r.row["messages"][0]["content"] for r in rows] == [f"q{i}" for i in range(7)]
+
+
+def test_wanted_filters_without_shifting_indices(tmp_path: Path) -> None:
+    """Rows the filter rejects are skipped but still counted for the indices of later rows."""
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
+    sources = describe_sources(str(tmp_path / "d.parquet"))
+    rows = list(iter_rows(sources, wanted=lambda i: i % 3 == 1, batch_rows=2))
+    assert [r.index for r in rows] == [1, 4]
+
+
+def test_hashes_are_stable_and_content_based(tmp_path: Path) -> None:
+    """The same row content gives the same row hash; the file hash changes with any byte."""
+    write_jsonl(tmp_path / "a.jsonl", [json.dumps(ROWS[0]), json.dumps(ROWS[0])])
+    (a,) = describe_sources(str(tmp_path / "a.jsonl"))
+    first, second = iter_rows([a])
+    assert first.content_hash == second.content_hash
+    write_jsonl(tmp_path / "a.jsonl", [json.dumps(ROWS[0]), json.dumps(ROWS[1])])
+    (b,) = describe_sources(str(tmp_path / "a.jsonl"))
+    assert a.content_hash != b.content_hash
+
+
+def test_unknown_format_and_missing_file_name_the_field(tmp_path: Path) -> None:
+    """A file with no known suffix or a missing path is a DatasetError naming data."""
+    (tmp_path / "d.txt").write_text("x\n")
+    with pytest.raises(DatasetError, match="data"):
+        describe_sources(str(tmp_path / "d.txt"))
+    with pytest.raises(DatasetError, match="data"):
+        describe_sources(str(tmp_path / "missing.jsonl"))
+    assert describe_sources(str(tmp_path / "d.txt"), data_format="jsonl")[0].num_rows == 1

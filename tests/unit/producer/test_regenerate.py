@@ -1,0 +1,39 @@
+"""Regeneration prompts: the turns before the last assistant turn, or a skip reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkforge.producer.chat import SkipReason
+from sparkforge.producer.config import RegenerateConfig
+from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.producer.regenerate import prompt_of
+
+CFG = RegenerateConfig(data="d.jsonl", output="out", engine=EngineOptions(model="m"))
+USER = {"role": "user", "content": "q"}
+ANSWER = {"role": "assistant", "content": "a"}
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ({"messages": [USER, ANSWER]}, [USER]),
+        ({"messages": [USER, ANSWER, USER, ANSWER]}, [USER, ANSWER, USER]),
+        ({"messages": [USER]}, [USER]),
+        ({"messages": [ANSWER]}, SkipReason.MISSING_MESSAGES),
+        ({"messages": [{"role": "alien", "content": "x"}]}, SkipReason.UNKNOWN_ROLE),
+        (None, SkipReason.MALFORMED_JSON),
+    ],
+)
+def test_prompt_is_everything_before_the_last_answer(row: dict | None, expected: object) -> None:
+    """The last assistant turn is dropped; prompt-only rows are kept; bad rows get a reason."""
+    assert prompt_of(row, CFG) == expected
+
+
+def test_bad_sampling_settings_name_their_flags() -> None:
+    """Invalid sampling settings are reported together, by flag."""
+    with pytest.raises(ValueError, match="--temperature") as info:
+        RegenerateConfig(data="d", output="o", engine=EngineOptions(model="m"), temperature=-1,
+                         top_p=0.0, max_tokens=0)
+    assert "--top_p" in str(info.value)
+    assert "--max_tokens" in str(info.value)

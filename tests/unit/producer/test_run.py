@@ -1,0 +1,185 @@
+"""The producer run over a plain transformers forward: values, accounting, resume, workers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from producer_helpers import (
+    ForwardSource,
+    assert_same_samples,
+    cache_samples,
+    chat_rows,
+    producer_config,
+    write_jsonl,
+)
+from safetensors.torch import load as load_safetensors
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from sparkforge.manifests.open import open_cache
+from sparkforge.producer.cli import main
+from sparkforge.producer.run import CaptureAborted, run
+from sparkforge.shared.writer import CacheMismatchError
+
+HF_IDS = (1, 2, 3)  # DSpark ids 0, 1, 2 of the 4-layer tiny target
+
+
+@pytest.fixture(scope="module")
+def source(tiny_target: Path) -> ForwardSource:
+    return ForwardSource(tiny_target, layer_ids=HF_IDS, topk=3)
+
+
+def test_cache_holds_the_forward_of_each_chat(tiny_target: Path, source, tmp_path: Path) -> None:
+    """Ids, mask and hidden states in the cache equal an independent tokenize + forward."""
+    rows = chat_rows(6)
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), topk=3)
+    summary = run(cfg, source=source)
+    assert summary.finalized
+    samples = cache_samples(cfg.output)
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        enc = tok.apply_chat_template(row["messages"], tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True)
+        np.testing.assert_array_equal(samples[i]["input_ids"], enc["input_ids"])
+        np.testing.assert_array_equal(samples[i]["loss_mask"], enc["assistant_masks"])
+        with torch.no_grad():
+            hs = model(torch.tensor([enc["input_ids"]]), output_hidden_states=True).hidden_states
+        for slot, k in enumerate(HF_IDS):
+            torch.testing.assert_close(torch.from_numpy(samples[i]["aux_hidden"][:, slot]),
+                                       hs[k][0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.from_numpy(samples[i]["final_hidden"]), hs[-1][0],
+                                   rtol=1e-5, atol=1e-5)
+        assert samples[i]["topk_ids"].shape == (len(enc["input_ids"]), 3)
+
+
+def test_target_files_and_header(tiny_target: Path, source, tmp_path: Path) -> None:
+    """The cache carries config, tokenizer and embed/lm_head/norm weights, and both id lists."""
+    data = write_jsonl(tmp_path / "d.jsonl", chat_rows(2))
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), topk=3)
+    run(cfg, source=source)
+    reader = open_cache(cfg.output)
+    weights = load_safetensors(reader.target_file("weights.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32)
+    torch.testing.assert_close(weights["lm_head.weight"], model.lm_head.weight, rtol=0, atol=0)
+    torch.testing.assert_close(weights["norm.weight"], model.model.norm.weight, rtol=0, atol=0)
+    torch.testing.assert_close(weights["embed_tokens.weight"], model.model.embed_tokens.weight,
+                               rtol=0, atol=0)
+    assert json.loads(reader.target_file("config.json"))["hidden_size"] == 128
+    assert reader.target_file("tokenizer.json")
+    header = json.loads((Path(cfg.output) / "_meta" / "header.json").read_text())["header"]
+    assert header["capture"]["layer_ids"] == [1, 2, 3]
+    assert header["producer_config"]["resolved"]["dspark_feature_ids"] == [0, 1, 2]
+    assert "worker_index" not in header["producer_config"]
+
+
+BAD_ROWS = {
+    "malformed_json": ["{broken json", "[1, 2]"],
+    "missing_messages": [{"text": "x"}],
+    "unknown_role": [{"messages": [{"role": "robot", "content": "x"},
+                                   {"role": "assistant", "content": "y"}]}],
+    "non_string_content": [{"messages": [{"role": "user", "content": 3},
+                                         {"role": "assistant", "content": "y"}]}],
+    "missing_assistant": [{"messages": [{"role": "user", "content": "only a question"}]}],
+    "empty_assistant": [{"messages": [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": ""}]}],
+    "too_long": [{"messages": [{"role": "user", "content": "word " * 200},
+                               {"role": "assistant", "content": "y"}]}],
+    "no_loss_tokens": [{"input_ids": [5, 6, 7], "loss_mask": [0, 0, 0]}],
+    "bad_pretokenized": [{"input_ids": [5, 6], "loss_mask": [1]}],
+}
+
+
+def test_bad_rows_are_counted_by_reason(tiny_target: Path, tiny_target_plain_template: Path,
+                                        tmp_path: Path) -> None:
+    """Every bad row is skipped with its reason, failures are counted, and the sums add up."""
+    good = chat_rows(5)
+    lines: list = []
+    for reason_rows in BAD_ROWS.values():
+        for bad in reason_rows:
+            lines += [good[len(lines) % 5], bad]
+    data = write_jsonl(tmp_path / "d.jsonl", lines)
+    good_ids = [i for i in range(len(lines)) if i % 2 == 0]
+    fail_ids = frozenset(good_ids[:2])
+    source = ForwardSource(tiny_target_plain_template, layer_ids=HF_IDS, fail_ids=fail_ids)
+    cfg = producer_config(tiny_target_plain_template, data, str(tmp_path / "cache"))
+    summary = run(cfg, source=source)
+    manifest = open_cache(cfg.output).manifest
+    acc = manifest.accounting
+    assert acc.skipped == {reason: len(rows) for reason, rows in BAD_ROWS.items()}
+    assert acc.failed == 2
+    assert acc.written == len(good_ids) - 2
+    assert acc.written + sum(acc.skipped.values()) + acc.failed == acc.input_rows == len(lines)
+    assert summary.skipped == acc.skipped
+    assert sorted(cache_samples(cfg.output)) == sorted(set(good_ids) - fail_ids)
+
+
+def test_consecutive_failures_abort_and_keep_committed_units(tiny_target: Path,
+                                                             tmp_path: Path) -> None:
+    """N failures in a row stop the run with a clear error; earlier units stay committed."""
+    data = write_jsonl(tmp_path / "d.jsonl", chat_rows(12))
+    source = ForwardSource(tiny_target, layer_ids=HF_IDS, fail_ids=frozenset(range(4, 12)))
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), max_consecutive_failures=3)
+    with pytest.raises(CaptureAborted, match="3 consecutive"):
+        run(cfg, source=source)
+    assert source.calls == 7  # unit 0 (4 rows) and 3 failures in unit 1
+    commits = sorted(p.name for p in (Path(cfg.output) / "_commits").iterdir())
+    assert commits == ["unit_00000000.json"]
+
+
+def test_resume_with_other_settings_is_refused(tiny_target: Path, source, tmp_path: Path) -> None:
+    """Re-running into a cache made with other settings names the differing fields."""
+    data = write_jsonl(tmp_path / "d.jsonl", chat_rows(3))
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"))
+    run(cfg, source=source)
+    changed = producer_config(tiny_target, data, cfg.output, layer_ids=[0, 2], overlong="truncate")
+    with pytest.raises(CacheMismatchError) as info:
+        run(changed, source=source)
+    for name in ("producer_config.layer_ids", "producer_config.overlong", "capture.layer_ids"):
+        assert name in str(info.value)
+    # Settings that do not change the bytes may differ: this resumes (nothing left to do).
+    again = producer_config(tiny_target, data, cfg.output, window=3, max_retries=0)
+    assert run(again, source=source).units_done == 0
+
+
+def test_two_workers_equal_one(tiny_target: Path, source, tmp_path: Path) -> None:
+    """Two workers (sequential) + finalize give the same samples and bytes as one worker."""
+    data = write_jsonl(tmp_path / "d.jsonl", chat_rows(10))
+    single = producer_config(tiny_target, data, str(tmp_path / "single"), eval_fraction=0.3)
+    run(single, source=source)
+    shared = str(tmp_path / "shared")
+    first = run(producer_config(tiny_target, data, shared, eval_fraction=0.3, worker_index=0,
+                                num_workers=2), source=source)
+    assert (first.units_done, first.finalized) == (2, False)
+    assert main(["finalize", "--output", shared]) == 1  # unit 1 missing
+    second = run(producer_config(tiny_target, data, shared, eval_fraction=0.3),
+                 source=source, env={"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2"})
+    assert (second.units_done, second.finalized) == (1, True)
+    assert main(["finalize", "--output", shared]) == 0  # idempotent
+    a, b = cache_samples(single.output), cache_samples(shared)
+    assert_same_samples(a, b)
+    assert {s["split"] for s in a.values()} == {"train", "eval"}
+
+
+def test_eval_ids_mark_the_listed_rows(tiny_target: Path, source, tmp_path: Path) -> None:
+    """Rows listed in --eval_ids land in the same cache marked eval, the others train."""
+    data = write_jsonl(tmp_path / "d.jsonl", chat_rows(6))
+    ids = tmp_path / "eval.txt"
+    ids.write_text("1\n4\n")
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), eval_ids=str(ids))
+    run(cfg, source=source)
+    splits = {i: s["split"] for i, s in cache_samples(cfg.output).items()}
+    assert [i for i, s in sorted(splits.items()) if s == "eval"] == [1, 4]
+
+
+def test_layer_ids_outside_the_target_name_the_flag(tiny_target: Path, tmp_path: Path) -> None:
+    """Feature ids beyond [0, L-2] of the actual target are refused naming --layer_ids."""
+    data = write_jsonl(tmp_path / "d.jsonl", chat_rows(1))
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), layer_ids=[0, 3])
+    with pytest.raises(ValueError, match="--layer_ids"):
+        run(cfg, source=None)
+    assert not (tmp_path / "cache").exists()
