@@ -71,6 +71,11 @@ trainer:
   max_steps: {steps}
   log_every_n_steps: 10
   default_root_dir: {out}/train
+  logger:
+    class_path: lightning.pytorch.loggers.CSVLogger
+    init_args:
+      save_dir: {out}/train
+      name: dspark
   enable_progress_bar: true
 """
 
@@ -114,11 +119,12 @@ def run_demo(out: Path, *, rows: int, train_steps: int) -> dict[str, float]:
                           "--against", str(out / "train.yaml")), timings)
     _run("inspect", _cli("inspect", str(out / "cache")), timings)
     _run("train", _cli("train", "--config", str(out / "train.yaml")), timings)
-    _run("export", _cli("export", "--ckpt", str(_latest_checkpoint(out / "train")),
-                        "--out_dir", str(out / "draft"), "--overwrite", "true"), timings)
+    _run("export", _cli("export", str(_latest_checkpoint(out / "train")), str(out / "draft"),
+                        "--overwrite", "true"), timings)
     _run("eval", _cli("eval", "--draft", str(out / "draft"), "--target", str(out / "target"),
                       "--cache", str(out / "cache"), "--out_dir", str(out / "eval"),
-                      "--num_prompts", "8", "--max_new_tokens", "48"), timings)
+                      "--num_prompts", "8", "--max_new_tokens", "48", "--temperature", "1.0"),
+         timings)
     return timings
 
 
@@ -140,10 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n=== demo summary")
     for stage, seconds in timings.items():
         print(f"  {stage:<11} {seconds:7.1f} s")
-    report = out / "eval" / "report.json"
-    if report.exists():
-        print(f"  eval report: {report}")
-        print("  " + json.dumps(json.loads(report.read_text()).get("tau", "n/a")))
+    report = json.loads((out / "eval" / "eval_report.json").read_text())
+    print(f"  measured tau (T=1, speculative decoding): {report['speculative']['tau']:.3f}")
+    teacher_forced_tau = report["teacher_forced"]["metrics"]["tau"]
+    print(f"  teacher-forced tau on the eval split:     {teacher_forced_tau:.3f}")
+    print(f"  outputs under {out} (cache, train logs, draft, eval/acceptance_by_position.png)")
     return 0
 
 
