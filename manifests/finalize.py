@@ -32,6 +32,8 @@ from sparkforge.shared.layout import (
     HEADER_KEY,
     INDEX_KEY,
     MANIFEST_KEY,
+    PARITY_FILE,
+    TARGET_PREFIX,
     CacheSpec,
     array_layouts,
     commit_key,
@@ -158,7 +160,14 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: dict[str, Any
                        "logical_bytes": tokens * row_bytes,
                        "stored_bytes": int(loc.fs.du(loc.root, total=True))},
         },
+        "parity": _parity_report(loc),
     }
+
+
+def _parity_report(loc: storage.Location) -> Any:
+    """The producer's parity report (``target/parity.json``), or None when none was run."""
+    path = loc.path(f"{TARGET_PREFIX}/{PARITY_FILE}")
+    return json.loads(loc.fs.cat_file(path)) if loc.fs.exists(path) else None
 
 
 def _prod(shape: tuple[int, ...]) -> int:

@@ -8,7 +8,7 @@ import types
 from pathlib import Path
 from typing import Any, Final, Literal, Union, get_args, get_origin, get_type_hints
 
-from sparkforge.manifests.schema import FORMAT_VERSION, CacheManifest
+from sparkforge.manifests.schema import FORMAT_VERSION, OPTIONAL_MANIFEST_KEYS, CacheManifest
 
 SCHEMA_PATH: Final = Path(__file__).resolve().with_name("manifest.schema.json")
 
@@ -39,6 +39,7 @@ def manifest_json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of ``manifest.json`` for this format version."""
     schema = _schema(CacheManifest)
     schema["properties"]["format_version"] = {"const": FORMAT_VERSION}
+    schema["required"] = [k for k in schema["required"] if k not in OPTIONAL_MANIFEST_KEYS]
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "title": f"sparkforge cache manifest, format_version {FORMAT_VERSION}", **schema}
 

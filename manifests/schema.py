@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, TypedDict
+from typing import Any, Final, NotRequired, TypedDict
 
 from sparkforge.manifests import fields as f
 from sparkforge.manifests.fields import ManifestError
@@ -60,9 +60,12 @@ class ManifestJSON(TypedDict):
     data: dict[str, Any]
     accounting: dict[str, Any]
     storage: dict[str, Any]
+    parity: NotRequired[dict[str, Any] | None]
 
 
-MANIFEST_KEYS: Final = frozenset(ManifestJSON.__required_keys__)
+# Spelled out: with postponed annotations, TypedDict cannot see NotRequired at run time.
+OPTIONAL_MANIFEST_KEYS: Final = frozenset({"parity"})
+MANIFEST_KEYS: Final = frozenset(ManifestJSON.__annotations__) - OPTIONAL_MANIFEST_KEYS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +131,8 @@ class CacheManifest:
     data: DataInfo
     accounting: UnitAccounting
     storage: StorageInfo
+    parity: dict[str, Any] | None = None
+    """The producer's vLLM-vs-transformers parity report (per-layer errors, top-1, KL), if run."""
 
     @classmethod
     def from_json(cls, data: object) -> CacheManifest:
@@ -273,7 +278,7 @@ def parse_manifest(data: object) -> CacheManifest:
         ManifestError: naming the field and the bad value (UnknownFormatVersionError for
             versions this code cannot read).
     """
-    d = f.obj(data, "<manifest>", required=MANIFEST_KEYS)
+    d = f.obj(data, "<manifest>", required=MANIFEST_KEYS, optional=OPTIONAL_MANIFEST_KEYS)
     version = parse_format_version(d["format_version"])
     manifest = CacheManifest(
         format_version=version, complete=f.boolean(d["complete"], "complete"),
@@ -284,7 +289,8 @@ def parse_manifest(data: object) -> CacheManifest:
         target=parse_target(d["target"]),
         capture=parse_capture(d["capture"]), tokenizer=parse_tokenizer(d["tokenizer"]),
         data=parse_data(d["data"]), accounting=parse_accounting(d["accounting"]),
-        storage=parse_storage(d["storage"]))
+        storage=parse_storage(d["storage"]),
+        parity=f.optional(d.get("parity"), f.mapping, "parity"))
     check_cross_fields(manifest)
     return manifest
 

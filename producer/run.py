@@ -45,7 +45,7 @@ from sparkforge.producer.target_files import (
 )
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.shared import storage
-from sparkforge.shared.layout import TARGET_PREFIX
+from sparkforge.shared.layout import PARITY_FILE, TARGET_PREFIX
 from sparkforge.shared.writer import CacheSpec, CacheWriter
 
 if TYPE_CHECKING:
@@ -264,7 +264,7 @@ def _check_parity(
 ) -> None:
     report = _parity_report(cfg, prep, source, cfg.parity_samples)
     logger.info("parity check:\n%s", report.table())
-    writer.write_target_files({"parity.json": json.dumps(report.to_dict(), indent=1).encode()})
+    writer.write_target_files({PARITY_FILE: json.dumps(report.to_dict(), indent=1).encode()})
     if not report.passed:
         raise ParityFailed("the vLLM capture disagrees with the transformers reference; nothing "
                            f"was captured:\n{report.table()}")

@@ -23,6 +23,8 @@ HEADER_KEY: Final = "_meta/header.json"
 INDEX_KEY: Final = "index.parquet"
 MANIFEST_KEY: Final = "manifest.json"
 TARGET_PREFIX: Final = "target"
+PARITY_FILE: Final = "parity.json"
+"""The producer's parity report under target/; finalize copies it into the manifest."""
 
 
 def commit_key(unit: int) -> str:

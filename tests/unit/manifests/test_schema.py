@@ -14,6 +14,7 @@ from sparkforge.manifests import jsonschema as manifest_schema
 from sparkforge.manifests.header import parse_header
 from sparkforge.manifests.schema import (
     MANIFEST_KEYS,
+    OPTIONAL_MANIFEST_KEYS,
     CacheManifest,
     ManifestError,
     UnknownFormatVersionError,
@@ -33,7 +34,7 @@ def test_golden_examples_round_trip(path: Any) -> None:
     data = json.loads(path.read_text())
     manifest = CacheManifest.from_json(data)
     assert manifest.to_json() == data
-    assert set(data) == MANIFEST_KEYS
+    assert set(data) == MANIFEST_KEYS | OPTIONAL_MANIFEST_KEYS
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -74,6 +75,7 @@ INVALID = [
     ("created_at", "yesterday", ManifestError, "'created_at': expected an ISO 8601"),
     ("created_at", "2026-01-01T00:00:00", ManifestError, "with a timezone"),
     ("git_sha", "not-hex", ManifestError, "'git_sha': expected a lowercase hex"),
+    ("parity", [1, 2], ManifestError, "'parity': expected a JSON object"),
     ("target.vocab_size", -5, ManifestError, r"'target.vocab_size': expected an integer in"),
     ("target.hidden_size", 1 << 40, ManifestError, "'target.hidden_size'"),
     ("target.num_hidden_layers", True, ManifestError, "'target.num_hidden_layers'"),
