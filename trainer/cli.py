@@ -15,9 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentParser  # type: ignore[attr-defined]
+from jsonargparse import (  # type: ignore[attr-defined]
+    ActionConfigFile,
+    ArgumentParser,
+    set_parsing_settings,
+)
 
 logger = logging.getLogger(__name__)
+
+# Attribute docstrings of the config dataclasses become the --help text.
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 
 @dataclass(frozen=True, kw_only=True)
