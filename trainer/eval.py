@@ -45,6 +45,7 @@ class EvalConfig:
     num_prompts: int = 32
     """Held-out prompts decoded speculatively."""
     max_new_tokens: int = 128
+    """Tokens generated per prompt (fewer if the target emits EOS)."""
     temperature: float = 0.0
     """0 = greedy (lossless: the output equals the target's greedy decoding)."""
     confidence_threshold: float | None = None

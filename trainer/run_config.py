@@ -28,11 +28,17 @@ class DraftSpec:
     num_hidden_layers: int = 5
     """Draft depth."""
     block_size: int = 7
+    """K: tokens drafted per pass (the anchor slot predicts anchor + 1)."""
     num_anchors: int = 512
+    """Blocks sampled per sequence in training (a fixed count; short sequences pad dummies)."""
     markov_rank: int = 256
+    """Rank of the Markov head's bigram bias; 0 disables the head."""
     markov_head_type: MarkovHeadType = "vanilla"
+    """Markov head form; vLLM serves only "vanilla"."""
     enable_confidence_head: bool = True
+    """Train the head that predicts per-position acceptance (SGLang needs it)."""
     confidence_head_with_markov: bool = True
+    """Feed the confidence head the Markov features too (needs markov_rank > 0)."""
     target_model_type: str | None = None
     """Expected target model_type (checked against the cache when set)."""
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -74,7 +80,9 @@ class LossSpec:
     """Weights of the three loss terms (dspark-algorithm.md section 8)."""
 
     ce_loss_alpha: float = 0.1
+    """Weight of the cross-entropy against the target's distribution."""
     l1_loss_alpha: float = 0.9
+    """Weight of the L1 distance to the target's distribution (= 2 TV; logged as tv_loss)."""
     confidence_head_alpha: float = 1.0
     """Must be > 0 exactly when the draft has a confidence head."""
     loss_decay_gamma: float | None = 4.0
