@@ -22,3 +22,12 @@ def test_every_option_has_a_description(command: str, prefix: str,
     ours = [flag for flag in bare if flag.startswith(prefix) and not flag.endswith(".help")]
     assert "--model.draft.block_size" in out if command == "train" else "--max_new_tokens" in out
     assert ours == []
+
+
+def test_export_help_names_its_engine_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    """export --help shows the engine type as a Literal, not a parser-internal lambda repr."""
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    out = capsys.readouterr().out
+    assert "--engine {vllm,sglang,any}" in out
+    assert "<function" not in out
