@@ -56,7 +56,9 @@ def read_run_header(loc: storage.Location) -> tuple[CacheSpec, dict[str, Any]]:
         raise CacheIncompleteError(f"{loc.uri} has no {HEADER_KEY}: not a sparkforge cache")\
             from exc
     if not isinstance(data, dict) or set(data) != {"format_version", "spec", "header"}:
-        raise ManifestError(f"{HEADER_KEY} must hold format_version, spec and header")
+        got = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise ManifestError(f"{loc.uri}/{HEADER_KEY}: expected exactly the keys "
+                            f"['format_version', 'header', 'spec'], got {got}")
     parse_format_version(data["format_version"])
     parse_header(data["header"])
     return parse_spec(data["spec"], "spec"), data["header"]
