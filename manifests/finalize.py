@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import subprocess
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -135,7 +136,7 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: dict[str, Any
                    units: Sequence[UnitInfo], index: bytes) -> dict[str, Any]:
     layouts = array_layouts(spec)
     tokens = sum(u.num_tokens for u in units)
-    row_bytes = sum(a.dtype.itemsize * _prod(a.row_shape) for a in layouts.values())
+    row_bytes = sum(a.dtype.itemsize * math.prod(a.row_shape) for a in layouts.values())
     acc = [u.accounting for u in units]
     skipped: Counter[str] = Counter()
     for a in acc:
@@ -170,13 +171,6 @@ def _parity_report(loc: storage.Location) -> Any:
     """The producer's parity report (``target/parity.json``), or None when none was run."""
     path = loc.path(f"{TARGET_PREFIX}/{PARITY_FILE}")
     return json.loads(loc.fs.cat_file(path)) if loc.fs.exists(path) else None
-
-
-def _prod(shape: tuple[int, ...]) -> int:
-    out = 1
-    for n in shape:
-        out *= n
-    return out
 
 
 def _package_version() -> str:
