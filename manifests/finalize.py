@@ -169,8 +169,8 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: dict[str, Any
 
 def _parity_report(loc: storage.Location) -> Any:
     """The producer's parity report (``target/parity.json``), or None when none was run."""
-    path = loc.path(f"{TARGET_PREFIX}/{PARITY_FILE}")
-    return json.loads(loc.fs.cat_file(path)) if loc.fs.exists(path) else None
+    key = f"{TARGET_PREFIX}/{PARITY_FILE}"
+    return json.loads(storage.read_bytes(loc, key)) if storage.exists(loc, key) else None
 
 
 def _package_version() -> str:

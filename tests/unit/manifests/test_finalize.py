@@ -114,3 +114,12 @@ def test_run_header_with_wrong_keys_names_the_file_and_the_keys(tmp_path: Path) 
     with pytest.raises(ManifestError, match=r"header\.json: expected .* got \['format_version', "
                                             r"'header'\]"):
         read_run_header(storage.open_location(str(tmp_path / "c")))
+
+
+def test_parity_report_reaches_the_manifest_only_when_written(tmp_path: Path) -> None:
+    """target/parity.json, when the producer wrote one, is copied into the manifest verbatim."""
+    report = {"passed": True, "top1_agreement": 1.0}
+    _cache(tmp_path / "with", [0]).write_target_files({"parity.json": json.dumps(report).encode()})
+    _cache(tmp_path / "without", [0])
+    assert finalize_cache(str(tmp_path / "with"), expected_units=1).parity == report
+    assert finalize_cache(str(tmp_path / "without"), expected_units=1).parity is None
