@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkforge.manifests.cli import main
-from sparkforge.manifests.plan import plan_cache, target_shape_from_config
+from sparkforge.manifests.plan import human_bytes, plan_cache, target_shape_from_config
 from sparkforge.shared.layout import CacheSpec
 
 
@@ -79,3 +79,10 @@ def tiny_config(tmp_path: Path) -> Path:
     path.write_text(json.dumps({"model_type": "qwen3", "hidden_size": 128,
                                 "num_hidden_layers": 4, "torch_dtype": "bfloat16"}))
     return path
+
+
+@pytest.mark.parametrize(("n", "text"), [(999, "999 B"), (1000, "1.0 KB"), (1_450_000, "1.4 MB"),
+                                         (2.5e9, "2.5 GB"), (3e15, "3000.0 TB")])
+def test_human_bytes_uses_decimal_units_up_to_tb(n: float, text: str) -> None:
+    """Whole bytes below 1 KB, one decimal in KB..TB, and TB is the largest unit."""
+    assert human_bytes(n) == text
