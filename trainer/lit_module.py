@@ -32,6 +32,7 @@ from sparkforge.trainer.schedule import (
 logger = logging.getLogger(__name__)
 
 LOSS_TERMS = ("loss", "ce_loss", "tv_loss", "confidence_loss")
+RESUME_FIELDS = ("mask_token_id", "block_size", "target_layer_ids")
 
 
 class DSparkLitModule(L.LightningModule):
@@ -107,6 +108,19 @@ class DSparkLitModule(L.LightningModule):
         assert self.model is not None
         checkpoint["draft_config"] = self.model.config.to_dict()
         checkpoint["sparkforge_provenance"] = self._provenance
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse to resume a checkpoint whose mask id, K or feature ids differ from this run's.
+
+        These change what the weights mean without changing any shape, so ``load_state_dict``
+        alone would resume silently (dspark-algorithm.md 17.7).
+        """
+        assert self.model is not None
+        saved, now = checkpoint.get("draft_config", {}), self.model.config.to_dict()
+        problems = [f"model.draft.{name}: checkpoint has {saved[name]!r}, this run {now[name]!r}"
+                    for name in RESUME_FIELDS if name in saved and saved[name] != now[name]]
+        if problems:
+            raise ValueError("cannot resume: " + "; ".join(problems))
 
     def _anchor_generator(self, stage: int, batch_idx: int) -> torch.Generator:
         return anchor_generator(self.seed, self.global_rank, stage, self.current_epoch, batch_idx,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
+from sparkforge.trainer.draft_config import draft_tiny
 from sparkforge.trainer.lit_module import DSparkLitModule, anchor_generator, window_metrics
 from sparkforge.trainer.run_config import DraftSpec, LossSpec
 
@@ -55,3 +58,16 @@ def test_anchor_generator_depends_only_on_the_batch_position() -> None:
 
     assert torch.equal(draw(0, 1, 0, 2, 5), draw(0, 1, 0, 2, 5))
     assert not torch.equal(draw(0, 1, 0, 2, 5), draw(0, 0, 0, 2, 5))
+
+
+@pytest.mark.parametrize(("field", "value"), [("mask_token_id", 4), ("block_size", 3),
+                                              ("target_layer_ids", [0, 1])])
+def test_resume_refuses_a_checkpoint_with_another_draft_contract(field: str, value: Any) -> None:
+    """Resuming with another mask_token_id, K or feature ids is an error naming the field."""
+    lit = DSparkLitModule(draft=SPEC)
+    cfg = draft_tiny()
+    lit.build(cfg)
+    saved = {**cfg.to_dict(), field: value}
+    with pytest.raises(ValueError, match=field):
+        lit.on_load_checkpoint({"draft_config": saved})
+    lit.on_load_checkpoint({"draft_config": cfg.to_dict()})   # the same contract resumes
