@@ -28,11 +28,17 @@ class DraftSpec:
     num_hidden_layers: int = 5
     """Draft depth."""
     block_size: int = 7
+    """K: tokens drafted per pass."""
     num_anchors: int = 512
+    """A: blocks sampled per sequence per step."""
     markov_rank: int = 256
+    """r: rank of the Markov bigram bias; 0 disables the head."""
     markov_head_type: MarkovHeadType = "vanilla"
+    """vanilla (the only type serving engines build), gated or rnn."""
     enable_confidence_head: bool = True
+    """Train the per-slot acceptance predictor (needs loss.confidence_head_alpha > 0)."""
     confidence_head_with_markov: bool = True
+    """Confidence features [h ; W1[prev]] (needs markov_rank > 0); h alone when false."""
     target_model_type: str | None = None
     """Expected target model_type (checked against the cache when set)."""
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -74,7 +80,9 @@ class LossSpec:
     """Weights of the three loss terms (dspark-algorithm.md section 8)."""
 
     ce_loss_alpha: float = 0.1
+    """Weight of the cross-entropy to the data tokens."""
     l1_loss_alpha: float = 0.9
+    """Weight of the full L1 distance to the teacher distribution."""
     confidence_head_alpha: float = 1.0
     """Must be > 0 exactly when the draft has a confidence head."""
     loss_decay_gamma: float | None = 4.0
