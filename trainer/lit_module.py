@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from typing import Any, Literal
 
@@ -166,7 +167,11 @@ class DSparkLitModule(L.LightningModule):
         sums["data_wait_s"] = torch.tensor(self._wait, dtype=torch.float64, device=self.device)
         self._window = accumulate(self._window, sums)
         self.log("loss", res.logged_loss, prog_bar=True, logger=False)
-        loss: torch.Tensor = res.loss
+        # Lightning divides every micro-batch loss by accumulate_grad_batches, also in a shorter
+        # last window of the epoch; rescale that one so its step is not shrunk (spec section 8).
+        scale = trailing_window_scale(batch_idx, self.trainer.num_training_batches,
+                                      self.trainer.accumulate_grad_batches)
+        loss: torch.Tensor = res.loss * scale
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -222,6 +227,22 @@ def anchor_generator(seed: int, rank: int, stage: int, epoch: int, batch_idx: in
     # hash() of a tuple of ints is stable across processes (PYTHONHASHSEED affects only str/bytes).
     gen.manual_seed(hash((seed, rank, stage, epoch, batch_idx)) & 0x7FFF_FFFF_FFFF_FFFF)
     return gen
+
+
+def trailing_window_scale(batch_idx: int, num_batches: float, accumulate: int) -> float:
+    """``accumulate / p`` in the epoch's last window of ``p < accumulate`` micro-batches, else 1.
+
+    Args:
+        batch_idx: The micro-batch's index in the epoch.
+        num_batches: Micro-batches in the epoch (``inf`` when unknown: no rescaling).
+        accumulate: Micro-batches per optimizer step.
+    """
+    if accumulate <= 1 or not math.isfinite(num_batches):
+        return 1.0
+    tail = int(num_batches) % accumulate
+    if tail == 0 or batch_idx < int(num_batches) - tail:
+        return 1.0
+    return accumulate / tail
 
 
 def window_metrics(sums: MetricSums, *, elapsed_s: float, world_size: int) -> dict[str, float]:
