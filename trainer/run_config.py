@@ -89,3 +89,12 @@ class LossSpec:
     """Per-slot weight exp(-k/gamma); None disables the decay."""
     l1_chunk_rows: int = 128
     """Rows per chunk of the full-vocabulary L1 term (bounds its fp32 temporaries)."""
+
+    def __post_init__(self) -> None:
+        problems = [f"model.loss.{name}={value} must be >= 0" for name, value in (
+            ("ce_loss_alpha", self.ce_loss_alpha), ("l1_loss_alpha", self.l1_loss_alpha),
+            ("confidence_head_alpha", self.confidence_head_alpha)) if value < 0]
+        if self.l1_chunk_rows < 1:
+            problems.append(f"model.loss.l1_chunk_rows={self.l1_chunk_rows} must be >= 1")
+        if problems:
+            raise ValueError("invalid loss config:\n  " + "\n  ".join(problems))

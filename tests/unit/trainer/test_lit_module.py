@@ -87,3 +87,12 @@ def test_trailing_partial_accumulation_window_is_rescaled(batch_idx: int, num_ba
                                                           accumulate: int, scale: float) -> None:
     """A window of p < accumulate micro-batches is scaled by accumulate/p (spec section 8)."""
     assert trailing_window_scale(batch_idx, num_batches, accumulate) == scale
+
+
+@pytest.mark.parametrize("change", [{"l1_chunk_rows": 0}, {"ce_loss_alpha": -0.1},
+                                    {"l1_loss_alpha": -1.0}, {"confidence_head_alpha": -1.0}])
+def test_invalid_loss_settings_name_the_field(change: dict[str, Any]) -> None:
+    """A chunk size < 1 or a negative loss weight is a ValueError naming model.loss.<field>."""
+    (name,) = change
+    with pytest.raises(ValueError, match=f"model.loss.{name}"):
+        LossSpec(**change)
