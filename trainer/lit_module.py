@@ -175,9 +175,16 @@ class DSparkLitModule(L.LightningModule):
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Every ``log_every_n_steps`` micro-batches: reduce the window over ranks and log it."""
-        window = self.trainer.log_every_n_steps  # type: ignore[attr-defined]
-        if (batch_idx + 1) % window == 0 or self.trainer.is_last_batch:
+        """Every ``log_every_n_steps`` optimizer steps: reduce the window over ranks and log it.
+
+        Only a micro-batch that ends an accumulation window has stepped, so each logged row has
+        its own ``global_step`` and the window holds every micro-batch of its steps.
+        """
+        trainer = self.trainer
+        last = trainer.is_last_batch
+        stepped = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or last
+        every = trainer.log_every_n_steps  # type: ignore[attr-defined]
+        if stepped and (self.global_step % every == 0 or last):
             self._log_window()
         self._batch_end = time.perf_counter()
 
