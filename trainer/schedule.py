@@ -28,6 +28,7 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     """Adam betas; passed only to optimizers that accept them."""
     weight_decay: float = 0.0
+    """Decoupled weight decay (0 in the recipe)."""
     init_args: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the optimizer (e.g. {"momentum": 0.9} for SGD)."""
 
@@ -39,6 +40,7 @@ class SchedulerConfig:
     warmup_steps: int | None = None
     """Explicit warmup length; 0 disables warmup. None: ``warmup_ratio`` of the run, at least 20."""
     warmup_ratio: float = 0.05
+    """Warmup as a fraction of total_steps when warmup_steps is None."""
     min_lr_ratio: float = 0.1
     """Floor of the cosine as a fraction of the peak lr."""
     total_steps: int | None = None
