@@ -138,8 +138,10 @@ def _plan(ns: argparse.Namespace) -> int:
                          rows_per_unit=ns.rows_per_unit)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if ns.num_tokens < 0 or ns.mean_seq_len < 1:
-        raise UsageError("--num_tokens must be >= 0 and --mean_seq_len >= 1")
+    bad = [f"--num_tokens must be >= 0, got {ns.num_tokens}"] if ns.num_tokens < 0 else []
+    bad += [f"--mean_seq_len must be >= 1, got {ns.mean_seq_len}"] if ns.mean_seq_len < 1 else []
+    if bad:
+        raise UsageError("; ".join(bad))
     plan = plan_cache(spec, num_tokens=ns.num_tokens, mean_seq_len=ns.mean_seq_len)
     print(json.dumps(plan, indent=1) if ns.json else plan_table(plan))
     return 0

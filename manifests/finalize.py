@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import subprocess
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -56,7 +57,9 @@ def read_run_header(loc: storage.Location) -> tuple[CacheSpec, dict[str, Any]]:
         raise CacheIncompleteError(f"{loc.uri} has no {HEADER_KEY}: not a sparkforge cache")\
             from exc
     if not isinstance(data, dict) or set(data) != {"format_version", "spec", "header"}:
-        raise ManifestError(f"{HEADER_KEY} must hold format_version, spec and header")
+        got = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise ManifestError(f"{loc.uri}/{HEADER_KEY}: expected exactly the keys "
+                            f"['format_version', 'header', 'spec'], got {got}")
     parse_format_version(data["format_version"])
     parse_header(data["header"])
     return parse_spec(data["spec"], "spec"), data["header"]
@@ -133,7 +136,7 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: dict[str, Any
                    units: Sequence[UnitInfo], index: bytes) -> dict[str, Any]:
     layouts = array_layouts(spec)
     tokens = sum(u.num_tokens for u in units)
-    row_bytes = sum(a.dtype.itemsize * _prod(a.row_shape) for a in layouts.values())
+    row_bytes = sum(a.dtype.itemsize * math.prod(a.row_shape) for a in layouts.values())
     acc = [u.accounting for u in units]
     skipped: Counter[str] = Counter()
     for a in acc:
@@ -166,15 +169,8 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: dict[str, Any
 
 def _parity_report(loc: storage.Location) -> Any:
     """The producer's parity report (``target/parity.json``), or None when none was run."""
-    path = loc.path(f"{TARGET_PREFIX}/{PARITY_FILE}")
-    return json.loads(loc.fs.cat_file(path)) if loc.fs.exists(path) else None
-
-
-def _prod(shape: tuple[int, ...]) -> int:
-    out = 1
-    for n in shape:
-        out *= n
-    return out
+    key = f"{TARGET_PREFIX}/{PARITY_FILE}"
+    return json.loads(storage.read_bytes(loc, key)) if storage.exists(loc, key) else None
 
 
 def _package_version() -> str:

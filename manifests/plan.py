@@ -135,9 +135,11 @@ def plan_table(plan: Mapping[str, Any]) -> str:
 
 def human_bytes(n: float) -> str:
     """Bytes in decimal units, e.g. '1.4 GB'."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+    if abs(n) < 1000:
+        return f"{int(n)} B"
+    for unit in ("KB", "MB", "GB"):
         n /= 1000
-    raise AssertionError("unreachable")
+        if abs(n) < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} TB"
 

@@ -7,11 +7,13 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import pyarrow as pa
 import zarr
 
 from sparkforge.manifests.objects import existing_location, slot_key, stored_objects
 from sparkforge.manifests.open import read_index, read_manifest
 from sparkforge.manifests.plan import human_bytes
+from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared import storage
 from sparkforge.shared.layout import array_layouts, open_arrays
 
@@ -30,32 +32,14 @@ def summarize_cache(uri: str, *,
     """
     loc = existing_location(uri, storage_options)
     m = read_manifest(loc)
-    index = read_index(loc, m)
+    splits = _split_counts(read_index(loc, m))
     spec = m.storage.spec
-    group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
-    zarrays = open_arrays(group, spec)
-    arrays: dict[str, dict[str, Any]] = {}
-    unreferenced = 0
-    for name, layout in array_layouts(spec).items():
-        objects = stored_objects(loc, name)
-        keys = {slot_key(name, zarrays[name], s.slot) for u in m.storage.units for s in u.slots}
-        stored = sum(objects.get(k, 0) for k in keys)
-        unreferenced += sum(v for k, v in objects.items()
-                            if k not in keys and not k.endswith("zarr.json"))
-        logical = m.storage.totals.tokens * layout.dtype.itemsize * math.prod(layout.row_shape)
-        arrays[name] = {"codec": m.storage.codecs[name], "logical_bytes": logical,
-                        "stored_bytes": stored, "ratio": logical / stored if stored else None}
+    arrays, unreferenced = _array_bytes(loc, m)
     loc.fs.invalidate_cache(loc.root)
     everything = loc.fs.find(loc.root, detail=True)
     on_disk = sum(int(i.get("size") or 0) for i in everything.values())
     tokens, data_bytes = m.storage.totals.tokens, sum(a["stored_bytes"] for a in arrays.values())
     logical = sum(a["logical_bytes"] for a in arrays.values())
-    splits: dict[str, Counter[str]] = {}
-    for split, length, loss in zip(index.column("split").to_pylist(),
-                                   index.column("length").to_pylist(),
-                                   index.column("num_loss_tokens").to_pylist(), strict=True):
-        entry = splits.setdefault(split, Counter())
-        entry.update(samples=1, tokens=length, loss_tokens=loss)
     t, c = m.target, m.capture
     return {
         "uri": uri, "complete": m.complete, "created_at": m.created_at,
@@ -81,6 +65,37 @@ def summarize_cache(uri: str, *,
         "compression_ratio": logical / data_bytes if data_bytes else None,
         "arrays": arrays,
     }
+
+
+def _array_bytes(loc: storage.Location,
+                 m: CacheManifest) -> tuple[dict[str, dict[str, Any]], int]:
+    """Per array: codec, logical and stored bytes of committed slots; plus unreferenced bytes."""
+    spec = m.storage.spec
+    group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
+    zarrays = open_arrays(group, spec)
+    arrays: dict[str, dict[str, Any]] = {}
+    unreferenced = 0
+    for name, layout in array_layouts(spec).items():
+        objects = stored_objects(loc, name)
+        keys = {slot_key(name, zarrays[name], s.slot) for u in m.storage.units for s in u.slots}
+        stored = sum(objects.get(k, 0) for k in keys)
+        unreferenced += sum(v for k, v in objects.items()
+                            if k not in keys and not k.endswith("zarr.json"))
+        logical = m.storage.totals.tokens * layout.dtype.itemsize * math.prod(layout.row_shape)
+        arrays[name] = {"codec": m.storage.codecs[name], "logical_bytes": logical,
+                        "stored_bytes": stored, "ratio": logical / stored if stored else None}
+    return arrays, unreferenced
+
+
+def _split_counts(index: pa.Table) -> dict[str, Counter[str]]:
+    """Samples, tokens and loss tokens per split, from the index."""
+    splits: dict[str, Counter[str]] = {}
+    for split, length, loss in zip(index.column("split").to_pylist(),
+                                   index.column("length").to_pylist(),
+                                   index.column("num_loss_tokens").to_pylist(), strict=True):
+        entry = splits.setdefault(split, Counter())
+        entry.update(samples=1, tokens=length, loss_tokens=loss)
+    return splits
 
 
 def summary_table(s: Mapping[str, Any]) -> str:

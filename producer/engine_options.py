@@ -19,16 +19,27 @@ class EngineOptions:
     quantization: str | None = None
     """Weight quantization ("fp8", "modelopt_fp4", ...); None = as the checkpoint says."""
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    """KV cache dtype; "auto" uses the model's dtype."""
     tensor_parallel_size: int = 1
+    """GPUs one engine shards each layer over."""
     data_parallel_size: int = 1
+    """Engine replicas inside this worker."""
     enable_expert_parallel: bool = False
+    """Shard MoE experts across the parallel GPUs instead of splitting each expert."""
     max_model_len: int = 4096
+    """Longest prompt the engine accepts (and the default ``max_seq_len``)."""
     gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory vLLM may claim, in (0, 1]."""
     max_num_seqs: int = 256
+    """Most requests the engine schedules at once."""
     max_num_batched_tokens: int | None = None
+    """Token budget per engine step; None = vLLM's default."""
     enable_chunked_prefill: bool = True
+    """Split long prompts across engine steps."""
     enforce_eager: bool = False
+    """Skip CUDA graph capture (faster start-up, slower steps)."""
     seed: int = 0
+    """Engine random seed."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Any further vLLM engine argument, passed as-is (e.g. {"kv_cache_memory_bytes": ...})."""
 

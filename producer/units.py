@@ -94,7 +94,8 @@ def resolve_share(
             index = int(env[index_var]) - int(env.get(offset_var, "0") if offset_var else 0)
             count = int(env[count_var])
         except ValueError as exc:
-            raise ValueError(f"{index_var}/{count_var} are not integers") from exc
+            values = {v: env[v] for v in (index_var, count_var, offset_var) if v and v in env}
+            raise ValueError(f"{index_var}/{count_var}: expected integers, got {values}") from exc
         return _checked(index, count, f"{index_var}/{count_var}")
     return WorkerShare(0, 1, "default")
 

@@ -42,12 +42,17 @@ class CacheSpec:
     """The storage shape of a cache, fixed at creation and recorded in the store and manifest."""
 
     hidden_size: int
+    """H: the target's hidden size."""
     num_aux_layers: int
     """F: captured intermediate layers stored in ``aux_hidden``."""
     hidden_dtype: HiddenDtype
+    """Storage dtype of ``aux_hidden`` (lossless codec) and ``final_hidden``."""
     max_seq_len: int
+    """Longest sample in rows (tokens); a sample never straddles a slot."""
     aux_codec: Literal["lossless", "fp8"] = "lossless"
+    """``fp8``: ``aux_hidden`` as float8_e4m3fn bytes with a per-row, per-layer ``aux_scale``."""
     topk: int = 0
+    """Top-k target log-probabilities stored per row (``topk_ids``/``topk_logprobs``); 0: none."""
     shard_rows: int = 8192
     """Rows per slot (one shard object per array); must be >= max_seq_len."""
     rows_per_unit: int = 256

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,14 +42,27 @@ def moto_server() -> Iterator[dict[str, Any]]:
     Yields ``{"endpoint": url, "bucket": name, "storage_options": {...}}``; pass the options to
     any fsspec/s3fs call or sparkforge ``storage_options`` argument.
     """
-    from moto.server import ThreadedMotoServer
-
+    # A separate process, not moto's ThreadedMotoServer: importing Flask here leaves LocalProxy
+    # globals in sys.modules whose hasattr() raises RuntimeError, which breaks vLLM's start-up
+    # scan of loaded modules (vllm/triton_utils/dispatcher.py) for any later in-process engine.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"moto server did not start on {endpoint}") from None
+            time.sleep(0.2)
     options = {"key": "testing", "secret": "testing", "endpoint_url": endpoint,
                "client_kwargs": {"region_name": "us-east-1"}}
     import boto3
@@ -57,7 +73,8 @@ def moto_server() -> Iterator[dict[str, Any]]:
     try:
         yield {"endpoint": endpoint, "bucket": "sparkforge-test", "storage_options": options}
     finally:
-        server.stop()
+        server.terminate()
+        server.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

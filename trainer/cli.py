@@ -40,6 +40,7 @@ class ExportConfig:
     include_embeddings: bool = True
     """Ship exact copies of the target's embed_tokens / lm_head (engines share them when equal)."""
     overwrite: bool = False
+    """Replace an existing export in ``out_dir`` instead of refusing."""
 
 
 def _train(argv: list[str]) -> int:

@@ -30,19 +30,29 @@ class DSparkDraftConfig:
     num_target_layers: int
     """The target's num_hidden_layers (L); persisted because SGLang validates ids against it."""
     hidden_size: int
+    """H, the target's hidden size (the draft shares embed_tokens and lm_head with it)."""
     num_attention_heads: int
+    """Query heads of each draft layer (from the target)."""
     num_key_value_heads: int
+    """Key/value heads of each draft layer (GQA; from the target)."""
     head_dim: int
+    """Per-head size, even for RoPE (from the target)."""
     intermediate_size: int
+    """MLP width of each draft layer (from the target)."""
     vocab_size: int
+    """V, the target's vocabulary size."""
     rms_norm_eps: float = 1e-6
+    """RMSNorm epsilon (from the target)."""
     rope_parameters: Mapping[str, Any] = field(
         default_factory=lambda: {"rope_type": "default", "rope_theta": 1_000_000.0}
     )
     """HF-5 style RoPE settings copied from the target (rope_type, rope_theta, scaling keys)."""
     max_position_embeddings: int = 40_960
+    """Longest position the RoPE settings are meant for (scaled RoPE types read it)."""
     attention_bias: bool = False
+    """Bias on the q/k/v projections (from the target)."""
     initializer_range: float = 0.02
+    """Std of the normal init of Linear and Embedding weights (from the target)."""
     num_hidden_layers: int = 5
     """Draft depth."""
     block_size: int = 7
@@ -52,7 +62,9 @@ class DSparkDraftConfig:
     markov_rank: int = 256
     """r: rank of the Markov bigram bias; 0 disables the head."""
     markov_head_type: MarkovHeadType = "vanilla"
+    """vanilla (the only type serving engines build), gated or rnn."""
     enable_confidence_head: bool = True
+    """Build the per-slot acceptance predictor."""
     confidence_head_with_markov: bool = True
     """Confidence features [h ; W1[prev]] when true (requires r > 0), h alone when false."""
     embedding_scale: float = 1.0
@@ -60,6 +72,7 @@ class DSparkDraftConfig:
     final_logit_softcapping: float | None = None
     """tanh softcap on lm_head logits (Gemma); applied to draft base logits and teacher logits."""
     target_model_type: str = "qwen3"
+    """The target's HF model_type, recorded with the draft."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))

@@ -45,7 +45,7 @@ class EvalConfig:
     num_prompts: int = 32
     """Held-out prompts decoded speculatively."""
     max_new_tokens: int = 128
-    """Tokens generated per prompt (fewer if the target emits EOS)."""
+    """Tokens generated per prompt."""
     temperature: float = 0.0
     """0 = greedy (lossless: the output equals the target's greedy decoding)."""
     confidence_threshold: float | None = None
@@ -53,6 +53,7 @@ class EvalConfig:
     max_eval_batches: int | None = None
     """Limit teacher-forced batches (None: the whole eval split)."""
     seed: int = 0
+    """Seed of the teacher-forced anchor sampling and of T > 0 token sampling."""
     device: str = "auto"
     """"auto" (cuda when available), "cpu" or "cuda"."""
 

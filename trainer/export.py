@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -180,8 +181,13 @@ def read_checkpoint(
     ckpt_path: str | Path,
 ) -> tuple[DSparkDraftConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """The draft config, bare draft tensors and provenance of a ``sparkforge train`` checkpoint."""
-    # Lightning checkpoints are pickles written by our own trainer: trusted input.
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    # weights_only: a checkpoint is a pickle, and a foreign one could run code on load; ours holds
+    # only tensors and plain containers (lit_module saves hyperparameters as dicts).
+    try:
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ExportError(f"{ckpt_path} holds objects other than tensors and plain containers: "
+                          "not a sparkforge train checkpoint") from exc
     if "draft_config" not in ckpt:
         raise ExportError(f"{ckpt_path} has no draft_config: not a sparkforge train checkpoint")
     provenance = {"checkpoint": str(ckpt_path), "global_step": ckpt.get("global_step"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from typing import Any, Literal
 
@@ -32,6 +33,7 @@ from sparkforge.trainer.schedule import (
 logger = logging.getLogger(__name__)
 
 LOSS_TERMS = ("loss", "ce_loss", "tv_loss", "confidence_loss")
+RESUME_FIELDS = ("mask_token_id", "block_size", "target_layer_ids")
 
 
 class DSparkLitModule(L.LightningModule):
@@ -108,6 +110,19 @@ class DSparkLitModule(L.LightningModule):
         checkpoint["draft_config"] = self.model.config.to_dict()
         checkpoint["sparkforge_provenance"] = self._provenance
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse to resume a checkpoint whose mask id, K or feature ids differ from this run's.
+
+        These change what the weights mean without changing any shape, so ``load_state_dict``
+        alone would resume silently (dspark-algorithm.md 17.7).
+        """
+        assert self.model is not None
+        saved, now = checkpoint.get("draft_config", {}), self.model.config.to_dict()
+        problems = [f"model.draft.{name}: checkpoint has {saved[name]!r}, this run {now[name]!r}"
+                    for name in RESUME_FIELDS if name in saved and saved[name] != now[name]]
+        if problems:
+            raise ValueError("cannot resume: " + "; ".join(problems))
+
     def _anchor_generator(self, stage: int, batch_idx: int) -> torch.Generator:
         return anchor_generator(self.seed, self.global_rank, stage, self.current_epoch, batch_idx,
                                 device=self.device)
@@ -152,13 +167,24 @@ class DSparkLitModule(L.LightningModule):
         sums["data_wait_s"] = torch.tensor(self._wait, dtype=torch.float64, device=self.device)
         self._window = accumulate(self._window, sums)
         self.log("loss", res.logged_loss, prog_bar=True, logger=False)
-        loss: torch.Tensor = res.loss
+        # Lightning divides every micro-batch loss by accumulate_grad_batches, also in a shorter
+        # last window of the epoch; rescale that one so its step is not shrunk (spec section 8).
+        scale = trailing_window_scale(batch_idx, self.trainer.num_training_batches,
+                                      self.trainer.accumulate_grad_batches)
+        loss: torch.Tensor = res.loss * scale
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Every ``log_every_n_steps`` micro-batches: reduce the window over ranks and log it."""
-        window = self.trainer.log_every_n_steps  # type: ignore[attr-defined]
-        if (batch_idx + 1) % window == 0 or self.trainer.is_last_batch:
+        """Every ``log_every_n_steps`` optimizer steps: reduce the window over ranks and log it.
+
+        Only a micro-batch that ends an accumulation window has stepped, so each logged row has
+        its own ``global_step`` and the window holds every micro-batch of its steps.
+        """
+        trainer = self.trainer
+        last = trainer.is_last_batch
+        stepped = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or last
+        every = trainer.log_every_n_steps  # type: ignore[attr-defined]
+        if stepped and (self.global_step % every == 0 or last):
             self._log_window()
         self._batch_end = time.perf_counter()
 
@@ -208,6 +234,22 @@ def anchor_generator(seed: int, rank: int, stage: int, epoch: int, batch_idx: in
     # hash() of a tuple of ints is stable across processes (PYTHONHASHSEED affects only str/bytes).
     gen.manual_seed(hash((seed, rank, stage, epoch, batch_idx)) & 0x7FFF_FFFF_FFFF_FFFF)
     return gen
+
+
+def trailing_window_scale(batch_idx: int, num_batches: float, accumulate: int) -> float:
+    """``accumulate / p`` in the epoch's last window of ``p < accumulate`` micro-batches, else 1.
+
+    Args:
+        batch_idx: The micro-batch's index in the epoch.
+        num_batches: Micro-batches in the epoch (``inf`` when unknown: no rescaling).
+        accumulate: Micro-batches per optimizer step.
+    """
+    if accumulate <= 1 or not math.isfinite(num_batches):
+        return 1.0
+    tail = int(num_batches) % accumulate
+    if tail == 0 or batch_idx < int(num_batches) - tail:
+        return 1.0
+    return accumulate / tail
 
 
 def window_metrics(sums: MetricSums, *, elapsed_s: float, world_size: int) -> dict[str, float]:

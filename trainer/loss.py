@@ -131,6 +131,22 @@ def global_denominator(
     return total, dist.get_world_size(group)
 
 
+def _confidence_terms(
+    out: DSparkOutput, l1_N: torch.Tensor, rows: torch.Tensor, w_BAK: torch.Tensor,
+    confidence_alpha: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The detached label c* = clamp(1 - L1/2) scattered to [B, A, K], and per-row BCE (or None).
+
+    The label carries no gradient; the BCE reaches the confidence head and through it the backbone.
+    """
+    accept_N = (1.0 - 0.5 * l1_N.detach()).clamp(0.0, 1.0)
+    accept_BAK = torch.zeros_like(w_BAK).flatten().index_copy(0, rows, accept_N).view_as(w_BAK)
+    if out.confidence_logits is None or confidence_alpha <= 0:
+        return accept_BAK, None
+    conf_N = out.confidence_logits.flatten()[rows]
+    return accept_BAK, F.binary_cross_entropy_with_logits(conf_N, accept_N, reduction="none")
+
+
 def compute_dspark_loss(
     out: DSparkOutput,
     *,
@@ -165,16 +181,11 @@ def compute_dspark_loss(
     zero = w_N.sum() * 0.0
     ce_num = (ce_N * w_N).sum()
     l1_num = (l1_N * w_N).sum() if (l1_N is not None and l1_alpha > 0) else zero
-    accept_BAK = None
-    conf_num = zero
+    accept_BAK, conf_num = None, zero
     if l1_N is not None:
-        accept_N = (1.0 - 0.5 * l1_N.detach()).clamp(0.0, 1.0)
-        accept_BAK = torch.zeros_like(w_BAK).flatten().index_copy(0, rows, accept_N)
-        accept_BAK = accept_BAK.view_as(w_BAK)
-        if out.confidence_logits is not None and confidence_alpha > 0:
-            conf_N = out.confidence_logits.flatten()[rows]
-            bce = F.binary_cross_entropy_with_logits(conf_N, accept_N, reduction="none")
-            conf_num = (bce * w_N).sum()
+        accept_BAK, bce_N = _confidence_terms(out, l1_N, rows, w_BAK, confidence_alpha)
+        if bce_N is not None:
+            conf_num = (bce_N * w_N).sum()
     local_d = w_BAK.sum()
     global_d, world = global_denominator(local_d, process_group)
     weighted = ce_alpha * ce_num + l1_alpha * l1_num + confidence_alpha * conf_num

@@ -28,17 +28,17 @@ class DraftSpec:
     num_hidden_layers: int = 5
     """Draft depth."""
     block_size: int = 7
-    """K: tokens drafted per pass (the anchor slot predicts anchor + 1)."""
+    """K: tokens drafted per pass."""
     num_anchors: int = 512
-    """Blocks sampled per sequence in training (a fixed count; short sequences pad dummies)."""
+    """A: blocks sampled per sequence per step."""
     markov_rank: int = 256
-    """Rank of the Markov head's bigram bias; 0 disables the head."""
+    """r: rank of the Markov bigram bias; 0 disables the head."""
     markov_head_type: MarkovHeadType = "vanilla"
-    """Markov head form; vLLM serves only "vanilla"."""
+    """vanilla (the only type serving engines build), gated or rnn."""
     enable_confidence_head: bool = True
-    """Train the head that predicts per-position acceptance (SGLang needs it)."""
+    """Train the per-slot acceptance predictor (needs loss.confidence_head_alpha > 0)."""
     confidence_head_with_markov: bool = True
-    """Feed the confidence head the Markov features too (needs markov_rank > 0)."""
+    """Confidence features [h ; W1[prev]] (needs markov_rank > 0); h alone when false."""
     target_model_type: str | None = None
     """Expected target model_type (checked against the cache when set)."""
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -80,12 +80,21 @@ class LossSpec:
     """Weights of the three loss terms (dspark-algorithm.md section 8)."""
 
     ce_loss_alpha: float = 0.1
-    """Weight of the cross-entropy against the target's distribution."""
+    """Weight of the cross-entropy to the data tokens."""
     l1_loss_alpha: float = 0.9
-    """Weight of the L1 distance to the target's distribution (= 2 TV; logged as tv_loss)."""
+    """Weight of the full L1 distance to the teacher distribution."""
     confidence_head_alpha: float = 1.0
     """Must be > 0 exactly when the draft has a confidence head."""
     loss_decay_gamma: float | None = 4.0
     """Per-slot weight exp(-k/gamma); None disables the decay."""
     l1_chunk_rows: int = 128
     """Rows per chunk of the full-vocabulary L1 term (bounds its fp32 temporaries)."""
+
+    def __post_init__(self) -> None:
+        problems = [f"model.loss.{name}={value} must be >= 0" for name, value in (
+            ("ce_loss_alpha", self.ce_loss_alpha), ("l1_loss_alpha", self.l1_loss_alpha),
+            ("confidence_head_alpha", self.confidence_head_alpha)) if value < 0]
+        if self.l1_chunk_rows < 1:
+            problems.append(f"model.loss.l1_chunk_rows={self.l1_chunk_rows} must be >= 1")
+        if problems:
+            raise ValueError("invalid loss config:\n  " + "\n  ".join(problems))

@@ -28,7 +28,7 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     """Adam betas; passed only to optimizers that accept them."""
     weight_decay: float = 0.0
-    """Decoupled weight decay (AdamW) or L2 penalty, as the optimizer defines it."""
+    """Decoupled weight decay (0 in the recipe)."""
     init_args: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the optimizer (e.g. {"momentum": 0.9} for SGD)."""
 
@@ -40,7 +40,7 @@ class SchedulerConfig:
     warmup_steps: int | None = None
     """Explicit warmup length; 0 disables warmup. None: ``warmup_ratio`` of the run, at least 20."""
     warmup_ratio: float = 0.05
-    """Warmup as a fraction of ``total_steps`` when ``warmup_steps`` is None."""
+    """Warmup as a fraction of total_steps when warmup_steps is None."""
     min_lr_ratio: float = 0.1
     """Floor of the cosine as a fraction of the peak lr."""
     total_steps: int | None = None
@@ -49,13 +49,13 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         problems = []
         if self.warmup_steps is not None and self.warmup_steps < 0:
-            problems.append(f"scheduler.warmup_steps={self.warmup_steps} must be >= 0")
+            problems.append(f"model.scheduler.warmup_steps={self.warmup_steps} must be >= 0")
         if not 0.0 <= self.warmup_ratio < 1.0:
-            problems.append(f"scheduler.warmup_ratio={self.warmup_ratio} must be in [0, 1)")
+            problems.append(f"model.scheduler.warmup_ratio={self.warmup_ratio} must be in [0, 1)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            problems.append(f"scheduler.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+            problems.append(f"model.scheduler.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if self.total_steps is not None and self.total_steps < 1:
-            problems.append(f"scheduler.total_steps={self.total_steps} must be >= 1")
+            problems.append(f"model.scheduler.total_steps={self.total_steps} must be >= 1")
         if problems:
             raise ValueError("invalid scheduler config:\n  " + "\n  ".join(problems))
 
@@ -81,9 +81,11 @@ def optimizer_class(class_path: str) -> type[torch.optim.Optimizer]:
     try:
         cls = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"optimizer.class_path={class_path!r} cannot be imported") from exc
+        raise ValueError(f"model.optimizer.class_path={class_path!r} cannot be imported") from exc
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
-        raise ValueError(f"optimizer.class_path={class_path!r} is not a torch.optim.Optimizer")
+        raise ValueError(
+            f"model.optimizer.class_path={class_path!r} is not a torch.optim.Optimizer"
+        )
     return cls
 
 

@@ -45,11 +45,27 @@ def write_config(tmp_path: Path, model: Path, data: Path, name: str, **overrides
     return path
 
 
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _kill_leftovers():
+    """Kill what a failed or timed-out test left running: its own session escapes pytest."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def cli(*args: str) -> subprocess.Popen:
     """`python -m sparkforge.producer ...` in its own process group (engine workers included)."""
-    return subprocess.Popen([sys.executable, "-P", "-m", "sparkforge.producer", *args], env=ENV,
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "sparkforge.producer", *args], env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
+    _STARTED.append(proc)
+    return proc
 
 
 def finish(proc: subprocess.Popen) -> str:

@@ -105,6 +105,16 @@ def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_p
     assert got == pytest.approx({s: want[s] for s in got}, rel=1e-6, abs=1e-7)
 
 
+def test_gradient_accumulation_logs_one_window_per_optimizer_step(tiny_cache: str,
+                                                                  tmp_path: Path) -> None:
+    """With accumulate_grad_batches 4 (6 batches/epoch) each optimizer step logs exactly once."""
+    assert main(_train_args(tiny_cache, tmp_path, "--trainer.max_steps", "3",
+                            "--trainer.accumulate_grad_batches", "4")) == 0
+    with (_run_dir(tmp_path) / "metrics.csv").open() as f:
+        steps = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    assert steps == [1, 2, 3]
+
+
 @pytest.mark.slow
 def test_export_loads_in_vllm_and_eval_reports(tiny_run: Path, tiny_target: Path,
                                                tiny_cache: str, tmp_path: Path,

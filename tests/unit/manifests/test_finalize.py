@@ -10,10 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from cache_helpers import make_header, make_unit
 
-from sparkforge.manifests.finalize import finalize_cache
+from sparkforge.manifests.finalize import finalize_cache, read_run_header
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.schema import CacheIncompleteError, ManifestError
-from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared import storage
+from sparkforge.shared.layout import HEADER_KEY, CacheSpec
 from sparkforge.shared.records import UnitAccounting
 from sparkforge.shared.writer import CacheWriter
 
@@ -101,3 +102,24 @@ def test_units_with_no_written_samples_are_committed(tmp_path: Path) -> None:
     assert manifest.accounting.failed == 1
     assert manifest.accounting.input_rows == SPEC.rows_per_unit + 2
     assert open_cache(str(tmp_path / "c"), verify=True).read_unit(1) == []
+
+
+def test_run_header_with_wrong_keys_names_the_file_and_the_keys(tmp_path: Path) -> None:
+    """A run header missing a key is refused with its path and the keys it does have."""
+    _cache(tmp_path / "c", [])
+    path = tmp_path / "c" / HEADER_KEY
+    data = json.loads(path.read_text())
+    del data["spec"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match=r"header\.json: expected .* got \['format_version', "
+                                            r"'header'\]"):
+        read_run_header(storage.open_location(str(tmp_path / "c")))
+
+
+def test_parity_report_reaches_the_manifest_only_when_written(tmp_path: Path) -> None:
+    """target/parity.json, when the producer wrote one, is copied into the manifest verbatim."""
+    report = {"passed": True, "top1_agreement": 1.0}
+    _cache(tmp_path / "with", [0]).write_target_files({"parity.json": json.dumps(report).encode()})
+    _cache(tmp_path / "without", [0])
+    assert finalize_cache(str(tmp_path / "with"), expected_units=1).parity == report
+    assert finalize_cache(str(tmp_path / "without"), expected_units=1).parity is None

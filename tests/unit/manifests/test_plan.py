@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkforge.manifests.cli import main
-from sparkforge.manifests.plan import plan_cache, target_shape_from_config
+from sparkforge.manifests.plan import human_bytes, plan_cache, target_shape_from_config
 from sparkforge.shared.layout import CacheSpec
 
 
@@ -56,7 +56,7 @@ def test_target_config_and_text_config(tmp_path: Path) -> None:
 
 def test_plan_cli_table_and_usage_errors(tiny_config: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """The CLI prints a table; out-of-range layer ids and bad configs exit 2."""
+    """The CLI prints a table; out-of-range layer ids and bad sizes exit 2 naming the flag."""
     assert main(["plan", "--target_config", str(tiny_config), "--layer_ids", "1,2,3",
                  "--num_tokens", "1000000"]) == 0
     out = capsys.readouterr().out
@@ -64,6 +64,10 @@ def test_plan_cli_table_and_usage_errors(tiny_config: Path,
     assert "bytes/token     707" in out  # 4 * 256 / 1.45 + 4 / 3.4 + 1 / 100 = 707.4
     assert main(["plan", "--target_config", str(tiny_config), "--layer_ids", "1,9",
                  "--num_tokens", "10"]) == 2
+    assert "--layer_ids [1, 9]" in capsys.readouterr().err
+    assert main(["plan", "--target_config", str(tiny_config), "--layer_ids", "1",
+                 "--num_tokens", "-1"]) == 2
+    assert "--num_tokens must be >= 0, got -1" in capsys.readouterr().err
     assert main(["plan", "--target_config", str(tiny_config.parent / "none.json"),
                  "--num_aux_layers", "2", "--num_tokens", "10"]) == 2
 
@@ -87,3 +91,10 @@ def tiny_config(tmp_path: Path) -> Path:
     path.write_text(json.dumps({"model_type": "qwen3", "hidden_size": 128,
                                 "num_hidden_layers": 4, "torch_dtype": "bfloat16"}))
     return path
+
+
+@pytest.mark.parametrize(("n", "text"), [(999, "999 B"), (1000, "1.0 KB"), (1_450_000, "1.4 MB"),
+                                         (2.5e9, "2.5 GB"), (3e15, "3000.0 TB")])
+def test_human_bytes_uses_decimal_units_up_to_tb(n: float, text: str) -> None:
+    """Whole bytes below 1 KB, one decimal in KB..TB, and TB is the largest unit."""
+    assert human_bytes(n) == text

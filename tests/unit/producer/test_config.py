@@ -87,8 +87,9 @@ def test_cli_config_errors_exit_2_naming_flags(tmp_path: Path, capsys) -> None:
     assert main(["bogus"]) == 2
 
 
-@pytest.mark.parametrize("name", ["tiny.yaml", "qwen3-8b.yaml"])
-def test_example_configs_parse(name: str) -> None:
+@pytest.mark.parametrize(("name", "layer_ids"),
+                         [("tiny.yaml", [0, 1, 2]), ("qwen3-8b.yaml", [1, 9, 17, 25, 33])])
+def test_example_configs_parse(name: str, layer_ids: list[int]) -> None:
     """The shipped example configs are valid producer configs."""
     from importlib.resources import files
 
@@ -96,5 +97,5 @@ def test_example_configs_parse(name: str) -> None:
 
     path = files("sparkforge.producer") / "examples" / name
     cfg = _parse("produce", ProducerConfig, ["--config", str(path)])
-    assert cfg.layer_ids
+    assert cfg.layer_ids == layer_ids
     assert cfg.seq_len <= cfg.shard_rows

@@ -9,14 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from producer_helpers import write_jsonl
 
 from sparkforge.producer.dataset import DatasetError, describe_sources, iter_rows
 
 ROWS = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(7)]
-
-
-def write_jsonl(path: Path, lines: list[str]) -> None:
-    path.write_text("\n".join(lines) + "\n")
 
 
 def test_jsonl_bad_lines_become_bad_rows(tmp_path: Path) -> None:

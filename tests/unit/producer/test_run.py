@@ -94,8 +94,7 @@ BAD_ROWS = {
 }
 
 
-def test_bad_rows_are_counted_by_reason(tiny_target: Path, tiny_target_plain_template: Path,
-                                        tmp_path: Path) -> None:
+def test_bad_rows_are_counted_by_reason(tiny_target_plain_template: Path, tmp_path: Path) -> None:
     """Every bad row is skipped with its reason, failures are counted, and the sums add up."""
     good = chat_rows(5)
     lines: list = []

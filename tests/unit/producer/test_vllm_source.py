@@ -61,6 +61,7 @@ def hf_source(tiny_target: Path):
 @pytest.fixture(scope="module")
 def source(tiny_target: Path, hf_reference, hf_source, tmp_path_factory):
     """One in-process engine for the module, with a 64-token budget so long prompts are chunked."""
+    # hf_reference and hf_source are requested only so they run before vLLM changes torch threads.
     from sparkforge.producer.vllm_source import VllmSource
 
     patch = pytest.MonkeyPatch()

@@ -17,6 +17,7 @@ from sparkforge.trainer.export import (
     export_draft,
     key_problems,
     load_draft,
+    read_checkpoint,
 )
 from sparkforge.trainer.model import DSparkDraftModel
 
@@ -134,3 +135,15 @@ def test_non_empty_output_is_not_overwritten_by_default(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="overwrite"):
         export_draft(model.config, model.state_dict(), out)
     export_draft(model.config, model.state_dict(), out, overwrite=True)
+
+
+class _Payload:
+    """Stands for any non-tensor object a foreign pickle could carry."""
+
+
+def test_checkpoint_with_arbitrary_pickled_objects_is_refused(tmp_path: Path) -> None:
+    """Export loads checkpoints weights-only: a pickled object is an ExportError, never run."""
+    path = tmp_path / "foreign.ckpt"
+    torch.save({"draft_config": draft_tiny().to_dict(), "state_dict": {}, "x": _Payload()}, path)
+    with pytest.raises(ExportError, match="foreign.ckpt"):
+        read_checkpoint(path)

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from sparkforge.trainer.lit_module import DSparkLitModule, anchor_generator, window_metrics
+from sparkforge.trainer.draft_config import draft_tiny
+from sparkforge.trainer.lit_module import (
+    DSparkLitModule,
+    anchor_generator,
+    trailing_window_scale,
+    window_metrics,
+)
 from sparkforge.trainer.run_config import DraftSpec, LossSpec
 
 SPEC = DraftSpec(mask_token_id=3, hidden_size=128, vocab_size=1024, num_target_layers=4,
@@ -55,3 +63,36 @@ def test_anchor_generator_depends_only_on_the_batch_position() -> None:
 
     assert torch.equal(draw(0, 1, 0, 2, 5), draw(0, 1, 0, 2, 5))
     assert not torch.equal(draw(0, 1, 0, 2, 5), draw(0, 0, 0, 2, 5))
+
+
+@pytest.mark.parametrize(("field", "value"), [("mask_token_id", 4), ("block_size", 3),
+                                              ("target_layer_ids", [0, 1])])
+def test_resume_refuses_a_checkpoint_with_another_draft_contract(field: str, value: Any) -> None:
+    """Resuming with another mask_token_id, K or feature ids is an error naming the field."""
+    lit = DSparkLitModule(draft=SPEC)
+    cfg = draft_tiny()
+    lit.build(cfg)
+    saved = {**cfg.to_dict(), field: value}
+    with pytest.raises(ValueError, match=field):
+        lit.on_load_checkpoint({"draft_config": saved})
+    lit.on_load_checkpoint({"draft_config": cfg.to_dict()})   # the same contract resumes
+
+
+@pytest.mark.parametrize(("batch_idx", "num_batches", "accumulate", "scale"), [
+    (0, 5, 2, 1.0), (3, 5, 2, 1.0), (4, 5, 2, 2.0),   # last window holds 1 of 2
+    (6, 8, 3, 1.5), (5, 8, 3, 1.0),                    # last window holds 2 of 3
+    (3, 4, 2, 1.0), (4, 5, 1, 1.0), (7, float("inf"), 4, 1.0),
+])
+def test_trailing_partial_accumulation_window_is_rescaled(batch_idx: int, num_batches: float,
+                                                          accumulate: int, scale: float) -> None:
+    """A window of p < accumulate micro-batches is scaled by accumulate/p (spec section 8)."""
+    assert trailing_window_scale(batch_idx, num_batches, accumulate) == scale
+
+
+@pytest.mark.parametrize("change", [{"l1_chunk_rows": 0}, {"ce_loss_alpha": -0.1},
+                                    {"l1_loss_alpha": -1.0}, {"confidence_head_alpha": -1.0}])
+def test_invalid_loss_settings_name_the_field(change: dict[str, Any]) -> None:
+    """A chunk size < 1 or a negative loss weight is a ValueError naming model.loss.<field>."""
+    (name,) = change
+    with pytest.raises(ValueError, match=f"model.loss.{name}"):
+        LossSpec(**change)

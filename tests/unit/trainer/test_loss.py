@@ -139,12 +139,13 @@ def test_loss_chunk_size_does_not_change_loss_or_grads(build: Build) -> None:
     torch.testing.assert_close(grads[0][1], grads[1][1])
 
 
-def test_teacher_required_for_l1_or_confidence() -> None:
+@pytest.mark.parametrize(("conf", "l1_alpha"), [(True, 0.9), (False, 0.9), (True, 0.0)])
+def test_teacher_required_for_l1_or_confidence(conf: bool, l1_alpha: float) -> None:
     """A missing teacher with l1_alpha > 0 or a confidence head is a ValueError."""
-    out = _output()
+    out = _output(conf=conf)
     out.target_logits = None
     with pytest.raises(ValueError, match="target_last_hidden_states"):
-        compute_dspark_loss(out)
+        compute_dspark_loss(out, l1_alpha=l1_alpha)
 
 
 def test_confidence_label_is_detached_and_head_not() -> None:
