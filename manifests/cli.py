@@ -57,7 +57,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
                        help="mean sample length in tokens (default 1024)")
         p.add_argument("--topk", type=int, default=0, help="top-k logprobs stored per token")
         p.add_argument("--shard_rows", type=int, default=8192)
-        p.add_argument("--rows_per_unit", type=int, default=256)
+        p.add_argument("--rows_per_unit", type=int, default=64,
+                       help="input rows per unit (default 64, as sparkforge produce)")
         p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 

@@ -44,7 +44,10 @@ def _finalize(cfg: FinalizeConfig) -> int:
     from sparkforge.producer.run import finalize
 
     manifest = finalize(cfg.output, storage_options=cfg.storage_options)
-    print(f"finalized {cfg.output}: {manifest.accounting}")
+    acc = manifest.accounting
+    skipped = ", ".join(f"{k} {v:,}" for k, v in sorted(acc.skipped.items())) or "none"
+    print(f"finalized {cfg.output}: {acc.input_rows:,} input rows: {acc.written:,} written, "
+          f"skipped {skipped}, failed {acc.failed:,}")
     return 0
 
 

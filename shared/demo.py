@@ -134,9 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] == "demo":
         args = args[1:]
     parser = argparse.ArgumentParser(prog="sparkforge demo", description=__doc__)
-    parser.add_argument("--out_dir", type=Path, default=Path("demo-out"))
+    parser.add_argument("--out_dir", type=Path, default=Path("demo-out"),
+                        help="where every stage writes (default demo-out)")
     parser.add_argument("--rows", type=int, default=128, help="chat rows to build")
-    parser.add_argument("--train_steps", type=int, default=300)
+    parser.add_argument("--train_steps", type=int, default=300,
+                        help="optimizer steps of the train stage (default 300)")
     ns = parser.parse_args(args)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -13,7 +13,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from jsonargparse import (  # type: ignore[attr-defined]
     ActionConfigFile,
@@ -99,7 +99,7 @@ def _export(argv: list[str]) -> int:
                             default_env=False)
     parser.add_argument("ckpt", type=str, help="checkpoint written by sparkforge train")
     parser.add_argument("out_dir", type=str, help="output directory")
-    parser.add_argument("--engine", type=str, default="any", choices=["vllm", "sglang", "any"],
+    parser.add_argument("--engine", type=Literal["vllm", "sglang", "any"], default="any",
                         help="engine whose loading rules the draft must satisfy (any = both)")
     parser.add_argument("--include_embeddings", type=bool, default=True,
                         help="ship exact copies of the target's embed_tokens / lm_head")

@@ -106,6 +106,14 @@ def _held_out_prompts(reader: Any, num: int) -> list[np.ndarray]:
     return prompts
 
 
+def _same_head(target_weight: torch.Tensor, draft_weight: torch.Tensor) -> bool:
+    """Whether the draft's lm_head is the target's, at the bf16 precision exports store."""
+    ours, theirs = draft_weight.float(), target_weight.float()
+    if torch.equal(ours, ours.bfloat16().float()):   # exported in bf16: round the target too
+        theirs = theirs.bfloat16().float()
+    return torch.equal(ours, theirs)
+
+
 def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     """Run both evaluations and write the JSON report and PNG plot; returns the report."""
     from transformers import AutoModelForCausalLM
@@ -124,7 +132,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         raise ValueError(f"draft {cfg.draft} does not fit target {cfg.target}: "
                          + "; ".join(mismatch))
     frozen = target.get_output_embeddings()
-    if frozen is not None and not torch.equal(frozen.weight.float(), draft.lm_head.weight.float()):
+    if frozen is not None and not _same_head(frozen.weight, draft.lm_head.weight):
         logger.warning("%s's lm_head differs from the one the draft was trained with: the draft's "
                        "teacher was another model (or precision)", cfg.target)
     reader = open_cache(cfg.cache, storage_options=cfg.storage_options or None)

@@ -117,7 +117,8 @@ def test_gradient_accumulation_logs_one_window_per_optimizer_step(tiny_cache: st
 
 @pytest.mark.slow
 def test_export_loads_in_vllm_and_eval_reports(tiny_run: Path, tiny_target: Path,
-                                               tiny_cache: str, tmp_path: Path) -> None:
+                                               tiny_cache: str, tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
     """The trained draft exports, loads through vLLM's DSpark class, and eval reports tau >= 1."""
     ckpt = tiny_run / "checkpoints" / "last.ckpt"
     draft = tmp_path / "draft"
@@ -148,6 +149,7 @@ def test_export_loads_in_vllm_and_eval_reports(tiny_run: Path, tiny_target: Path
                  "--max_new_tokens", "12", "--temperature", "1.0"]) == 0
     report = json.loads((report_dir / "eval_report.json").read_text())
     assert report["speculative"]["tau"] >= 1.0
+    assert "lm_head differs" not in caplog.text   # the fp32 target is the draft's own teacher
     assert report["speculative"]["tau"] > 1.0   # at T=1 the trained draft gets tokens accepted
     assert report["speculative"]["rounds"] > 0
     assert len(report["speculative"]["acceptance_by_position"]) == 4

@@ -72,6 +72,18 @@ def test_plan_cli_table_and_usage_errors(tiny_config: Path,
                  "--num_aux_layers", "2", "--num_tokens", "10"]) == 2
 
 
+def test_plan_cli_defaults_to_the_producers_unit_size(tiny_config: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --rows_per_unit, plan packs units of 64 rows, the default of sparkforge produce."""
+    from sparkforge.producer.config import ProducerConfig
+
+    assert main(["plan", "--target_config", str(tiny_config), "--num_aux_layers", "2",
+                 "--num_tokens", str(640 * 1024), "--mean_seq_len", "1024", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert ProducerConfig.__dataclass_fields__["rows_per_unit"].default == 64
+    assert out["num_units"] == 640 // 64
+
+
 @pytest.fixture
 def tiny_config(tmp_path: Path) -> Path:
     """A Qwen3-shaped config.json with H=128 and 4 layers."""
