@@ -23,13 +23,32 @@ def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Traine
                 len(data.split_index("train")), len(data.split_index("eval")))
 
 
+def check_resume_target(trainer: L.Trainer, ckpt_path: str | None) -> None:
+    """Refuse ``--ckpt_path last`` when no fixed ``--checkpoint.dirpath`` is set.
+
+    Lightning looks for ``last`` in the new run's own version folder, finds nothing, warns and
+    trains from scratch: a resubmitted job would silently restart. With a fixed folder a missing
+    checkpoint still starts fresh, which is what auto-requeued jobs want on their first run.
+    """
+    callback = trainer.checkpoint_callback
+    if ckpt_path == "last" and getattr(callback, "dirpath", None) is None:
+        raise ValueError(
+            "--ckpt_path last needs a fixed --checkpoint.dirpath (each run otherwise writes to a "
+            "new version folder, so 'last' never finds the previous run); set it, or pass the "
+            "checkpoint file's path"
+        )
+
+
 def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
           ckpt_path: str | None = None) -> dict[str, Any]:
     """Validate the cache, fit (resuming from ``ckpt_path`` when given) and return a summary.
 
     Raises:
         CacheContractError: the cache does not match the run's draft and data settings.
+        ValueError: ``ckpt_path="last"`` without a fixed checkpoint folder, where it can never
+            find a checkpoint (each run logs into a new version folder).
     """
+    check_resume_target(trainer, ckpt_path)
     check_cache(model, data, trainer)
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     callback = trainer.checkpoint_callback

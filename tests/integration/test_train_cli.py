@@ -76,6 +76,15 @@ def test_mismatched_cache_is_refused_before_training(tiny_cache: str, tmp_path: 
     assert not list(tmp_path.glob("dspark/version_*/checkpoints/*.ckpt"))
 
 
+def test_resume_from_last_needs_a_fixed_checkpoint_folder(
+        tiny_cache: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--ckpt_path last without --checkpoint.dirpath is refused instead of silently restarting."""
+    code = main(_train_args(tiny_cache, tmp_path, "--ckpt_path", "last"))
+    assert code == 1
+    assert "--checkpoint.dirpath" in capsys.readouterr().err
+    assert not list(tmp_path.glob("dspark/version_*/checkpoints/*.ckpt"))
+
+
 @pytest.mark.slow
 def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_path: Path) -> None:
     """SIGKILL after the step-4 checkpoint, resume from it: steps 5..9 match an unkilled run."""
