@@ -85,6 +85,11 @@ def resolve_chat_template(override: str | None, tokenizer: Any) -> str:
     return str(template)
 
 
+def template_sha256(template: str) -> str:
+    """The chat template's identity as recorded in the manifest."""
+    return hashlib.sha256(template.encode()).hexdigest()
+
+
 def tokenizer_hash(tokenizer: Any) -> str:
     """sha256 of the tokenizer's serialised vocabulary, merges, normaliser and special tokens."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -142,7 +147,7 @@ class ChatEncoder:
     ) -> None:
         self.tokenizer = tokenizer
         self.template = resolve_chat_template(chat_template, tokenizer)
-        self.template_sha256 = hashlib.sha256(self.template.encode()).hexdigest()
+        self.template_sha256 = template_sha256(self.template)
         self.tokenizer_hash = tokenizer_hash(tokenizer)
         self.uses_generation_tags = bool(_GENERATION_TAG.search(self.template))
         self.reasoning: ReasoningPolicy = reasoning

@@ -10,7 +10,6 @@ starts an engine per call, so parts should be large (the default is 1024 rows).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -30,6 +29,7 @@ from sparkforge.producer.chat import (
     SkipReason,
     clean_messages,
     resolve_chat_template,
+    template_sha256,
     tokenizer_hash,
 )
 from sparkforge.producer.config import RegenerateConfig
@@ -95,7 +95,7 @@ def sampling_parameters(cfg: RegenerateConfig, *, template: str, tokenizer: Any)
         "model": cfg.engine.model, "revision": cfg.engine.revision,
         "temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens,
         "seed": cfg.seed, "rows_per_part": cfg.rows_per_part, "source": cfg.data,
-        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+        "chat_template_sha256": template_sha256(template),
         "tokenizer_hash": tokenizer_hash(tokenizer), "engine_version": engine_version("vllm"),
     }
 
