@@ -12,7 +12,10 @@ from sparkforge.trainer.draft_config import DSparkDraftConfig, MarkovHeadType, f
 
 @dataclass(frozen=True, kw_only=True)
 class DraftSpec:
-    """The draft to train. Target-facing fields are checked against the cache before training."""
+    """The draft to train. Target-facing fields are checked against the cache before training.
+
+    Defaults are the draft config's own (the paper recipe), so the two cannot drift apart.
+    """
 
     mask_token_id: int
     """Unused in-vocabulary id for the masked block slots (Qwen3: 151669); the same id serves."""
@@ -25,19 +28,19 @@ class DraftSpec:
     target_layer_ids: tuple[int, ...] | None = None
     """0-based DSpark feature ids (id l = HF hidden_states[l+1]); the cache must hold exactly
     these. None: the DFlash spacing rule for the draft depth."""
-    num_hidden_layers: int = 5
+    num_hidden_layers: int = DSparkDraftConfig.num_hidden_layers
     """Draft depth."""
-    block_size: int = 7
+    block_size: int = DSparkDraftConfig.block_size
     """K: tokens drafted per pass."""
-    num_anchors: int = 512
+    num_anchors: int = DSparkDraftConfig.num_anchors
     """A: blocks sampled per sequence per step."""
-    markov_rank: int = 256
+    markov_rank: int = DSparkDraftConfig.markov_rank
     """r: rank of the Markov bigram bias; 0 disables the head."""
-    markov_head_type: MarkovHeadType = "vanilla"
+    markov_head_type: MarkovHeadType = DSparkDraftConfig.markov_head_type
     """vanilla (the only type serving engines build), gated or rnn."""
-    enable_confidence_head: bool = True
+    enable_confidence_head: bool = DSparkDraftConfig.enable_confidence_head
     """Train the per-slot acceptance predictor (needs loss.confidence_head_alpha > 0)."""
-    confidence_head_with_markov: bool = True
+    confidence_head_with_markov: bool = DSparkDraftConfig.confidence_head_with_markov
     """Confidence features [h ; W1[prev]] (needs markov_rank > 0); h alone when false."""
     target_model_type: str | None = None
     """Expected target model_type (checked against the cache when set)."""
