@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -103,17 +104,17 @@ def test_sigkill_with_full_write_queue_loses_only_units_in_flight(tmp_path: Path
     _reference(str(tmp_path / "ref"), {})
     proc = _start(uri, {}, "--queue_units", str(queue_units), "--stall-before-commit", "1")
     assert proc.stdout is not None
-    seen: set[str] = set()
-    for line in proc.stdout:  # unit 1 parks before its commit; units 2 and 3 fill the queue
-        seen.add(line.strip())
-        if {"stalled 1", f"queued {1 + queue_units}"} <= seen:
-            break
-    assert {"stalled 1", f"queued {1 + queue_units}"} <= seen, seen
-    # submitting the next unit must block on the full queue: nothing more arrives
-    os.set_blocking(proc.stdout.fileno(), False)
-    time.sleep(1.0)
-    late = proc.stdout.read() or ""
-    assert f"queued {2 + queue_units}" not in seen | set(late.split("\n")), late
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(x.strip() for x in proc.stdout),
+                              daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    full = {"stalled 1", f"queued {1 + queue_units}"}  # unit 1 parked; units 2, 3 queued
+    deadline = time.monotonic() + 60
+    while not full <= set(lines) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert full <= set(lines), lines
+    time.sleep(1.0)  # submitting the next unit must block on the full queue
+    assert f"queued {2 + queue_units}" not in lines, lines
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
     writer = CacheWriter.open(uri, spec=SPEC, header=make_header(SPEC))
