@@ -59,6 +59,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--shard_rows", type=int, default=8192)
         p.add_argument("--rows_per_unit", type=int, default=64,
                        help="input rows per unit (default 64, as sparkforge produce)")
+        p.add_argument("--tokens_per_s", type=float,
+                       help="capture speed of one producer (e.g. a GPU's prefill tokens/s): "
+                            "also print the writer cores needed to keep up")
         p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -140,9 +143,12 @@ def _plan(ns: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     bad = [f"--num_tokens must be >= 0, got {ns.num_tokens}"] if ns.num_tokens < 0 else []
     bad += [f"--mean_seq_len must be >= 1, got {ns.mean_seq_len}"] if ns.mean_seq_len < 1 else []
+    if ns.tokens_per_s is not None and ns.tokens_per_s <= 0:
+        bad.append(f"--tokens_per_s must be > 0, got {ns.tokens_per_s}")
     if bad:
         raise UsageError("; ".join(bad))
-    plan = plan_cache(spec, num_tokens=ns.num_tokens, mean_seq_len=ns.mean_seq_len)
+    plan = plan_cache(spec, num_tokens=ns.num_tokens, mean_seq_len=ns.mean_seq_len,
+                      tokens_per_s=ns.tokens_per_s)
     print(json.dumps(plan, indent=1) if ns.json else plan_table(plan))
     return 0
 
