@@ -20,7 +20,6 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from sparkforge.shared.reader import CachedSample
-
 from sparkforge.trainer.data_plan import (
     Batching,
     EpochPlan,

@@ -27,6 +27,9 @@ def test_fp8_records_hold_codes_and_scales_from_torch() -> None:
     codes, scale, _ = to_storage(
         CaptureResult(sample_id=0, aux_hidden=aux, final_hidden=torch.zeros(5, 8)), "bfloat16",
         "fp8")
-    assert codes.dtype == np.uint8 and codes.shape == (5, 3, 8)
-    assert scale is not None and scale.dtype == np.float32 and scale.shape == (5, 3)
+    assert codes.dtype == np.uint8
+    assert codes.shape == (5, 3, 8)
+    assert scale is not None
+    assert scale.dtype == np.float32
+    assert scale.shape == (5, 3)
     np.testing.assert_allclose(scale, aux.float().abs().amax(-1).numpy() / 448, rtol=1e-6)

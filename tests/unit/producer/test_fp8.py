@@ -33,7 +33,8 @@ def test_codes_and_scales_match_numpy_reference_bit_for_bit() -> None:
     bits = dtypes.float_to_storage(x.astype(np.float32), "bfloat16")
     codes, scale = quantize_e4m3(_bf16(bits))
     want_codes, want_scale = _reference(bits)
-    assert codes.dtype == torch.uint8 and scale.dtype == torch.float32
+    assert codes.dtype == torch.uint8
+    assert scale.dtype == torch.float32
     np.testing.assert_array_equal(codes.numpy(), want_codes)
     np.testing.assert_array_equal(scale.numpy().view(np.uint32), want_scale.view(np.uint32))
 
@@ -67,4 +68,5 @@ def test_stored_shards_are_byte_identical_to_the_numpy_path(tmp_path: Path) -> N
                          for p in (tmp_path / "numpy" / array).rglob("*") if p.is_file())
         assert any(p.parts[1] == "c" for p in objects), objects  # shard objects exist
         for rel in objects:
-            assert (tmp_path / "torch" / rel).read_bytes() == (tmp_path / "numpy" / rel).read_bytes()
+            want = (tmp_path / "numpy" / rel).read_bytes()
+            assert (tmp_path / "torch" / rel).read_bytes() == want, rel
