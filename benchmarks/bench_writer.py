@@ -6,8 +6,14 @@
    (``sched_setaffinity``) with zarr's codec pool sized to match (the producer's
    ``writer_threads``), writing the same bf16 units (lossless: Blosc zstd-1 + byte shuffle) through
    ``CacheWriter.write_unit``; MB/s counts the raw hidden-state bytes (aux + final) per wall second,
-   data generation excluded. The last column is the per-core figure ``sparkforge plan`` uses.
-2. fp8 e4m3 quantisation of the same bf16 activations: the numpy reference
+   data generation excluded. "busy cores" is the process's CPU time over wall time, and "MB per
+   CPU-s" the bytes per CPU second: on a shared host, where other processes take cores, wall MB/s
+   cannot scale but these two still show whether the writer spreads over the cores it is given.
+   MB per CPU-s is the per-core figure ``sparkforge plan`` uses.
+2. Overlap: the same units written after a capture stand-in that sleeps as long as writing one
+   unit took (a GPU prefill leaves the host CPU idle, so a sleep models it), once inline (capture,
+   write, capture, ...) and once through the producer's ``UnitWriteQueue``, with 1 core.
+3. fp8 e4m3 quantisation of the same bf16 activations: the numpy reference
    (``sparkforge.shared.dtypes``) vs the producer's torch version (``sparkforge.producer.fp8``) on
    CPU, and on CUDA when one is present; MB/s of bf16 input. Both give identical bytes (checked).
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -71,13 +78,57 @@ def phase_write(args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         writer = CacheWriter.open(f"{tmp}/cache", spec=spec,
                                   header={"builder": "benchmarks/bench_writer.py"})
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), _cpu_seconds()
         for unit, records, accounting in units:
             writer.write_unit(unit, records, accounting)
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
     hidden_bytes = sum(r.aux_hidden.nbytes + r.final_hidden.nbytes for _, rs, _ in units
                        for r in rs)
-    return {"bytes": hidden_bytes, "seconds": seconds}
+    return {"bytes": hidden_bytes, "seconds": seconds, "cpu_seconds": cpu}
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process, all threads (user + system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def phase_overlap(args: argparse.Namespace) -> dict[str, float]:
+    """Inline vs queued writes behind a capture stand-in as long as one unit's write."""
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:1])
+    from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue
+    from sparkforge.shared.layout import CacheSpec
+    from sparkforge.shared.storage import set_codec_threads
+    from sparkforge.shared.writer import CacheWriter
+
+    set_codec_threads(1)
+    units = make_units(args.tokens, args.hidden, args.layers, args.seq_len, args.rows_per_unit)
+    spec = CacheSpec(hidden_size=args.hidden, num_aux_layers=args.layers, hidden_dtype="bfloat16",
+                     max_seq_len=args.seq_len, rows_per_unit=args.rows_per_unit,
+                     shard_rows=args.shard_rows)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        header = {"builder": "benchmarks/bench_writer.py"}
+        warm = CacheWriter.open(f"{tmp}/warm", spec=spec, header=header)
+        start = time.perf_counter()
+        warm.write_unit(*units[0])
+        capture_s = time.perf_counter() - start
+        inline = CacheWriter.open(f"{tmp}/inline", spec=spec, header=header)
+        start = time.perf_counter()
+        for unit in units:
+            time.sleep(capture_s)
+            inline.write_unit(*unit)
+        out["inline"] = time.perf_counter() - start
+        queued = CacheWriter.open(f"{tmp}/queued", spec=spec, header=header)
+        start = time.perf_counter()
+        with UnitWriteQueue(queued, queue_units=2, num_threads=1) as writes:
+            for unit in units:
+                time.sleep(capture_s)
+                writes.submit(CapturedUnit(*unit))
+            writes.close()
+        out["queued"] = time.perf_counter() - start
+    out["capture_s"] = capture_s * len(units)
+    return out
 
 
 def fp8_rows(args: argparse.Namespace) -> list[tuple[str, float]]:
@@ -131,9 +182,10 @@ def main() -> None:
     p.add_argument("--shard_rows", type=int, default=4096)
     p.add_argument("--max_cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--cores", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--overlap", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.cores:
-        print(json.dumps(phase_write(args)))
+    if args.cores or args.overlap:
+        print(json.dumps(phase_overlap(args) if args.overlap else phase_write(args)))
         return
     shape = (f"--hidden {args.hidden} --layers {args.layers} --tokens {args.tokens} "
              f"--seq_len {args.seq_len} --rows_per_unit {args.rows_per_unit} "
@@ -145,11 +197,20 @@ def main() -> None:
         results[cores] = json.loads(out.strip().splitlines()[-1])
     print(f"\nwriter, bf16 lossless, H={args.hidden}, F={args.layers} + final, "
           f"{args.tokens} tokens")
-    print(f"{'cores':>5}{'MB/s':>9}{'vs 1 core':>11}{'MB/s per core':>15}")
+    print(f"{'cores':>5}{'MB/s':>9}{'vs 1 core':>11}{'busy cores':>12}{'MB per CPU-s':>14}")
     base = results[1]["bytes"] / results[1]["seconds"]
     for cores, r in results.items():
         mbs = r["bytes"] / r["seconds"]
-        print(f"{cores:>5}{mbs / 1e6:>9.0f}{mbs / base:>11.2f}{mbs / 1e6 / cores:>15.0f}")
+        print(f"{cores:>5}{mbs / 1e6:>9.0f}{mbs / base:>11.2f}"
+              f"{r['cpu_seconds'] / r['seconds']:>12.2f}"
+              f"{r['bytes'] / r['cpu_seconds'] / 1e6:>14.0f}")
+    cmd = [sys.executable, "-P", __file__, *shape.split(), "--overlap"]
+    lap = json.loads(subprocess.run(cmd, capture_output=True, text=True,
+                                    check=True).stdout.strip().splitlines()[-1])
+    print(f"\noverlap, 1 core: capture stand-in {lap['capture_s']:.2f} s in all")
+    print(f"{'writes':<34}{'wall s':>8}{'vs inline':>11}")
+    for name in ("inline", "queued"):
+        print(f"{name:<34}{lap[name]:>8.2f}{lap['inline'] / lap[name]:>11.2f}")
     print(f"\nfp8 e4m3 quantisation, [{min(args.tokens, 4096)}, {args.layers}, {args.hidden}] bf16")
     rows = fp8_rows(args)
     for name, mbs in rows:

@@ -26,10 +26,11 @@ SMALL_ARRAY_RATIO: Final[dict[str, float]] = {"input_ids": 3.4, "loss_mask": 100
                                               "aux_scale": 1.0, "topk_ids": 1.0,
                                               "topk_logprobs": 1.0}
 """zstd-3 on the per-token arrays: token ids 3.4x and loss masks >100x measured; the rest 1.0."""
-WRITER_MB_S_PER_CORE: Final = 200.0
-"""Raw hidden-state MB/s one writer core compresses and writes through zarr (Blosc zstd-1 + byte
-shuffle, bf16, local disk): measured by benchmarks/bench_writer.py on a 2-vCPU x86_64 host
-(see the README's throughput table); fp8 codes are assumed to cost the same per stored byte."""
+WRITER_MB_S_PER_CORE: Final = 165.0
+"""Raw hidden-state MB one writer core compresses and writes per CPU second through zarr (Blosc
+zstd-1 + byte shuffle, bf16, local disk, crc32c included): 164-171 MB per CPU-s measured by
+benchmarks/bench_writer.py on a shared 2-vCPU x86_64 host; fp8 codes are assumed to cost the same
+per stored byte."""
 FIXED_OBJECTS: Final = 4
 """zarr.json of the group, _meta/header.json, index.parquet, manifest.json (plus target files)."""
 
