@@ -63,18 +63,25 @@ def make_units(num_tokens: int, hidden: int, layers: int, seq_len: int, rows_per
     return units
 
 
-def phase_write(args: argparse.Namespace) -> dict[str, float]:
-    """Write every unit with ``args.cores`` CPUs and as many codec threads."""
-    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.cores])
+def _pinned_setup(args: argparse.Namespace, cores: int):
+    """Pin this process to ``cores`` CPUs with as many codec threads; the units and their spec."""
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
     from sparkforge.shared.layout import CacheSpec
     from sparkforge.shared.storage import set_codec_threads
-    from sparkforge.shared.writer import CacheWriter
 
-    set_codec_threads(args.cores)
+    set_codec_threads(cores)
     units = make_units(args.tokens, args.hidden, args.layers, args.seq_len, args.rows_per_unit)
     spec = CacheSpec(hidden_size=args.hidden, num_aux_layers=args.layers, hidden_dtype="bfloat16",
                      max_seq_len=args.seq_len, rows_per_unit=args.rows_per_unit,
                      shard_rows=args.shard_rows)
+    return units, spec
+
+
+def phase_write(args: argparse.Namespace) -> dict[str, float]:
+    """Write every unit with ``args.cores`` CPUs and as many codec threads."""
+    from sparkforge.shared.writer import CacheWriter
+
+    units, spec = _pinned_setup(args, args.cores)
     with tempfile.TemporaryDirectory() as tmp:
         writer = CacheWriter.open(f"{tmp}/cache", spec=spec,
                                   header={"builder": "benchmarks/bench_writer.py"})
@@ -95,17 +102,10 @@ def _cpu_seconds() -> float:
 
 def phase_overlap(args: argparse.Namespace) -> dict[str, float]:
     """Inline vs queued writes behind a capture stand-in as long as one unit's write."""
-    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:1])
     from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue
-    from sparkforge.shared.layout import CacheSpec
-    from sparkforge.shared.storage import set_codec_threads
     from sparkforge.shared.writer import CacheWriter
 
-    set_codec_threads(1)
-    units = make_units(args.tokens, args.hidden, args.layers, args.seq_len, args.rows_per_unit)
-    spec = CacheSpec(hidden_size=args.hidden, num_aux_layers=args.layers, hidden_dtype="bfloat16",
-                     max_seq_len=args.seq_len, rows_per_unit=args.rows_per_unit,
-                     shard_rows=args.shard_rows)
+    units, spec = _pinned_setup(args, 1)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         header = {"builder": "benchmarks/bench_writer.py"}
