@@ -13,8 +13,9 @@ import torch
 
 from sparkforge.shared.dtypes import E4M3_MAX
 
-QUANTIZE_ROWS = 1024
-"""Rows quantised per step, bounding the float32 temporaries to a few times one block."""
+QUANTIZE_ELEMENTS = 1 << 24
+"""Values quantised per step: the float32 temporaries stay near 3 x 64 MiB, and the steps stay
+large, since every torch op pays a fixed cost (its thread-pool barrier) however small it is."""
 
 
 def quantize_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,8 +36,9 @@ def quantize_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # A tensor divisor: CUDA divides by a Python scalar as a multiply by its rounded reciprocal,
     # which can differ from the reference's true division in the last bit.
     limit = torch.tensor(E4M3_MAX, dtype=torch.float32, device=x.device)
-    for start in range(0, flat_x.shape[0], QUANTIZE_ROWS):
-        rows = slice(start, start + QUANTIZE_ROWS)
+    step = max(1, QUANTIZE_ELEMENTS // max(1, x.shape[-1]))
+    for start in range(0, flat_x.shape[0], step):
+        rows = slice(start, start + step)
         block = flat_x[rows].float()
         absmax = block.abs().amax(dim=-1)
         block_scale = torch.where(absmax > 0, absmax / limit, torch.ones_like(absmax))
