@@ -61,7 +61,8 @@ def diff_json(old: object, new: object, path: str = "") -> list[str]:
 
 
 class CacheWriter:
-    """Writes units into one cache store; safe to run as several processes on disjoint units."""
+    """Writes units into one cache store; safe to run as several processes or threads on disjoint
+    units (each thread fills its own shard buffers)."""
 
     def __init__(self, loc: storage.Location, spec: CacheSpec, group: zarr.Group) -> None:
         self.loc, self.spec = loc, spec
