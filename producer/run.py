@@ -286,5 +286,5 @@ def finalize(output: str, *, storage_options: Mapping[str, object] | None = None
     """``sparkforge finalize``: build the manifest from the commit records (unit count from the
     header), or raise CacheIncompleteError listing the missing units."""
     _, header = read_run_header(storage.open_location(output, storage_options))
-    expected = header["producer_config"]["resolved"]["num_units"]
-    return finalize_cache(output, expected_units=expected, storage_options=storage_options)
+    return finalize_cache(output, expected_units=header.num_units,
+                          storage_options=storage_options)
