@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from sparkforge.manifests.schema import CacheManifest
+from sparkforge.shared.layer_ids import default_feature_ids, feature_to_hf
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def contract_problems(manifest: CacheManifest, run: RunContract, *,
 
     if not manifest.complete:
         problems.append("cache is not complete (manifest complete=false): finalize it first")
-    hf_ids = tuple(i + 1 for i in run.target_layer_ids)
+    hf_ids = feature_to_hf(run.target_layer_ids)
     if tuple(capture.layer_ids) != hf_ids:
         problems.append(
             f"model.target_layer_ids={list(run.target_layer_ids)} needs capture.layer_ids (HF "
@@ -117,23 +118,6 @@ def check_contract(manifest: CacheManifest, run: RunContract, *,
             + "\n  ".join(problems))
 
 
-def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """DFlash rule: n ids evenly spaced in [1, L-3], round(1 + i*(L-4)/(n-1)) (half-even).
-
-    Chosen over NeMo's [1, L-1] rule because it never includes the last layer (L=36 ->
-    [1,9,17,25,33], DeepSpec's released Qwen3-4B/8B ids). Small targets fall back to [0, L-2].
-    """
-    top = num_target_layers - 3
-    n = max(1, num_draft_layers)
-    if top < 1:
-        return tuple(range(max(0, num_target_layers - 1)))[:n] or (0,)
-    n = min(n, top)
-    if n == 1:
-        return (top,)
-    step = (top - 1) / (n - 1)
-    return tuple(sorted({round(1 + i * step) for i in range(n)}))
-
-
 def run_contract_from_train_config(config: str | Path | Mapping[str, Any]) -> RunContract:
     """The contract of a ``sparkforge train`` YAML config (or its already-loaded mapping).
 
@@ -142,7 +126,7 @@ def run_contract_from_train_config(config: str | Path | Mapping[str, Any]) -> Ru
     4096) and, as ``sparkforge train`` does, needs an eval split when
     ``trainer.limit_val_batches`` (default 1.0) is non-zero and validation is scheduled
     (``val_check_interval`` set or ``check_val_every_n_epoch``, default 1, not null). Missing
-    ``target_layer_ids`` follow :func:`default_target_layer_ids`.
+    ``target_layer_ids`` follow :func:`sparkforge.shared.layer_ids.default_feature_ids`.
 
     Raises:
         TrainConfigError: naming every missing or mistyped field.
@@ -167,7 +151,7 @@ def run_contract_from_train_config(config: str | Path | Mapping[str, Any]) -> Ru
     max_seq_len = integer(train, "max_seq_len", "data", 4096)
     ids = draft.get("target_layer_ids")
     if ids is None:
-        ids = default_target_layer_ids(sizes["num_target_layers"], depth)
+        ids = default_feature_ids(sizes["num_target_layers"], depth)
     elif not isinstance(ids, list | tuple) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in ids):
         problems.append(f"model.draft.target_layer_ids must be a list of integers, got {ids!r}")

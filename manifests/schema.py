@@ -21,6 +21,7 @@ from sparkforge.shared.header import (
     parse_target,
     parse_tokenizer,
 )
+from sparkforge.shared.layer_ids import hidden_states_range
 from sparkforge.shared.layout import (
     FORMAT_VERSION,
     MAX_UNITS,
@@ -266,7 +267,8 @@ def check_cross_fields(m: CacheManifest) -> None:
     rules: list[tuple[bool, str, str, object]] = [
         (len(m.capture.layer_ids) == spec.num_aux_layers, "capture.layer_ids",
          f"{spec.num_aux_layers} ids (storage.spec.num_aux_layers)", list(m.capture.layer_ids)),
-        (m.capture.layer_ids[-1] <= m.target.num_hidden_layers, "capture.layer_ids",
+        (m.capture.layer_ids[-1] <= hidden_states_range(m.target.num_hidden_layers)[1],
+         "capture.layer_ids",
          f"ids <= target.num_hidden_layers = {m.target.num_hidden_layers}",
          list(m.capture.layer_ids)),
         (m.target.hidden_size == spec.hidden_size, "target.hidden_size",

@@ -17,6 +17,7 @@ from sparkforge.shared.header import (
     TargetInfo,
     TokenizerInfo,
 )
+from sparkforge.shared.layer_ids import hf_to_feature
 from sparkforge.shared.provenance import package_version
 
 REGENERATION_KEY = "sparkforge.regenerate"
@@ -71,7 +72,7 @@ def build_header(
         "num_rows": sum(s.num_rows for s in sources),
         "num_units": num_units,
         "source_rows": [s.num_rows for s in sources],
-        "dspark_feature_ids": [k - 1 for k in hf_layer_ids],
+        "dspark_feature_ids": list(hf_to_feature(hf_layer_ids)),
         "masking": "generation_tags" if encoder.uses_generation_tags else "prefix_render",
         "regeneration": regeneration_of(sources),
     }

@@ -18,11 +18,11 @@ from sparkforge.manifests.contract import (
     TrainConfigError,
     check_contract,
     contract_problems,
-    default_target_layer_ids,
     run_contract_from_train_config,
 )
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.validate import validate_cache
+from sparkforge.shared.layer_ids import default_feature_ids
 
 # The trainer's tiny.yaml shape, fitted to the test cache (H=16, F=2 -> HF ids [1, 2], L=4).
 FITS: dict[str, Any] = {
@@ -133,7 +133,7 @@ def test_loader_reads_the_trainer_yaml_shape(tmp_path: Path) -> None:
 def test_default_layer_ids_follow_the_dflash_rule(num_layers: int, depth: int,
                                                   ids: tuple[int, ...]) -> None:
     """Evenly spaced in [1, L-3] (DeepSpec's released ids), [0, L-2] for tiny targets."""
-    assert default_target_layer_ids(num_layers, depth) == ids
+    assert default_feature_ids(num_layers, depth) == ids
 
 
 @pytest.mark.parametrize(("edit", "match"), [

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sparkforge.producer.layer_ids import (
+from sparkforge.shared.layer_ids import (
     LayerIdError,
+    check_feature_ids,
+    check_hf_ids,
     default_feature_ids,
     feature_to_hf,
     hf_to_feature,
-    validate_feature_ids,
-    validate_hf_ids,
     vllm_aux_ids,
 )
 
@@ -48,12 +48,12 @@ def test_vllm_aux_ids_add_the_final_layer_sorted() -> None:
 def test_bad_feature_ids_are_rejected(ids, match) -> None:
     """Feature ids must be non-empty, strictly increasing and in [0, L-2]."""
     with pytest.raises(LayerIdError, match=match):
-        validate_feature_ids(ids, 36)
+        check_feature_ids(ids, 36)
 
 
 def test_bad_hf_ids_name_the_hf_range() -> None:
     """Captured HF indices outside [1, L-1] are rejected with the HF range in the message."""
     with pytest.raises(LayerIdError, match=r"allowed \[1, 35\]"):
-        validate_hf_ids([0, 4], 36)
+        check_hf_ids([0, 4], 36)
     with pytest.raises(LayerIdError, match="outside"):
-        validate_hf_ids([36], 36)
+        check_hf_ids([36], 36)
