@@ -17,7 +17,7 @@ from sparkforge.shared.header import (
     TargetInfo,
     TokenizerInfo,
 )
-from sparkforge.shared.layer_ids import hf_to_feature
+from sparkforge.shared.layer_ids import HfIndices, hf_to_feature
 from sparkforge.shared.provenance import package_version
 
 REGENERATION_KEY = "sparkforge.regenerate"
@@ -55,7 +55,7 @@ def build_header(
     cfg: ProducerConfig,
     *,
     target: TargetInfo,
-    hf_layer_ids: Sequence[int],
+    hf_layer_ids: HfIndices,
     encoder: ChatEncoder,
     sources: Sequence[DataSource],
     num_units: int,
@@ -80,7 +80,7 @@ def build_header(
         producer_config={**cfg.identity(), "resolved": resolved},
         target=target,
         capture=CaptureInfo(
-            layer_ids=tuple(hf_layer_ids),
+            layer_ids=hf_layer_ids,
             layer_id_convention="hf_hidden_states_index",
             final_hidden="post_norm",
             engine=cfg.backend,

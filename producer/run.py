@@ -40,6 +40,7 @@ from sparkforge.producer.target_files import (
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.shared import storage
 from sparkforge.shared.layer_ids import (
+    HfIndices,
     LayerIdError,
     check_feature_ids,
     default_feature_ids,
@@ -66,7 +67,7 @@ class Prepared:
 
     model_dir: Path
     target_config: dict[str, Any]
-    hf_layer_ids: tuple[int, ...]
+    hf_layer_ids: HfIndices
     encoder: ChatEncoder
     sources: list[DataSource]
     num_rows: int

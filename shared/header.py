@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sparkforge.shared import fields as f
+from sparkforge.shared.layer_ids import HfIndices
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +35,7 @@ class TargetInfo:
 class CaptureInfo:
     """How hidden states were captured."""
 
-    layer_ids: tuple[int, ...]
+    layer_ids: HfIndices
     """HF ``hidden_states`` indices: id k is the residual stream after k decoder layers."""
     layer_id_convention: Literal["hf_hidden_states_index"]
     final_hidden: Literal["post_norm"]
@@ -140,13 +141,13 @@ def parse_target(data: object) -> TargetInfo:
     )
 
 
-def parse_layer_ids(data: object, field: str = "capture.layer_ids") -> tuple[int, ...]:
+def parse_layer_ids(data: object, field: str = "capture.layer_ids") -> HfIndices:
     """Strictly increasing, non-negative HF hidden_states indices."""
     ids = tuple(f.integer(x, f"{field}[{i}]", hi=1024)
                 for i, x in enumerate(f.array(data, field, max_len=256)))
     if not ids or any(a >= b for a, b in zip(ids, ids[1:], strict=False)):
         raise f.fail(field, "a non-empty strictly increasing list", list(ids))
-    return ids
+    return HfIndices(ids)
 
 
 def parse_capture(data: object) -> CaptureInfo:

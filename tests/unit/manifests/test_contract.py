@@ -22,7 +22,6 @@ from sparkforge.manifests.contract import (
 )
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.validate import validate_cache
-from sparkforge.shared.layer_ids import default_feature_ids
 
 # The trainer's tiny.yaml shape, fitted to the test cache (H=16, F=2 -> HF ids [1, 2], L=4).
 FITS: dict[str, Any] = {
@@ -124,16 +123,6 @@ def test_loader_reads_the_trainer_yaml_shape(tmp_path: Path) -> None:
     del config["model"]["draft"]["target_layer_ids"]
     config["model"]["draft"].update(num_target_layers=36, num_hidden_layers=5)
     assert run_contract_from_train_config(config).target_layer_ids == (1, 9, 17, 25, 33)
-
-
-@pytest.mark.parametrize(("num_layers", "depth", "ids"), [
-    (36, 5, (1, 9, 17, 25, 33)), (40, 5, (1, 10, 19, 28, 37)), (36, 1, (33,)), (4, 3, (1,)),
-    (3, 2, (0, 1)), (2, 5, (0,)),
-])
-def test_default_layer_ids_follow_the_dflash_rule(num_layers: int, depth: int,
-                                                  ids: tuple[int, ...]) -> None:
-    """Evenly spaced in [1, L-3] (DeepSpec's released ids), [0, L-2] for tiny targets."""
-    assert default_feature_ids(num_layers, depth) == ids
 
 
 @pytest.mark.parametrize(("edit", "match"), [

@@ -11,6 +11,7 @@ from sparkforge.producer.dataset import DataSource
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.header import build_header
 from sparkforge.shared.header import RunHeader, TargetInfo
+from sparkforge.shared.layer_ids import HfIndices
 
 TARGET = TargetInfo(name_or_path="m", revision=None, content_hash="ab" * 32, model_type="qwen3",
                     architecture="Qwen3ForCausalLM", vocab_size=1024, hidden_size=32,
@@ -26,7 +27,7 @@ def test_built_header_parses_at_write_time(eval_ids: frozenset[int] | None) -> N
                          engine=EngineOptions(model="m", max_model_len=256))
     sources = [DataSource(uri="d.jsonl", format="jsonl", num_rows=9, content_hash="01" * 32,
                           metadata={})]
-    header = build_header(cfg, target=TARGET, hf_layer_ids=(1, 2), encoder=ENCODER,  # type: ignore[arg-type]
+    header = build_header(cfg, target=TARGET, hf_layer_ids=HfIndices((1, 2)), encoder=ENCODER,  # type: ignore[arg-type]
                           sources=sources, num_units=3, eval_ids=eval_ids)
     assert RunHeader.from_json(header.to_json()) == header
     assert header.num_units == 3

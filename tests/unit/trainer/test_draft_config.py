@@ -95,26 +95,6 @@ def test_edge_layer_ids_warn(ids: tuple[int, ...], caplog: pytest.LogCaptureFixt
     assert "keep ids in [0, 6]" in caplog.text
 
 
-@pytest.mark.parametrize(
-    ("num_layers", "n", "expected"),
-    [(36, 5, (1, 9, 17, 25, 33)), (40, 5, (1, 10, 19, 28, 37)), (28, 1, (25,))],
-)
-def test_default_ids_follow_the_dflash_rule(num_layers: int, n: int, expected: tuple[int, ...]
-                                            ) -> None:
-    """Default ids are round(1 + i*(L-4)/(n-1)) in [1, L-3] (DeepSpec's Qwen3 ids)."""
-    assert default_feature_ids(num_layers, n) == expected
-
-
-@pytest.mark.parametrize("num_layers", [2, 3, 4, 5, 8, 28, 61])
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
-def test_default_ids_sorted_in_range_sized(num_layers: int, n: int) -> None:
-    """Default ids are strictly increasing, in [0, L-2], and n of them when L allows."""
-    ids = default_feature_ids(num_layers, n)
-    assert list(ids) == sorted(set(ids))
-    assert all(0 <= i <= num_layers - 2 for i in ids)
-    assert len(ids) == min(n, max(1, num_layers - 3)) or num_layers < 4
-
-
 def test_json_round_trip(tmp_path: Path) -> None:
     """save/load reproduces the config exactly; unknown keys are rejected."""
     cfg = dataclasses.replace(draft_tiny(), markov_head_type="rnn", final_logit_softcapping=9.0)
