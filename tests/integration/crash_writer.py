@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cache_helpers import make_header, make_unit  # noqa: E402
+from cache_helpers import make_run_header, make_unit  # noqa: E402
 
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue  # noqa: E402
 from sparkforge.shared import storage  # noqa: E402
@@ -46,7 +46,7 @@ def main() -> None:
         real_create(loc, key, data)
 
     storage.exclusive_create = stalling_create  # type: ignore[assignment]
-    writer = CacheWriter.open(args.uri, spec=spec, header=make_header(spec),
+    writer = CacheWriter.open(args.uri, spec=spec, header=make_run_header(spec),
                               storage_options=json.loads(args.options))
     todo = [u for u in range(args.num_units) if u not in writer.committed_units()]
     if args.queue_units:
