@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -97,8 +98,12 @@ def capture_and_write(source, prompts, args, *, overlap: bool):
     spec = CacheSpec(hidden_size=args.hidden_size, num_aux_layers=len(source.layer_ids),
                      hidden_dtype="bfloat16", max_seq_len=args.prompt_len, aux_codec=args.aux_codec,
                      shard_rows=per_unit * args.prompt_len, rows_per_unit=per_unit)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_trainer_data import synthetic_header
+
     writer = CacheWriter.open(tempfile.mkdtemp(prefix="bench-cache-"), spec=spec,
-                              header={"builder": "benchmarks/bench_capture.py"})
+                              header=synthetic_header(args.hidden_size, len(source.layer_ids),
+                                                      args.prompt_len))
 
     def unit_records(unit: int) -> CapturedUnit:
         rows = range(unit * per_unit, min(len(prompts), (unit + 1) * per_unit))

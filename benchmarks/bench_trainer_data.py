@@ -45,6 +45,27 @@ def chat_lengths(n: int, seed: int = 0) -> np.ndarray:
     return np.clip(rng.lognormal(mean=6.05, sigma=0.7, size=n), 32, MAX_SEQ_LEN).astype(int)
 
 
+def synthetic_header(hidden: int, layers: int, max_seq_len: int) -> Any:
+    """A valid run header for a synthetic bf16 cache (layer ids 1..layers, 8-layer target)."""
+    from sparkforge.shared.header import RunHeader
+
+    return RunHeader.from_json({
+        "producer_config": {"builder": "benchmarks/"},
+        "target": {"name_or_path": "synthetic", "revision": None, "content_hash": "ab" * 32,
+                   "model_type": "qwen3", "architecture": "Qwen3ForCausalLM",
+                   "vocab_size": 32_000, "hidden_size": hidden, "num_hidden_layers": 8,
+                   "dtype": "bfloat16", "quantization": None},
+        "capture": {"layer_ids": list(range(1, layers + 1)),
+                    "layer_id_convention": "hf_hidden_states_index", "final_hidden": "post_norm",
+                    "engine": "hf", "engine_version": "bench", "tensor_parallel_size": 1,
+                    "expert_parallel": False, "data_parallel_size": 1,
+                    "max_seq_len": max_seq_len},
+        "tokenizer": {"hash": "cd" * 32, "chat_template_sha256": "ef" * 32},
+        "data": {"sources": [{"uri": "memory://bench", "content_hash": "01" * 32}],
+                 "eval_fraction": 0.125, "seed": 0},
+    })
+
+
 def build_cache(uri: str, *, samples: int, hidden: int, layers: int) -> None:
     """Write a finalized bf16 cache with ``chat_lengths`` samples (every 8th in the eval split)."""
     import hashlib
@@ -57,22 +78,7 @@ def build_cache(uri: str, *, samples: int, hidden: int, layers: int) -> None:
     rows_per_unit = 16
     spec = CacheSpec(hidden_size=hidden, num_aux_layers=layers, hidden_dtype="bfloat16",
                      max_seq_len=MAX_SEQ_LEN, shard_rows=8192, rows_per_unit=rows_per_unit)
-    header = {
-        "producer_config": {"builder": "benchmarks/bench_trainer_data.py"},
-        "target": {"name_or_path": "synthetic", "revision": None, "content_hash": "ab" * 32,
-                   "model_type": "qwen3", "architecture": "Qwen3ForCausalLM",
-                   "vocab_size": 32_000, "hidden_size": hidden, "num_hidden_layers": 8,
-                   "dtype": "bfloat16", "quantization": None},
-        "capture": {"layer_ids": list(range(1, layers + 1)),
-                    "layer_id_convention": "hf_hidden_states_index", "final_hidden": "post_norm",
-                    "engine": "hf", "engine_version": "bench", "tensor_parallel_size": 1,
-                    "expert_parallel": False, "data_parallel_size": 1,
-                    "max_seq_len": MAX_SEQ_LEN},
-        "tokenizer": {"hash": "cd" * 32, "chat_template_sha256": "ef" * 32},
-        "data": {"sources": [{"uri": "memory://bench", "content_hash": "01" * 32}],
-                 "eval_fraction": 0.125, "seed": 0},
-    }
-    writer = CacheWriter.open(uri, spec=spec, header=header)
+    writer = CacheWriter.open(uri, spec=spec, header=synthetic_header(hidden, layers, MAX_SEQ_LEN))
     lengths = chat_lengths(samples)
     rng = np.random.default_rng(1)
     for unit in range(samples // rows_per_unit):

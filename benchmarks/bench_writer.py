@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -77,6 +78,14 @@ def _pinned_setup(args: argparse.Namespace, cores: int):
     return units, spec
 
 
+def _header(args: argparse.Namespace):
+    """The synthetic run header of bench_trainer_data (a sibling script)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_trainer_data import synthetic_header
+
+    return synthetic_header(args.hidden, args.layers, args.seq_len)
+
+
 def phase_write(args: argparse.Namespace) -> dict[str, float]:
     """Write every unit with ``args.cores`` CPUs and as many codec threads."""
     from sparkforge.shared.writer import CacheWriter
@@ -84,7 +93,7 @@ def phase_write(args: argparse.Namespace) -> dict[str, float]:
     units, spec = _pinned_setup(args, args.cores)
     with tempfile.TemporaryDirectory() as tmp:
         writer = CacheWriter.open(f"{tmp}/cache", spec=spec,
-                                  header={"builder": "benchmarks/bench_writer.py"})
+                                  header=_header(args))
         start, cpu_start = time.perf_counter(), _cpu_seconds()
         for unit, records, accounting in units:
             writer.write_unit(unit, records, accounting)
@@ -108,7 +117,7 @@ def phase_overlap(args: argparse.Namespace) -> dict[str, float]:
     units, spec = _pinned_setup(args, 1)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        header = {"builder": "benchmarks/bench_writer.py"}
+        header = _header(args)
         warm = CacheWriter.open(f"{tmp}/warm", spec=spec, header=header)
         start = time.perf_counter()
         warm.write_unit(*units[0])

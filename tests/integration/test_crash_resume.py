@@ -117,7 +117,7 @@ def test_sigkill_with_full_write_queue_loses_only_units_in_flight(tmp_path: Path
     assert f"queued {2 + queue_units}" not in lines, lines
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
-    writer = CacheWriter.open(uri, spec=SPEC, header=make_header(SPEC))
+    writer = CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC))
     assert writer.committed_units() == {0}  # lost: unit 1 (writing) + 2, 3 (queued)
     _finish(uri, {})
     _assert_same(uri, str(tmp_path / "ref"), {})

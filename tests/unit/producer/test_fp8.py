@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cache_helpers import SMALL_FP8_SPEC, make_header, make_unit
+from cache_helpers import SMALL_FP8_SPEC, make_run_header, make_unit
 
 from sparkforge.producer import fp8
 from sparkforge.producer.fp8 import quantize_e4m3
@@ -66,7 +66,7 @@ def test_stored_shards_are_byte_identical_to_the_numpy_path(tmp_path: Path) -> N
         quantized.append(dataclasses.replace(s, aux_hidden=codes.numpy(), aux_scale=scale.numpy()))
     for name, unit in (("numpy", samples), ("torch", quantized)):
         CacheWriter.open(str(tmp_path / name), spec=spec,
-                         header=make_header(spec)).write_unit(0, unit, accounting)
+                         header=make_run_header(spec)).write_unit(0, unit, accounting)
     for array in ("aux_hidden", "aux_scale"):
         objects = sorted(p.relative_to(tmp_path / "numpy")
                          for p in (tmp_path / "numpy" / array).rglob("*") if p.is_file())

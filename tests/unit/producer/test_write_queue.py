@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cache_helpers import SMALL_SPEC, make_header, make_unit
+from cache_helpers import SMALL_SPEC, make_run_header, make_unit
 
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
 from sparkforge.shared.records import SampleRecord, UnitAccounting
@@ -35,7 +35,7 @@ class GatedWriter(CacheWriter):
 
 
 def _writer(path: Path) -> GatedWriter:
-    writer = GatedWriter.open(str(path), spec=SMALL_SPEC, header=make_header(SMALL_SPEC))
+    writer = GatedWriter.open(str(path), spec=SMALL_SPEC, header=make_run_header(SMALL_SPEC))
     assert isinstance(writer, GatedWriter)
     return writer
 
