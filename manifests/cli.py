@@ -1,4 +1,6 @@
-"""``sparkforge validate | inspect | plan``: judge, summarise or size a cache (no torch needed).
+"""``sparkforge validate | inspect | plan | status``: judge, summarise, size or follow a cache.
+
+None of them needs torch.
 
 Exit codes: 0 valid (or success), 1 invalid cache, 2 usage error. A cache path that does not
 exist, an unreadable ``--against`` config or bad ``--storage_options`` JSON is a usage error (2):
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -18,6 +21,7 @@ from sparkforge.manifests.contract import TrainConfigError, run_contract_from_tr
 from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.plan import plan_cache, plan_table, target_shape_from_config
 from sparkforge.manifests.schema import ManifestError
+from sparkforge.manifests.status import DEFAULT_WINDOW_S, StatusReader, status_table
 from sparkforge.manifests.summary import summarize_cache, summary_table
 from sparkforge.manifests.validate import validate_cache
 from sparkforge.shared.dtypes import HiddenDtype
@@ -32,7 +36,7 @@ class UsageError(ValueError):
 
 def _parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"sparkforge {command}")
-    if command in ("validate", "inspect"):
+    if command in ("validate", "inspect", "status"):
         p.add_argument("cache", help="cache URI: local path, file://, s3://, gs://, memory://")
         p.add_argument("--json", action="store_true", help="print one JSON object")
         p.add_argument("--storage_options", default="{}",
@@ -42,6 +46,14 @@ def _parser(command: str) -> argparse.ArgumentParser:
                        help="also recompute every crc32c and check all hidden values are finite")
         p.add_argument("--against", metavar="TRAIN_CONFIG",
                        help="a `sparkforge train` YAML config whose draft/data must fit the cache")
+    if command == "status":
+        p.add_argument("--num_workers", type=int, default=1,
+                       help="workers of the run: one row per share u %% N == w (default 1)")
+        p.add_argument("--window_s", type=float, default=DEFAULT_WINDOW_S,
+                       help="throughput and ETA over the commits of this many seconds before "
+                            "the newest (default 600)")
+        p.add_argument("--watch", type=float, default=0.0, metavar="N",
+                       help="refresh every N seconds until the cache is finalized (Ctrl-C stops)")
     if command == "plan":
         src = p.add_mutually_exclusive_group(required=True)
         src.add_argument("--target_config", help="the target's HF config.json")
@@ -66,8 +78,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``validate``, ``inspect`` or ``plan``; ``argv[0]`` is the subcommand."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in ("validate", "inspect", "plan"):
-        print("usage: sparkforge {validate,inspect,plan} ...", file=sys.stderr)
+    if not args or args[0] not in ("validate", "inspect", "plan", "status"):
+        print("usage: sparkforge {validate,inspect,plan,status} ...", file=sys.stderr)
         return USAGE_ERROR
     command = args[0]
     try:
@@ -75,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on bad arguments and 0 on --help
         return int(exc.code or 0)
     try:
-        return {"validate": _validate, "inspect": _inspect, "plan": _plan}[command](ns)
+        return {"validate": _validate, "inspect": _inspect, "plan": _plan,
+                "status": _status}[command](ns)
     except (UsageError, CacheNotFoundError, TrainConfigError, FileNotFoundError) as exc:
         print(f"sparkforge {command}: {exc}", file=sys.stderr)
         return USAGE_ERROR
@@ -118,6 +131,33 @@ def _inspect(ns: argparse.Namespace) -> int:
         return 1
     print(json.dumps(summary, indent=1) if ns.json else summary_table(summary))
     return 0
+
+
+def _status(ns: argparse.Namespace) -> int:
+    bad = [f"--num_workers must be >= 1, got {ns.num_workers}"] if ns.num_workers < 1 else []
+    bad += [f"--window_s must be > 0, got {ns.window_s}"] if ns.window_s <= 0 else []
+    bad += [f"--watch must be >= 0, got {ns.watch}"] if ns.watch < 0 else []
+    if bad:
+        raise UsageError("; ".join(bad))
+    try:
+        reader = StatusReader.open(ns.cache, num_workers=ns.num_workers, window_s=ns.window_s,
+                                   storage_options=_storage_options(ns.storage_options))
+    except ManifestError as exc:
+        print(f"sparkforge status: {exc}", file=sys.stderr)
+        return 1
+    try:
+        while True:
+            status = reader.read()
+            if ns.json:  # one object per line, so --watch --json is a JSON Lines stream
+                print(json.dumps(status), flush=True)
+            else:
+                clear = "\x1b[H\x1b[2J" if ns.watch and sys.stdout.isatty() else ""
+                print(clear + status_table(status), flush=True)
+            if not ns.watch or status["state"] == "finalized":
+                return 1 if status["problems"] else 0
+            time.sleep(ns.watch)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _plan(ns: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "validate": ("sparkforge.manifests.cli", "check a cache and its manifest (or a train config)"),
     "inspect": ("sparkforge.manifests.cli", "summarise a cache"),
     "plan": ("sparkforge.manifests.cli", "estimate cache size before spending GPU hours"),
+    "status": ("sparkforge.manifests.cli", "progress of a cache being produced (or finished)"),
     "produce": ("sparkforge.producer.cli", "capture target hidden states into a cache (vLLM)"),
     "regenerate": ("sparkforge.producer.cli", "sample on-policy responses with the target"),
     "parity": ("sparkforge.producer.cli", "compare vLLM capture with a transformers forward"),
