@@ -31,7 +31,7 @@ COPY --from=wheel /dist /tmp/dist
 # Lightning sees the preemption signal and a requeued run resumes from last.ckpt.
 RUN python -m pip install --no-cache-dir \
         "$(find /tmp/dist -name 'sparkforge-*.whl')[${SPARKFORGE_EXTRAS}]" \
-        "lightning==2.6.0" "transformers==5.19.0" "dumb-init==1.2.5.post1" \
+        "lightning==2.6.5" "transformers==5.19.0" "dumb-init==1.2.5.post1" \
     && rm -rf /tmp/dist \
     && python -c "import sys, sparkforge.trainer.cli; assert 'vllm' not in sys.modules" \
     && useradd --uid 10001 --no-log-init --create-home --shell /usr/sbin/nologin sparkforge
