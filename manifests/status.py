@@ -267,7 +267,8 @@ def status_table(s: Mapping[str, Any]) -> str:
             f"eta          {_eta_text(tp)}; last commit {_duration(tp['idle_s'])} ago",
         ]
     abandoned = sorted({a["unit"] for a in s["abandoned"]})
-    lines.append(f"abandoned    {len(s['abandoned']):,} attempts"
+    n = len(s["abandoned"])
+    lines.append(f"abandoned    {n:,} attempt{'' if n == 1 else 's'}"
                  + (f" (units {_some(abandoned)})" if abandoned else ""))
     ages = {a["unit"]: a["age_s"] for a in s["in_flight"]}
     lines += ["", f"{'worker':>6} {'owned':>8} {'committed':>10} {'missing':>8} "
@@ -285,8 +286,13 @@ def status_table(s: Mapping[str, Any]) -> str:
 def _rate_text(rate: Mapping[str, float] | None) -> str:
     if rate is None:
         return "-"
-    return (f"{rate['units_per_s'] * 3600:,.1f} units/h, {rate['samples_per_s']:,.1f} samples/s, "
-            f"{rate['tokens_per_s']:,.0f} tokens/s")
+    return (f"{_num(rate['units_per_s'] * 3600)} units/h, {_num(rate['samples_per_s'])} "
+            f"samples/s, {_num(rate['tokens_per_s'])} tokens/s")
+
+
+def _num(x: float) -> str:
+    """Three significant digits or more: ``12,345``, ``12.3``, ``0.123``."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.3f}"
 
 
 def _eta_text(tp: Mapping[str, Any]) -> str:

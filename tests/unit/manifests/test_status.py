@@ -141,7 +141,7 @@ def test_cli_table_and_exit_codes(running: Path, tmp_path: Path,
     assert "RUNNING" in out
     assert "3 / 4 committed, 1 missing, 1 in flight" in out
     assert re.search(r"working, unit 2 claimed \d+h \d\dm ago", out)
-    assert "abandoned    1 attempts (units 1)" in out
+    assert "abandoned    1 attempt (units 1)" in out
     assert main(["status", str(tmp_path / "nope")]) == 2
     (tmp_path / "empty").mkdir()
     assert main(["status", str(tmp_path / "empty")]) == 1
