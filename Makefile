@@ -3,6 +3,8 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := producer trainer shared manifests
+# Import names: the four packages plus sparkforge.app, the top layer (folder shared/app).
+MODULES := $(PACKAGES) app
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export VLLM_CPU_KVCACHE_SPACE ?= 1
@@ -24,7 +26,7 @@ install:
 # hadolint (from the dev extra) fails on any finding in the Dockerfiles, info level included.
 lint: install
 	$(BIN)/python -P -m ruff check $(PACKAGES) tests benchmarks
-	$(BIN)/python -P -m mypy $(addprefix -p sparkforge.,$(PACKAGES))
+	$(BIN)/python -P -m mypy $(addprefix -p sparkforge.,$(MODULES))
 	$(BIN)/hadolint --failure-threshold info docker/*.Dockerfile
 
 test: install lint

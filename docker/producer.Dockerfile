@@ -34,7 +34,7 @@ RUN python3 -m pip install --no-cache-dir \
         "$(find /tmp/dist -name 'sparkforge-*.whl')[${SPARKFORGE_EXTRAS}]" \
         "vllm==${VLLM_VERSION}" "dumb-init==1.2.5.post1" \
     && rm -rf /tmp/dist \
-    && python3 -c "import sparkforge.producer.cli, vllm" \
+    && python3 -c "import sparkforge.app.cli, sparkforge.producer.run, vllm" \
     && useradd --uid 10001 --no-log-init --create-home --shell /usr/sbin/nologin sparkforge
 ENV HF_HOME=/home/sparkforge/.cache/huggingface \
     SPARKFORGE_VERSION=${VERSION} \

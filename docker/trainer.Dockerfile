@@ -33,7 +33,7 @@ RUN python -m pip install --no-cache-dir \
         "$(find /tmp/dist -name 'sparkforge-*.whl')[${SPARKFORGE_EXTRAS}]" \
         "lightning==2.6.5" "transformers==5.19.0" "dumb-init==1.2.5.post1" \
     && rm -rf /tmp/dist \
-    && python -c "import sys, sparkforge.trainer.cli; assert 'vllm' not in sys.modules" \
+    && python -c "import sys, sparkforge.app.cli, sparkforge.trainer.run; assert 'vllm' not in sys.modules" \
     && useradd --uid 10001 --no-log-init --create-home --shell /usr/sbin/nologin sparkforge
 ENV SPARKFORGE_VERSION=${VERSION} \
     SPARKFORGE_GIT_SHA=${GIT_SHA}

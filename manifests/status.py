@@ -15,13 +15,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-from sparkforge.manifests.commits import parse_commit_bytes
 from sparkforge.manifests.finalize import read_run_header
 from sparkforge.manifests.objects import existing_location, object_times
 from sparkforge.manifests.open import read_manifest
 from sparkforge.manifests.schema import ManifestError
 from sparkforge.shared import storage
-from sparkforge.shared.layout import MANIFEST_KEY, CacheSpec, commit_key
+from sparkforge.shared.commit import parse_commit_bytes
+from sparkforge.shared.header import RunHeader
+from sparkforge.shared.layout import (
+    COMMITS_PREFIX,
+    MANIFEST_KEY,
+    CacheSpec,
+    commit_key,
+    parse_commit_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +90,7 @@ class StatusReader:
         """The status as a JSON-ready dict (see :func:`status_table` for its fields)."""
         now = datetime.now(UTC).timestamp() if now is None else now
         problems: list[str] = []
-        commit_times = {unit: t for k, t in object_times(self.loc, "_commits").items()
+        commit_times = {unit: t for k, t in object_times(self.loc, COMMITS_PREFIX).items()
                         if (unit := _unit_of(k)) is not None}
         self._read_new(commit_times, problems)
         attempts = [a for k, t in object_times(self.loc, "_attempts").items()
@@ -167,25 +174,20 @@ class StatusReader:
         return rows
 
 
-def _num_units(loc: storage.Location, header: Mapping[str, Any]) -> int:
+def _num_units(loc: storage.Location, header: RunHeader) -> int:
     """The run's unit count: the producer records it in its header; a finalized cache lists it."""
-    resolved = header.get("producer_config", {}).get("resolved", {})
-    count = resolved.get("num_units") if isinstance(resolved, dict) else None
-    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-        return count
-    if storage.exists(loc, MANIFEST_KEY):
-        return len(read_manifest(loc).storage.units)
-    raise ManifestError(f"{loc.uri}: the run header has no producer_config.resolved.num_units and "
-                        "there is no manifest, so the number of units is unknown")
+    try:
+        return header.num_units
+    except ManifestError as exc:
+        if storage.exists(loc, MANIFEST_KEY):
+            return len(read_manifest(loc).storage.units)
+        raise ManifestError(f"{loc.uri}: no manifest, so the number of units must come from the "
+                            f"run header: {exc}") from exc
 
 
-def _unit_of(name: str) -> int | None:
-    """The unit of a commit record key (``.../unit_00000012.json``), None for other objects."""
-    base = name.rsplit("/", 1)[-1]
-    digits = base[5:-5]
-    if base.startswith("unit_") and base.endswith(".json") and digits.isdigit():
-        return int(digits)
-    return None
+def _unit_of(key: str) -> int | None:
+    """The unit of a commit record key (``_commits/unit_00000012.json``), None for others."""
+    return parse_commit_name(key.rsplit("/", 1)[-1])
 
 
 def _attempt_of(key: str, claimed_at: float | None) -> Attempt | None:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from cache_helpers import build_cache
 
-from sparkforge.manifests.cli import main
+from sparkforge.app.cli import main
 from sparkforge.producer.units import resolve_share
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -66,7 +66,7 @@ def env_of(c: dict[str, Any]) -> dict[str, Any]:
 def sparkforge_config(args: list[str]) -> dict[str, Any]:
     """``sparkforge <args> --print_config`` with the ConfigMap paths mapped to the repo files."""
     argv = [str(CONFIG_FILES.get(a, a)) for a in args]
-    out = subprocess.run([sys.executable, "-P", "-m", "sparkforge.shared.cli", *argv,
+    out = subprocess.run([sys.executable, "-P", "-m", "sparkforge.app.cli", *argv,
                           "--print_config"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     config: dict[str, Any] = yaml.safe_load(out.stdout)

@@ -51,7 +51,7 @@ def recorded_command(script: Path, tmp_path: Path, env: dict[str, str]) -> list[
 def print_config(argv: list[str]) -> dict[str, object]:
     """Run ``sparkforge <argv> --print_config`` and parse the resolved config it prints."""
     assert argv[0] == "sparkforge"
-    out = subprocess.run([sys.executable, "-P", "-m", "sparkforge.shared.cli", *argv[1:],
+    out = subprocess.run([sys.executable, "-P", "-m", "sparkforge.app.cli", *argv[1:],
                           "--print_config"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     config: dict[str, object] = yaml.safe_load(out.stdout)

@@ -12,21 +12,22 @@ from typing import Any
 import pytest
 from cache_helpers import SMALL_SPEC, build_cache, make_header, make_unit
 
-from sparkforge.manifests.cli import main
+from sparkforge.app.cli import main
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.status import StatusReader
 from sparkforge.shared import storage
+from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import CacheSpec, attempt_key, commit_key
 from sparkforge.shared.writer import CacheWriter
 
 NUM_UNITS = 4
 
 
-def run_header(spec: CacheSpec, num_units: int) -> dict[str, Any]:
+def run_header(spec: CacheSpec, num_units: int) -> RunHeader:
     """The test header plus the unit count ``sparkforge produce`` records."""
     header = make_header(spec)
     header["producer_config"]["resolved"] = {"num_units": num_units}
-    return header
+    return RunHeader.from_json(header)
 
 
 def expected_counts(units: list[int]) -> tuple[int, int]:
