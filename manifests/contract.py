@@ -16,6 +16,13 @@ from typing import Any
 import yaml
 
 from sparkforge.manifests.schema import CacheManifest
+from sparkforge.shared.target_families import (
+    FEATURE_SEMANTICS,
+    FINAL_SEMANTICS,
+    FeatureSemantics,
+    FinalSemantics,
+    family_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +51,31 @@ class RunContract:
     """Longest sample the run is sized for (the cache's capture.max_seq_len must not exceed it)."""
     target_model_type: str | None = None
     """Expected target ``model_type``; None accepts any."""
+    features: FeatureSemantics = "residual"
+    """What the draft expects a feature to be (``hc_mean`` for hyper-connection targets)."""
+    final_hidden: FinalSemantics = "post_norm"
+    """What the draft expects the final state to be (``lm_head_input`` for DeepSeek-V4)."""
     need_eval_split: bool = False
+
+
+def expected_semantics(
+    target_model_type: str | None, features: str | None = None, final_hidden: str | None = None
+) -> tuple[FeatureSemantics, FinalSemantics]:
+    """Feature and final-state semantics a draft expects: the given ones, else its target family's.
+
+    Raises:
+        TrainConfigError: When a given value is not a known semantics.
+    """
+    family = family_of(target_model_type)
+    problems = []
+    for name, value, options in (("target_features", features, FEATURE_SEMANTICS),
+                                 ("target_final", final_hidden, FINAL_SEMANTICS)):
+        if value is not None and value not in options:
+            problems.append(f"model.draft.{name}={value!r} not in {list(options)}")
+    if problems:
+        raise TrainConfigError("train config: " + "; ".join(problems))
+    return (next((o for o in FEATURE_SEMANTICS if o == features), family.features),
+            next((o for o in FINAL_SEMANTICS if o == final_hidden), family.final_state))
 
 
 def contract_problems(manifest: CacheManifest, run: RunContract, *,
@@ -73,7 +104,9 @@ def contract_problems(manifest: CacheManifest, run: RunContract, *,
             f"{list(capture.layer_ids)}")
     differ("capture.layer_id_convention", "hf_hidden_states_index",
            "capture.layer_id_convention", capture.layer_id_convention)
-    differ("capture.final_hidden", "post_norm", "capture.final_hidden", capture.final_hidden)
+    differ("model.draft.target_features", run.features, "capture.features", capture.features)
+    differ("model.draft.target_final", run.final_hidden, "capture.final_hidden",
+           capture.final_hidden)
     differ("model.hidden_size", run.hidden_size, "target.hidden_size", target.hidden_size)
     differ("model.hidden_size", run.hidden_size, "storage.spec.hidden_size", spec.hidden_size)
     differ("model.vocab_size", run.vocab_size, "target.vocab_size", target.vocab_size)
@@ -138,7 +171,8 @@ def run_contract_from_train_config(config: str | Path | Mapping[str, Any]) -> Ru
     """The contract of a ``sparkforge train`` YAML config (or its already-loaded mapping).
 
     Reads ``model.draft.{target_layer_ids, hidden_size, vocab_size, num_target_layers,
-    mask_token_id, target_model_type, num_hidden_layers}``, ``data.max_seq_len`` (trainer default
+    mask_token_id, target_model_type, target_features, target_final, num_hidden_layers}`` (the
+    two semantics default to the target family's), ``data.max_seq_len`` (trainer default
     4096) and, as ``sparkforge train`` does, needs an eval split when
     ``trainer.limit_val_batches`` (default 1.0) is non-zero and validation is scheduled
     (``val_check_interval`` set or ``check_val_every_n_epoch``, default 1, not null). Missing
@@ -176,13 +210,16 @@ def run_contract_from_train_config(config: str | Path | Mapping[str, Any]) -> Ru
         problems.append(f"model.draft.target_model_type must be a string, got {model_type!r}")
     if problems:
         raise TrainConfigError("train config: " + "; ".join(problems))
+    features, final_hidden = expected_semantics(model_type, draft.get("target_features"),
+                                                draft.get("target_final"))
     # Lightning validates every epoch by default (check_val_every_n_epoch=1) even when
     # val_check_interval is unset; only limit_val_batches=0 or no interval at all turns it off.
     need_eval = bool(trainer.get("limit_val_batches", 1.0)) and (
         trainer.get("val_check_interval") is not None
         or trainer.get("check_val_every_n_epoch", 1) is not None)
     return RunContract(target_layer_ids=tuple(ids), max_seq_len=max_seq_len,
-                       target_model_type=model_type, need_eval_split=need_eval, **sizes)
+                       target_model_type=model_type, features=features,
+                       final_hidden=final_hidden, need_eval_split=need_eval, **sizes)
 
 
 def _load_yaml(path: str | Path) -> Mapping[str, Any]:

@@ -1,14 +1,16 @@
 """The target's identity for the cache header and the files the trainer needs from it.
 
-The trainer recomputes teacher logits from the post-norm state, so the cache carries the target's
-``config.json``, tokenizer files and ``embed_tokens`` / ``lm_head`` / final-norm weights
-(dspark-algorithm.md section 15), dequantized to the cache's hidden dtype.
+The trainer recomputes teacher logits from the final state, so the cache carries the target's
+``config.json``, tokenizer files and the pieces its family lists (``embed_tokens``, ``lm_head``,
+the final norm, and for DeepSeek-V4 the ``hc_head`` weights), dequantized to the cache's hidden
+dtype and stored under the family's cache names whatever the checkpoint calls them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save as save_safetensors
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.target_families import family_of_config
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -74,7 +77,12 @@ def target_identity(engine: EngineOptions, model_dir: Path) -> dict[str, Any]:
     }
 
 
-def _tensor_locations(model_dir: Path) -> dict[str, Path]:
+def tensor_locations(model_dir: Path) -> dict[str, Path]:
+    """Every tensor name of the checkpoint -> its safetensors file (the index when there is one)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: model_dir / file for name, file in weight_map.items()}
     locations: dict[str, Path] = {}
     for file in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
@@ -82,7 +90,8 @@ def _tensor_locations(model_dir: Path) -> dict[str, Path]:
     return locations
 
 
-def _load(locations: dict[str, Path], name: str) -> torch.Tensor:
+def load_tensor(locations: dict[str, Path], name: str) -> torch.Tensor:
+    """One checkpoint tensor in fp32, FP8 weights multiplied by their (block) scales."""
     with safe_open(str(locations[name]), framework="pt") as f:
         tensor: torch.Tensor = f.get_tensor(name)
     if tensor.dtype not in _FLOAT8:
@@ -99,31 +108,53 @@ def _load(locations: dict[str, Path], name: str) -> torch.Tensor:
     return tensor.float() * scale
 
 
-def _find(locations: dict[str, Path], suffix: str, exclude: str = "\0") -> str | None:
-    names = sorted((n for n in locations if n.endswith(suffix) and exclude not in n), key=len)
-    return names[0] if names else None
+def _is_top_level(name: str) -> bool:
+    parts = name.split(".")
+    return "layers" not in parts and "mtp" not in parts
+
+
+def _find(names: Iterable[str], endings: tuple[str, ...]) -> str | None:
+    for ending in endings:
+        hits = sorted((n for n in names if (n == ending or n.endswith("." + ending))
+                       and _is_top_level(n)), key=len)
+        if hits:
+            return hits[0]
+    return None
+
+
+def locate_pieces(model_dir: Path, locations: dict[str, Path]) -> dict[str, str]:
+    """Cache name -> checkpoint name of every target piece the family lists.
+
+    A tied checkpoint (``tie_word_embeddings``) without its own output projection reuses the
+    embedding.
+
+    Raises:
+        ValueError: Naming every piece the checkpoint lacks and the names looked for.
+    """
+    config = read_config(model_dir)
+    family = family_of_config(config)
+    found = {key: _find(locations, endings) for key, endings in family.pieces.items()}
+    if found["lm_head.weight"] is None and config.get("tie_word_embeddings"):
+        found["lm_head.weight"] = found["embed_tokens.weight"]
+    missing = {key: family.pieces[key] for key, name in found.items() if name is None}
+    if missing:
+        wanted = "; ".join(f"{key.removesuffix('.weight')} (a name ending in "
+                           f"{' or '.join(endings)})" for key, endings in missing.items())
+        raise ValueError(f"target: checkpoint {model_dir} ({family.name} family) has no "
+                         f"{wanted}")
+    return {key: str(name) for key, name in found.items()}
 
 
 def target_files(model_dir: Path, *, hidden_dtype: str) -> dict[str, bytes]:
-    """config.json, tokenizer files and ``weights.safetensors`` (embed, lm_head, norm) as bytes.
+    """config.json, tokenizer files and ``weights.safetensors`` (the family's pieces) as bytes.
 
     Raises:
         ValueError: A weight is missing or quantized in a format this cannot dequantize.
     """
-    locations = _tensor_locations(model_dir)
-    config = read_config(model_dir)
-    embed = _find(locations, "embed_tokens.weight")
-    head = _find(locations, "lm_head.weight")
-    norm = _find(locations, "norm.weight", exclude="layers.")
-    if head is None and config.get("tie_word_embeddings"):
-        head = embed
-    found = {"embed_tokens": embed, "lm_head": head, "norm": norm}
-    missing = [k for k, v in found.items() if not v]
-    if missing:
-        raise ValueError(f"target: checkpoint {model_dir} has no {missing} weight")
+    locations = tensor_locations(model_dir)
     dtype = getattr(torch, hidden_dtype)
-    weights = {f"{key}.weight": _load(locations, str(name)).to(dtype).contiguous()
-               for key, name in found.items()}
+    weights = {key: load_tensor(locations, name).to(dtype).contiguous()
+               for key, name in locate_pieces(model_dir, locations).items()}
     files = {"config.json": (model_dir / "config.json").read_bytes()}
     files |= {n: (model_dir / n).read_bytes() for n in TOKENIZER_FILES if (model_dir / n).exists()}
     files["weights.safetensors"] = save_safetensors(weights)

@@ -126,6 +126,45 @@ def build_tiny_target(
     return out
 
 
+def build_tiny_deepseek_v4(
+    out_dir: str | Path,
+    *,
+    num_hidden_layers: int = 4,
+    hidden_size: int = 64,
+    hc_mult: int = 2,
+    vocab_size: int = 1024,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny DeepSeek-V4 (hyper-connection streams, MoE, ``hc_head``) + tokenizer.
+
+    Sliding-window attention only (no compressed attention), no MTP layers; fp32 weights.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out, vocab_size=vocab_size)
+    config = AutoConfig.for_model(
+        "deepseek_v4", vocab_size=vocab_size, hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=32, q_lora_rank=32, o_groups=2, o_lora_rank=32,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        layer_types=["sliding_attention"] * num_hidden_layers,
+        mlp_layer_types=["moe"] * num_hidden_layers, sliding_window=8,
+        index_n_heads=2, index_head_dim=16, index_topk=8, hc_mult=hc_mult,
+        num_nextn_predict_layers=0, max_position_embeddings=4096, initializer_range=0.08,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=2, pad_token_id=0,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).float()
+    with torch.no_grad():  # uneven stream weights, so hc_head is not a plain mean
+        model.model.hc_head.hc_base.normal_(0.0, 2.0)
+    model.save_pretrained(str(out))
+    return out
+
+
 def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object]]:
     """Chat rows in OpenAI ``messages`` form (system, user, assistant) from the synthetic corpus."""
     rng = random.Random(seed)

@@ -6,7 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkforge.manifests.contract import RunContract, default_target_layer_ids
+from sparkforge.manifests.contract import (
+    RunContract,
+    default_target_layer_ids,
+    expected_semantics,
+)
+from sparkforge.shared.target_families import FeatureSemantics, FinalSemantics
 from sparkforge.trainer.draft_config import DSparkDraftConfig, MarkovHeadType, from_target_config
 
 
@@ -44,6 +49,10 @@ class DraftSpec:
     """Confidence features [h ; W1[prev]] (needs markov_rank > 0); h alone when false."""
     target_model_type: str | None = None
     """Expected target model_type (checked against the cache when set)."""
+    target_features: FeatureSemantics | None = None
+    """What a feature is (``residual`` or ``hc_mean``); None: the target family's."""
+    target_final: FinalSemantics | None = None
+    """What the final state is (``post_norm`` or ``lm_head_input``); None: the target family's."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Other DSparkDraftConfig fields to change (e.g. {"intermediate_size": 2048})."""
 
@@ -55,11 +64,14 @@ class DraftSpec:
 
     def contract(self, *, max_seq_len: int, need_eval_split: bool) -> RunContract:
         """What this draft needs from a cache."""
+        features, final_hidden = expected_semantics(
+            self.target_model_type, self.target_features, self.target_final)
         return RunContract(
             target_layer_ids=self.layer_ids(), hidden_size=self.hidden_size,
             vocab_size=self.vocab_size, num_target_layers=self.num_target_layers,
             mask_token_id=self.mask_token_id, max_seq_len=max_seq_len,
-            target_model_type=self.target_model_type, need_eval_split=need_eval_split,
+            target_model_type=self.target_model_type, features=features,
+            final_hidden=final_hidden, need_eval_split=need_eval_split,
         )
 
     def draft_config(self, target_config: Mapping[str, Any]) -> DSparkDraftConfig:
