@@ -19,21 +19,8 @@ from transformers import AutoModelForCausalLM
 from sparkforge.producer.layer_ids import validate_hf_ids
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
-from sparkforge.shared.target_families import TargetFamily, family_of
-
-
-def layer_feature(hidden: torch.Tensor, family: TargetFamily) -> torch.Tensor:
-    """The DSpark feature ``[B, S, H]`` of one HF ``hidden_states`` entry.
-
-    Raises:
-        ValueError: When the entry's rank does not fit the family's feature semantics.
-    """
-    want = 4 if family.features == "hc_mean" else 3
-    if hidden.dim() != want:
-        raise ValueError(f"{family.name} target: a hidden_states entry has shape "
-                         f"{tuple(hidden.shape)}, expected {want} dims for {family.features!r} "
-                         "features")
-    return hidden.mean(dim=2) if family.features == "hc_mean" else hidden
+from sparkforge.shared.hidden_features import layer_feature
+from sparkforge.shared.target_families import family_of
 
 
 class HfSource:

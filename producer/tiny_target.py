@@ -186,7 +186,8 @@ def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sparkforge.producer.tiny_target OUT [--rows N]``: target + demo chat JSONL."""
+    """``python -m sparkforge.producer.tiny_target OUT [--rows N] [--model_type T]``: a tiny
+    target (Qwen3 or DeepSeek-V4) + demo chat JSONL."""
     import argparse
     import json
 
@@ -195,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=0, help="also write OUT/chat.jsonl")
     parser.add_argument("--num_hidden_layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model_type", choices=("qwen3", "deepseek_v4"), default="qwen3")
     args = parser.parse_args(argv)
-    build_tiny_target(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed)
+    build = build_tiny_deepseek_v4 if args.model_type == "deepseek_v4" else build_tiny_target
+    build(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed)
     if args.rows:
         with (args.out_dir / "chat.jsonl").open("w") as f:
             for row in demo_conversations(args.rows, seed=args.seed):
