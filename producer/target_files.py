@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as save_safetensors
 
+from sparkforge.producer.dequant import FP8, dequantize, is_quantized
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.shared.target_families import family_of_config
 
@@ -26,7 +27,6 @@ TOKENIZER_FILES = (
     "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json",
 )
 _FINGERPRINT_BYTES = 1 << 20
-_FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2}
 
 
 def resolve_model_dir(engine: EngineOptions) -> Path:
@@ -90,22 +90,42 @@ def tensor_locations(model_dir: Path) -> dict[str, Path]:
     return locations
 
 
-def load_tensor(locations: dict[str, Path], name: str) -> torch.Tensor:
-    """One checkpoint tensor in fp32, FP8 weights multiplied by their (block) scales."""
+def fp8_block_size(config: dict[str, Any]) -> tuple[int, ...] | None:
+    """``quantization_config.weight_block_size`` of a block-scaled FP8 checkpoint, if any."""
+    block = (config.get("quantization_config") or {}).get("weight_block_size")
+    return tuple(int(b) for b in block) if block else None
+
+
+def _scale_name(locations: dict[str, Path], name: str) -> str | None:
+    candidates = [name + "_scale_inv", name + "_scale"]
+    if name.endswith(".weight"):  # DeepSeek's release names the scale of X.weight X.scale
+        candidates.append(name.removesuffix(".weight") + ".scale")
+    return next((c for c in candidates if c in locations), None)
+
+
+def load_tensor(locations: dict[str, Path], name: str,
+                block: tuple[int, ...] | None = None) -> torch.Tensor:
+    """One checkpoint tensor in fp32; FP8 and packed FP4 weights times their block scales.
+
+    ``block`` is the checkpoint's FP8 ``weight_block_size``; FP4 blocks follow from the shapes.
+
+    Raises:
+        ValueError: A quantized weight without a scale tensor, or with a scale grid that does
+            not fit it.
+    """
     with safe_open(str(locations[name]), framework="pt") as f:
         tensor: torch.Tensor = f.get_tensor(name)
-    if tensor.dtype not in _FLOAT8:
+    if not is_quantized(tensor):
         return tensor.float()
-    scale_name = next((name + s for s in ("_scale_inv", "_scale") if name + s in locations), None)
+    scale_name = _scale_name(locations, name)
     if scale_name is None:
         raise ValueError(f"target: {name} is {tensor.dtype} without a scale tensor")
     with safe_open(str(locations[scale_name]), framework="pt") as f:
-        scale: torch.Tensor = f.get_tensor(scale_name).float()
-    if scale.numel() > 1:  # block scales, e.g. [ceil(O/128), ceil(I/128)]
-        rows, cols = (-(-n // s) for n, s in zip(tensor.shape, scale.shape, strict=True))
-        scale = scale.repeat_interleave(rows, 0).repeat_interleave(cols, 1)
-        scale = scale[: tensor.shape[0], : tensor.shape[1]]
-    return tensor.float() * scale
+        scale: torch.Tensor = f.get_tensor(scale_name)
+    try:
+        return dequantize(tensor, scale, block if tensor.dtype in FP8 else None)
+    except ValueError as exc:
+        raise ValueError(f"target: {name} with {scale_name}: {exc}") from exc
 
 
 def _is_top_level(name: str) -> bool:
@@ -153,7 +173,8 @@ def target_files(model_dir: Path, *, hidden_dtype: str) -> dict[str, bytes]:
     """
     locations = tensor_locations(model_dir)
     dtype = getattr(torch, hidden_dtype)
-    weights = {key: load_tensor(locations, name).to(dtype).contiguous()
+    block = fp8_block_size(read_config(model_dir))
+    weights = {key: load_tensor(locations, name, block).to(dtype).contiguous()
                for key, name in locate_pieces(model_dir, locations).items()}
     files = {"config.json": (model_dir / "config.json").read_bytes()}
     files |= {n: (model_dir / n).read_bytes() for n in TOKENIZER_FILES if (model_dir / n).exists()}

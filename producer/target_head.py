@@ -16,7 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from sparkforge.producer.target_files import load_tensor, locate_pieces, tensor_locations
+from sparkforge.producer.target_files import (
+    fp8_block_size,
+    load_tensor,
+    locate_pieces,
+    tensor_locations,
+)
 from sparkforge.shared.target_families import family_of
 
 logger = logging.getLogger(__name__)
@@ -108,8 +113,9 @@ def load_target_head(model_dir: str | Path, *, with_lm_head: bool) -> TargetHead
         )
     locations = tensor_locations(Path(model_dir))
     pieces = locate_pieces(Path(model_dir), locations)
-    head = load_tensor(locations, pieces["lm_head.weight"]) if with_lm_head else None
+    block = fp8_block_size(config)
+    head = load_tensor(locations, pieces["lm_head.weight"], block) if with_lm_head else None
     return TargetHead(
-        norm_weight=load_tensor(locations, pieces["norm.weight"]),
+        norm_weight=load_tensor(locations, pieces["norm.weight"], block),
         eps=float(config.get("rms_norm_eps", 1e-6)), lm_head_weight=head,
     )

@@ -99,3 +99,22 @@ def test_identity_changes_with_weights(tmp_path: Path) -> None:
     assert ida["content_hash"] != idb["content_hash"]
     assert (ida["hidden_size"], ida["dtype"]) == (H, "auto")
     assert ida["architecture"] == "Qwen3ForCausalLM"
+
+
+def test_v4_fp8_head_with_e8m0_scale_and_config_blocks(tmp_path: Path) -> None:
+    """A V4 e4m3 head.weight with an e8m0 head.scale uses the config's weight_block_size."""
+    head = torch.randn(V, H).to(torch.float8_e4m3fn)
+    exps = torch.tensor([[126], [129]], dtype=torch.uint8)  # 2**-1, 2**2 per 12x12 block
+    model = checkpoint(tmp_path / "m", {
+        "model.embed_tokens.weight": torch.randn(V, H), "model.norm.weight": torch.ones(H),
+        "head.weight": head, "head.scale": exps.view(torch.float8_e8m0fnu),
+        "model.hc_head.hc_fn": torch.randn(2, 2 * H), "model.hc_head.hc_base": torch.randn(2),
+        "model.hc_head.hc_scale": torch.randn(1),
+    }, model_type="deepseek_v4",
+        quantization_config={"quant_method": "fp8", "weight_block_size": [12, 12]})
+    weights = load_safetensors(target_files(model, hidden_dtype="float32")["weights.safetensors"])
+    expected = torch.empty(V, H)
+    for i in range(V):
+        for j in range(H):
+            expected[i, j] = head[i, j].float() * (0.5 if i < 12 else 4.0)
+    torch.testing.assert_close(weights["lm_head.weight"], expected, rtol=0, atol=0)
