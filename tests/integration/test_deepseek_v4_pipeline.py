@@ -9,12 +9,11 @@ is captured by the HF backend, and the exported Qwen3-shaped draft is loaded thr
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from export_helpers import load_in_vllm
 
 from sparkforge.shared.cli import main
 
@@ -69,12 +68,7 @@ def test_v4_target_runs_every_stage(tmp_path: Path, tiny_v4_target: Path) -> Non
     assert config["architectures"] == ["Qwen3DSparkModel"]
 
     stand_in = build_tiny_target(tmp_path / "qwen3_stand_in", hidden_size=64, head_dim=32)
-    script = Path(__file__).with_name("vllm_dspark_load.py")
-    out = subprocess.run([sys.executable, "-P", str(script), str(stand_in), str(draft)],
-                         capture_output=True, text=True, timeout=600, check=False)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line is not None, out.stderr[-3000:]
-    res = json.loads(line.removeprefix("RESULT "))
+    res = load_in_vllm(stand_in, draft)
     assert res["aux_layer_ids"] == [1, 2, 3]
     assert res["params_not_equal"] == []
     assert res["tensors_not_loaded"] == []
