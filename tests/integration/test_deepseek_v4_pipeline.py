@@ -15,7 +15,7 @@ import pytest
 import yaml
 from export_helpers import load_in_vllm
 
-from sparkforge.shared.cli import main
+from sparkforge.app.cli import main
 
 PRODUCER = {"backend": "hf", "layer_ids": [0, 1, 2], "hidden_dtype": "float32",
             "rows_per_unit": 8, "shard_rows": 1024, "max_seq_len": 512, "eval_fraction": 0.25,
@@ -41,7 +41,7 @@ def _train_config(out: Path, cache: Path, name: str, **draft: object) -> Path:
 @pytest.mark.slow
 def test_v4_target_runs_every_stage(tmp_path: Path, tiny_v4_target: Path) -> None:
     """HF capture of a V4 target feeds a Qwen3-shaped draft that trains, exports and evaluates."""
-    from sparkforge.producer.tiny_target import build_tiny_target, demo_conversations
+    from sparkforge.app.tiny_target import build_tiny_target, demo_conversations
 
     rows = tmp_path / "chat.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in demo_conversations(16)))

@@ -186,8 +186,8 @@ def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sparkforge.producer.tiny_target OUT [--rows N] [--model_type T]``: a tiny
-    target (Qwen3 or DeepSeek-V4) + demo chat JSONL."""
+    """``python -m sparkforge.app.tiny_target OUT [--rows N] [--model_type T]``: a tiny target
+    (Qwen3 or DeepSeek-V4) + demo chat JSONL."""
     import argparse
     import json
 
