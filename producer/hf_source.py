@@ -16,10 +16,10 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
-from sparkforge.producer.layer_ids import validate_hf_ids
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
 from sparkforge.shared.hidden_features import layer_feature
+from sparkforge.shared.layer_ids import check_hf_ids
 from sparkforge.shared.target_families import family_of
 
 
@@ -50,7 +50,7 @@ class HfSource:
         config = self.model.config.get_text_config()
         self.family = family_of(self.model.config.model_type)
         self.num_hidden_layers = int(config.num_hidden_layers)
-        self.layer_ids = validate_hf_ids(layer_ids, self.num_hidden_layers)
+        self.layer_ids = check_hf_ids(layer_ids, self.num_hidden_layers)
         self.dtype = getattr(torch, dtype)
         self.topk, self.device, self.max_batch_tokens = topk, device, max_batch_tokens
 

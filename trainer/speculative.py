@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from sparkforge.shared.hidden_features import layer_feature
+from sparkforge.shared.layer_ids import feature_to_hf
 from sparkforge.shared.target_families import STANDARD, TargetFamily, family_of
 from sparkforge.trainer.model import DSparkDraftModel
 from sparkforge.trainer.sampling import (
@@ -57,7 +58,8 @@ def target_features(
     Returns:
         [B, T, X]; a hyper-connection target's streams are averaged first (see ``family``).
     """
-    return torch.cat([layer_feature(hidden_states[i + 1], family) for i in layer_ids], dim=-1)
+    return torch.cat([layer_feature(hidden_states[k], family) for k in feature_to_hf(layer_ids)],
+                     dim=-1)
 
 
 def verify_draft(
