@@ -1,7 +1,9 @@
 """Capture one commit unit: tokenize its rows, run them through a source, build sample records.
 
-Results are checked at the source boundary (shapes), converted to the cache's storage dtype and
-sorted by sample id, so a unit's records do not depend on the order requests finished in.
+Results are checked at the source boundary (shapes), converted to the cache's storage dtype,
+checked for NaN/inf in what will be stored (whatever the backend, and including an overflow of
+the dtype conversion) and sorted by sample id, so a unit's records do not depend on the order
+requests finished in.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -18,13 +21,21 @@ from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.dataset import RawRow
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
 from sparkforge.producer.splits import SplitRule
+from sparkforge.shared.dtypes import non_finite
 from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
 
 logger = logging.getLogger(__name__)
 
 
+NonFinitePolicy = Literal["skip", "fail"]
+
+
 class CaptureAborted(RuntimeError):
     """Raised after ``max_consecutive_failures`` requests failed in a row."""
+
+
+class NonFiniteActivations(RuntimeError):
+    """Raised under ``non_finite: fail`` when the target produced NaN or inf for a row."""
 
 
 @dataclass
@@ -83,6 +94,17 @@ def _check_result(
     return None
 
 
+def non_finite_problem(record: SampleRecord, hidden_dtype: str) -> str | None:
+    """Where a record's hidden states hold NaN or inf, as a message (None: all finite)."""
+    for name in ("aux_hidden", "final_hidden"):
+        bad = non_finite(getattr(record, name), hidden_dtype)
+        if bad.any():
+            tokens = np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1))
+            return (f"sample {record.sample_id}: {name} holds {int(bad.sum())} non-finite values "
+                    f"in {tokens.size} of {bad.shape[0]} tokens, first at token {tokens[0]}")
+    return None
+
+
 def _record(
     result: CaptureResult, pending: _Pending, hidden_dtype: str, topk: int
 ) -> SampleRecord:
@@ -114,6 +136,8 @@ class UnitCapturer:
     hidden_dtype: str
     topk: int
     failures: FailureRun
+    non_finite: NonFinitePolicy = "skip"
+    """Rows whose activations hold NaN or inf: count them as skipped, or stop the run."""
 
     def encode(self, rows: Sequence[RawRow]) -> tuple[list[_Pending], Counter[str]]:
         """Tokenize rows; bad ones are counted by reason."""
@@ -147,7 +171,16 @@ class UnitCapturer:
                 self.failures.failed(result.sample_id, error)
                 continue
             self.failures.succeeded()
-            records.append(_record(result, item, self.hidden_dtype, self.topk))
+            record = _record(result, item, self.hidden_dtype, self.topk)
+            problem = non_finite_problem(record, self.hidden_dtype)
+            if problem is None:
+                records.append(record)
+            elif self.non_finite == "fail":
+                raise NonFiniteActivations(f"{problem}; nothing of this unit was committed "
+                                           "(--non_finite fail; 'skip' counts such rows instead)")
+            else:
+                logger.warning("skipping %s", problem)
+                skipped[SkipReason.NON_FINITE_ACTIVATIONS.value] += 1
         for sample_id in by_id:  # requests the backend never answered
             failed += 1
             self.failures.failed(sample_id, "the capture backend returned no result")

@@ -10,6 +10,7 @@ from typing import Any
 from jsonargparse import ArgumentError, ArgumentParser, set_parsing_settings
 
 from sparkforge.producer.config import FinalizeConfig, ProducerConfig, RegenerateConfig
+from sparkforge.shared.io_errors import describe
 
 # Attribute docstrings of the config dataclasses become the --help text.
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -101,4 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return job(cfg)
     except (ValueError, RuntimeError) as exc:
         print(f"sparkforge {command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a storage failure outside the data/output boundaries (e.g. the model)
+        print(f"sparkforge {command}: error: {describe('path', exc.filename or '?', exc)}",
+              file=sys.stderr)
         return 1

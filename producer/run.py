@@ -23,10 +23,21 @@ from tqdm import tqdm
 
 from sparkforge.manifests.finalize import finalize_cache, read_run_header
 from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
-from sparkforge.producer.capture import CaptureAborted, FailureRun, UnitCapturer
+from sparkforge.producer.capture import (
+    CaptureAborted,
+    FailureRun,
+    NonFiniteActivations,
+    UnitCapturer,
+)
 from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
-from sparkforge.producer.dataset import DataSource, describe_sources, iter_rows
+from sparkforge.producer.dataset import (
+    DatasetError,
+    DataSource,
+    RawRow,
+    describe_sources,
+    iter_rows,
+)
 from sparkforge.producer.header import build_header
 from sparkforge.producer.layer_ids import (
     LayerIdError,
@@ -34,6 +45,7 @@ from sparkforge.producer.layer_ids import (
     feature_to_hf,
     validate_feature_ids,
 )
+from sparkforge.producer.no_samples import NoSamplesWritten, require_samples
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
 from sparkforge.producer.summary import RunSummary
@@ -45,17 +57,19 @@ from sparkforge.producer.target_files import (
 )
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.shared import storage
+from sparkforge.shared.io_errors import storage_errors
 from sparkforge.shared.layout import PARITY_FILE, TARGET_PREFIX
-from sparkforge.shared.writer import CacheSpec, CacheWriter
+from sparkforge.shared.writer import CacheSpec, CacheWriter, UnitAlreadyCommitted
 
 if TYPE_CHECKING:
     from sparkforge.producer.parity import ParityReport
 
 logger = logging.getLogger(__name__)
-__all__ = ["CaptureAborted", "ParityFailed", "finalize", "make_source", "parity", "run"]
+__all__ = ["CaptureAborted", "NoSamplesWritten", "NonFiniteActivations", "ParityFailed",
+           "finalize", "make_source", "parity", "run"]
 DEFAULT_PARITY_SAMPLES = 8
-
-
+STALE_PARTIAL_S = 900
+"""Age after which a ``*.partial`` temp file in a local cache is a dead write, not a live one."""
 class ParityFailed(RuntimeError):
     """Raised when the vLLM capture disagrees with the transformers reference."""
 
@@ -93,6 +107,8 @@ def prepare(cfg: ProducerConfig) -> Prepared:
     sources = describe_sources(cfg.data, data_format=cfg.data_format,
                                storage_options=cfg.storage_options)
     num_rows = sum(s.num_rows for s in sources)
+    if not num_rows:
+        raise DatasetError(f"data: {cfg.data} holds no rows ({len(sources)} file(s), all empty)")
     return Prepared(
         model_dir=model_dir, target_config=target_config,
         hf_layer_ids=feature_to_hf(feature_ids), encoder=encoder, sources=sources,
@@ -159,14 +175,15 @@ def _open_writer(cfg: ProducerConfig, prep: Prepared) -> CacheWriter:
 
 def try_finalize(
     output: str, *, expected_units: int, storage_options: Mapping[str, object]
-) -> bool:
-    """Finalize if every unit is committed; False (and a log line) while some are missing."""
+) -> CacheManifest | None:
+    """Finalize if every unit is committed; None (and a log line) while some are missing."""
     try:
-        finalize_cache(output, expected_units=expected_units, storage_options=storage_options)
+        with storage_errors("output", output):
+            return finalize_cache(output, expected_units=expected_units,
+                                  storage_options=storage_options)
     except CacheIncompleteError as exc:
         logger.info("not finalizing yet (the last worker will, or `sparkforge finalize`): %s", exc)
-        return False
-    return True
+        return None
 
 
 def run(
@@ -185,11 +202,18 @@ def run(
     Raises:
         CacheMismatchError: The cache exists with a different config, target, data or template.
         CaptureAborted: Too many requests failed in a row.
+        NonFiniteActivations: ``non_finite`` is ``fail`` and a row's activations hold NaN/inf.
+        NoSamplesWritten: Rows were read (by this run, or into the finalized cache) but none was
+            written.
         ParityFailed: ``parity_samples`` > 0 and vLLM disagrees with transformers.
+        StorageError: The data or the cache cannot be read or written (disk full, ...).
     """
     share = resolve_share(cfg.worker_index, cfg.num_workers, os.environ if env is None else env)
     prep = prepare(cfg)
-    writer = _open_writer(cfg, prep)
+    with storage_errors("output", cfg.output):
+        writer = _open_writer(cfg, prep)
+        for path in storage.remove_stale_partials(writer.loc, older_than_s=STALE_PARTIAL_S):
+            logger.info("removed %s, left by a write that was killed", path)
     mine = owned_units(prep.num_units, share)
     todo = sorted(set(mine) - writer.committed_units())
     summary = RunSummary(output=cfg.output, worker=share, units_owned=len(mine),
@@ -207,8 +231,13 @@ def run(
             if source is None:
                 active.close()
     if cfg.finalize:
-        summary.finalized = try_finalize(cfg.output, expected_units=prep.num_units,
-                                         storage_options=cfg.storage_options)
+        manifest = try_finalize(cfg.output, expected_units=prep.num_units,
+                                storage_options=cfg.storage_options)
+        summary.finalized = manifest is not None
+        if manifest is not None:
+            require_samples(manifest.accounting, f"the cache {cfg.output}")
+            return summary
+    require_samples(summary.accounting(), f"this run's share of {cfg.output}")
     return summary
 
 
@@ -219,19 +248,38 @@ def _capture_units(
     capturer = UnitCapturer(prep.encoder, SplitRule(cfg.eval_fraction, prep.eval_ids,
                                                     cfg.split_seed),
                             len(prep.hf_layer_ids), cfg.hidden_dtype, cfg.topk,
-                            FailureRun(cfg.max_consecutive_failures))
+                            FailureRun(cfg.max_consecutive_failures), cfg.non_finite)
     todo_set = set(todo)
     rows = iter_rows(prep.sources, wanted=lambda i: i // cfg.rows_per_unit in todo_set,
                      batch_rows=cfg.read_batch_rows, storage_options=cfg.storage_options)
     start = time.monotonic()
     with tqdm(total=len(todo), unit="unit", disable=not cfg.progress) as bar:
         for unit, unit_rows in rows_by_unit(rows, cfg.rows_per_unit):
-            records, accounting = capturer.capture(source, unit_rows)
-            writer.write_unit(unit, records, accounting)
-            summary.add_unit(records, accounting)
+            _capture_unit(cfg.output, writer, capturer, source, unit, unit_rows, summary)
             summary.seconds = time.monotonic() - start
             bar.update(1)
             bar.set_postfix_str(summary.progress(summary.seconds), refresh=False)
+
+
+def _capture_unit(
+    output: str, writer: CacheWriter, capturer: UnitCapturer, source: HiddenStateSource,
+    unit: int, rows: list[RawRow], summary: RunSummary,
+) -> None:
+    """Capture and commit one unit, unless another process (a duplicate or restarted worker)
+    committed it first: that unit is skipped and the run carries on."""
+    with storage_errors("output", output):
+        committed = writer.is_committed(unit)
+    if not committed:
+        records, accounting = capturer.capture(source, rows)
+        try:
+            with storage_errors("output", output):
+                writer.write_unit(unit, records, accounting)
+            summary.add_unit(records, accounting)
+            return
+        except UnitAlreadyCommitted:
+            pass
+    logger.warning("unit %d was committed by another process meanwhile; skipping it", unit)
+    summary.units_taken_over += 1
 
 
 def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> list[CaptureRequest]:
@@ -285,6 +333,10 @@ def parity(cfg: ProducerConfig, *, source: HiddenStateSource | None = None) -> P
 def finalize(output: str, *, storage_options: Mapping[str, object] | None = None) -> CacheManifest:
     """``sparkforge finalize``: build the manifest from the commit records (unit count from the
     header), or raise CacheIncompleteError listing the missing units."""
-    _, header = read_run_header(storage.open_location(output, storage_options))
-    expected = header["producer_config"]["resolved"]["num_units"]
-    return finalize_cache(output, expected_units=expected, storage_options=storage_options)
+    with storage_errors("output", output):
+        _, header = read_run_header(storage.open_location(output, storage_options))
+        expected = header["producer_config"]["resolved"]["num_units"]
+        manifest = finalize_cache(output, expected_units=expected,
+                                  storage_options=storage_options)
+    require_samples(manifest.accounting, f"the cache {output}")
+    return manifest
