@@ -76,8 +76,9 @@ class RunSummary:
             ("worker", f"{self.worker.worker_index} of {self.worker.num_workers} "
                        f"({self.worker.origin})"),
             ("units", f"{self.units_done} committed now, {self.units_owned - self.units_todo} "
-                      f"already committed, {self.units_taken_over} committed by another process "
-                      f"meanwhile, {self.units_owned} owned"),
+                      f"already committed, {self.units_owned} owned"),
+            *([("units taken over", f"{self.units_taken_over} committed by another process "
+                                    "meanwhile (skipped)")] if self.units_taken_over else []),
             ("input rows", f"{self.input_rows:,}"),
             ("written", f"{self.written:,}"),
             *((f"skipped: {k}", f"{v:,}") for k, v in sorted(self.skipped.items())),
