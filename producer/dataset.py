@@ -142,8 +142,9 @@ def _parse_line(index: int, raw: bytes) -> RawRow:
     digest = row_hash(raw)
     try:
         row = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return RawRow(index=index, row=None, content_hash=digest, error=f"malformed_json: {exc}")
+    except ValueError as exc:  # bad JSON or UTF-8, an integer past Python's 4300-digit limit
+        return RawRow(index=index, row=None, content_hash=digest,
+                      error=f"malformed_json: {str(exc)[:200]}")
     except RecursionError:
         return RawRow(index=index, row=None, content_hash=digest,
                       error="malformed_json: nested deeper than the JSON parser's recursion limit")

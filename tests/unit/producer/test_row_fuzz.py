@@ -59,7 +59,8 @@ PRETOKENIZED_ROW = st.integers(1, 8).flatmap(lambda n: st.fixed_dictionaries({
 ROW = mostly(st.one_of(CHAT_ROW, CHAT_ROW, PRETOKENIZED_ROW),
              st.dictionaries(st.text(max_size=10), JSON, max_size=3))
 LINE = mostly(ROW.map(lambda row: json.dumps(row).encode()),
-              st.binary(max_size=60) | JSON.map(lambda value: json.dumps(value).encode()))
+              st.binary(max_size=60) | JSON.map(lambda value: json.dumps(value).encode())
+              | st.integers(4000, 5000).map(lambda n: b'{"input_ids": [' + b"7" * n + b"]}"))
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,8 @@ def test_target_files_and_header(tiny_target: Path, source, tmp_path: Path) -> N
 
 
 BAD_ROWS = {
-    "malformed_json": ["{broken json", "[1, 2]", "[" * 200_000 + "]" * 200_000],
+    "malformed_json": ["{broken json", "[1, 2]", "[" * 200_000 + "]" * 200_000,
+                       '{"input_ids": [' + "7" * 5000 + '], "loss_mask": [1]}'],
     "missing_messages": [{"text": "x"}],
     "unknown_role": [{"messages": [{"role": "robot", "content": "x"},
                                    {"role": "assistant", "content": "y"}]},
