@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 
 NonFinitePolicy = Literal["skip", "fail"]
+_SCAN_ELEMENTS = 1 << 24
+"""Hidden values checked per block (bounds the NaN/inf scan's temporaries to ~50 MB)."""
 
 
 class CaptureAborted(RuntimeError):
@@ -95,13 +97,24 @@ def _check_result(
 
 
 def non_finite_problem(record: SampleRecord, hidden_dtype: str) -> str | None:
-    """Where a record's hidden states hold NaN or inf, as a message (None: all finite)."""
+    """Where a record's hidden states hold NaN or inf, as a message (None: all finite).
+
+    Scanned in row blocks, so the temporaries stay small whatever the sequence length.
+    """
     for name in ("aux_hidden", "final_hidden"):
-        bad = non_finite(getattr(record, name), hidden_dtype)
-        if bad.any():
-            tokens = np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1))
-            return (f"sample {record.sample_id}: {name} holds {int(bad.sum())} non-finite values "
-                    f"in {tokens.size} of {bad.shape[0]} tokens, first at token {tokens[0]}")
+        values = getattr(record, name)
+        step = max(1, _SCAN_ELEMENTS // values[0].size)
+        count, tokens = 0, []
+        for start in range(0, values.shape[0], step):
+            bad = non_finite(values[start:start + step], hidden_dtype)
+            if bad.any():
+                count += int(bad.sum())
+                tokens.append(start + np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1)))
+        if count:
+            bad_tokens = np.concatenate(tokens)
+            return (f"sample {record.sample_id}: {name} holds {count} non-finite values in "
+                    f"{bad_tokens.size} of {values.shape[0]} tokens, first at token "
+                    f"{bad_tokens[0]}")
     return None
 
 

@@ -220,3 +220,33 @@ def test_hf_backend_skips_rows_the_target_makes_non_finite(tiny_target: Path,
     acc = open_cache(cfg.output).manifest.accounting
     assert (acc.written, acc.skipped) == (4, {"non_finite_activations": 2})
     assert sorted(cache_samples(cfg.output)) == [0, 1, 4, 5]
+
+
+@pytest.mark.parametrize("hidden_dtype", ["bfloat16", "float16", "float32"])
+def test_non_finite_scan_finds_every_bad_token_across_blocks(monkeypatch, hidden_dtype) -> None:
+    """The block-wise scan counts NaN and inf in any block, in every storage dtype, and names
+    the first bad token; finite values (the largest included) pass."""
+    import numpy as np
+
+    from sparkforge.producer import capture
+    from sparkforge.shared.dtypes import float_to_storage
+    from sparkforge.shared.records import SampleRecord
+
+    monkeypatch.setattr(capture, "_SCAN_ELEMENTS", 2 * 3 * 4)  # two tokens per block
+    big = float(np.finfo(np.float16 if hidden_dtype == "float16" else np.float32).max)
+    aux = np.full((7, 3, 4), big, dtype=np.float32)
+    final = np.ones((7, 4), dtype=np.float32)
+
+    def record(aux: np.ndarray) -> SampleRecord:
+        return SampleRecord(
+            sample_id=9, source_row=9, source_hash="ab", split="train",
+            input_ids=np.zeros(7, np.int32), loss_mask=np.ones(7, np.uint8),
+            aux_hidden=float_to_storage(aux, hidden_dtype),
+            final_hidden=float_to_storage(final, hidden_dtype))
+
+    if hidden_dtype != "bfloat16":  # bf16 rounds float32's max up to inf
+        assert capture.non_finite_problem(record(aux), hidden_dtype) is None
+    aux[:] = 1.0
+    aux[3, 1, 2], aux[6, 0, 0], aux[6, 2, 3] = np.nan, np.inf, -np.inf
+    assert capture.non_finite_problem(record(aux), hidden_dtype) == (
+        "sample 9: aux_hidden holds 3 non-finite values in 2 of 7 tokens, first at token 3")
