@@ -79,8 +79,8 @@ def test_empty_input_is_refused_before_anything_is_written(tiny_target: Path,
 
 def test_wrong_schema_fails_with_the_reason_every_time(tiny_target: Path, source,
                                                       tmp_path: Path) -> None:
-    """Parquet without a messages column exits 1 naming missing_messages, and so does the
-    resume, instead of finishing an empty cache."""
+    """Parquet without a messages column fails naming missing_messages, and so do the resume and
+    `finalize`, instead of finishing an empty cache with exit status 0."""
     data = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist([{"text": f"row {i}"} for i in range(6)]), data)
     cfg = producer_config(tiny_target, data, str(tmp_path / "cache"))
@@ -88,6 +88,7 @@ def test_wrong_schema_fails_with_the_reason_every_time(tiny_target: Path, source
         with pytest.raises(NoSamplesWritten,
                            match="every one of its 6 input rows was skipped as missing_messages"):
             run(cfg, source=source)
+    assert main(["finalize", "--output", cfg.output]) == 1
 
 
 def test_duplicate_worker_skips_what_the_other_committed(tiny_target: Path, tmp_path: Path):
