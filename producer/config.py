@@ -36,7 +36,9 @@ class ProducerConfig:
     backend: Literal["vllm", "hf"] = "vllm"
     """Capture engine: vLLM (default) or a transformers forward (targets vLLM cannot run)."""
     layer_ids: list[int] | None = None
-    """DSpark feature ids (output of decoder layer l, 0-based); default: evenly spaced."""
+    """DSpark feature ids (output of decoder layer l, 0-based; the cache records HF
+    ``hidden_states`` indices l + 1, see ``sparkforge.shared.layer_ids``); default: evenly
+    spaced."""
     num_feature_layers: int = 5
     """How many default feature layers to pick when ``layer_ids`` is not given."""
     hidden_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
@@ -192,12 +194,3 @@ class RegenerateConfig:
         if problems:
             raise ValueError("invalid regenerate config:\n  " + "\n  ".join(problems))
 
-
-@dataclass(frozen=True, kw_only=True)
-class FinalizeConfig:
-    """``sparkforge finalize``: write the manifest once every unit is committed."""
-
-    output: str
-    """Cache URI."""
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    """fsspec options for ``output``."""

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from sparkforge.manifests.finalize import finalize_cache, read_run_header
+from sparkforge.manifests.finalize import finalize_cache
+from sparkforge.manifests.no_samples import NoSamplesWritten, require_samples
 from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
 from sparkforge.producer.capture import (
     CaptureAborted,
@@ -39,13 +40,6 @@ from sparkforge.producer.dataset import (
     iter_rows,
 )
 from sparkforge.producer.header import build_header
-from sparkforge.producer.layer_ids import (
-    LayerIdError,
-    default_feature_ids,
-    feature_to_hf,
-    validate_feature_ids,
-)
-from sparkforge.producer.no_samples import NoSamplesWritten, require_samples
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
 from sparkforge.producer.summary import RunSummary
@@ -58,6 +52,13 @@ from sparkforge.producer.target_files import (
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.shared import storage
 from sparkforge.shared.io_errors import storage_errors
+from sparkforge.shared.layer_ids import (
+    HfIndices,
+    LayerIdError,
+    check_feature_ids,
+    default_feature_ids,
+    feature_to_hf,
+)
 from sparkforge.shared.layout import PARITY_FILE, TARGET_PREFIX
 from sparkforge.shared.writer import CacheSpec, CacheWriter, UnitAlreadyCommitted
 
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 __all__ = ["CaptureAborted", "NoSamplesWritten", "NonFiniteActivations", "ParityFailed",
-           "finalize", "make_source", "parity", "run"]
+           "make_source", "parity", "run"]
 DEFAULT_PARITY_SAMPLES = 8
 STALE_PARTIAL_S = 900
 """Age after which a ``*.partial`` temp file in a local cache is a dead write, not a live one."""
@@ -80,7 +81,7 @@ class Prepared:
 
     model_dir: Path
     target_config: dict[str, Any]
-    hf_layer_ids: tuple[int, ...]
+    hf_layer_ids: HfIndices
     encoder: ChatEncoder
     sources: list[DataSource]
     num_rows: int
@@ -96,8 +97,8 @@ def prepare(cfg: ProducerConfig) -> Prepared:
     target_config = read_config(model_dir)
     num_layers = target_config["num_hidden_layers"]
     try:
-        feature_ids = (validate_feature_ids(cfg.layer_ids, num_layers) if cfg.layer_ids
-                       else default_feature_ids(num_layers, cfg.num_feature_layers))
+        feature_ids = check_feature_ids(
+            cfg.layer_ids or default_feature_ids(num_layers, cfg.num_feature_layers), num_layers)
     except LayerIdError as exc:
         raise ValueError(f"--layer_ids / --num_feature_layers for a {num_layers}-layer target: "
                          f"{exc}") from exc
@@ -328,15 +329,3 @@ def parity(cfg: ProducerConfig, *, source: HiddenStateSource | None = None) -> P
     finally:
         if source is None:
             active.close()
-
-
-def finalize(output: str, *, storage_options: Mapping[str, object] | None = None) -> CacheManifest:
-    """``sparkforge finalize``: build the manifest from the commit records (unit count from the
-    header), or raise CacheIncompleteError listing the missing units."""
-    with storage_errors("output", output):
-        _, header = read_run_header(storage.open_location(output, storage_options))
-        expected = header["producer_config"]["resolved"]["num_units"]
-        manifest = finalize_cache(output, expected_units=expected,
-                                  storage_options=storage_options)
-    require_samples(manifest.accounting, f"the cache {output}")
-    return manifest

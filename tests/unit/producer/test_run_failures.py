@@ -25,9 +25,9 @@ from producer_helpers import (
     write_jsonl,
 )
 
+from sparkforge.app.cli import main
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.validate import validate_cache
-from sparkforge.producer.cli import main
 from sparkforge.producer.dataset import DatasetError
 from sparkforge.producer.run import (
     STALE_PARTIAL_S,
@@ -169,7 +169,7 @@ def test_refused_writes_end_in_one_line_and_resume_cleanly(tiny_target: Path,
     leaves no temp file and no commit, and the same command then completes the same cache."""
     data = write_jsonl(tmp_path / "d.jsonl", chat_rows(128))
     config = _config_file(tmp_path, tiny_target, data, str(tmp_path / "cache"))
-    command = [sys.executable, "-P", "-m", "sparkforge.producer", "produce", "--config",
+    command = [sys.executable, "-P", "-m", "sparkforge.app.cli", "produce", "--config",
                str(config)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     limited = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600,

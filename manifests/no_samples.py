@@ -1,11 +1,14 @@
-"""Refuse a run or a cache that holds no sample, naming why its rows were skipped."""
+"""Refuse a producer run or a finalized cache that holds no sample, naming why its rows were
+skipped (the cache would otherwise look complete and train on nothing)."""
 
 from __future__ import annotations
+
+from typing import Final
 
 from sparkforge.shared.records import UnitAccounting
 
 # What a run that wrote nothing most likely got wrong, by the reason that skipped its rows.
-_EMPTY_RUN_HINTS = {
+_EMPTY_RUN_HINTS: Final = {
     "missing_messages": "the rows have no 'messages' (or 'input_ids' + 'loss_mask') column: "
                         "wrong schema or wrong --data?",
     "malformed_json": "the lines are not JSON objects: wrong --data or --data_format?",
