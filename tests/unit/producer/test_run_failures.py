@@ -93,7 +93,7 @@ def test_wrong_schema_fails_with_the_reason_every_time(tiny_target: Path, source
 
 def test_duplicate_worker_skips_what_the_other_committed(tiny_target: Path, tmp_path: Path):
     """A second worker on the same share that commits units first makes the first one skip
-    them and finish with exit status 0, not stop at its first collision."""
+    them and finish normally, not stop at its first collision."""
     data = write_jsonl(tmp_path / "d.jsonl", chat_rows(12))
     cfg = producer_config(tiny_target, data, str(tmp_path / "cache"))
 
