@@ -23,9 +23,11 @@ import torch.nn.functional as F  # noqa: N812
 from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_qwen3_small
 from sparkforge.trainer.loss import chunked_row_terms, compute_dspark_loss, l1_distance
 from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.run_config import LossSpec
 
 
-def _throughput(cfg: DSparkDraftConfig, seq_len: int, steps: int, **loss_kw: float) -> float:
+def _throughput(cfg: DSparkDraftConfig, seq_len: int, steps: int,
+                loss: LossSpec = LossSpec()) -> float:  # noqa: B008 - frozen dataclass
     torch.manual_seed(0)
     model = DSparkDraftModel(cfg)
     h, f = cfg.hidden_size, cfg.num_features
@@ -35,12 +37,12 @@ def _throughput(cfg: DSparkDraftConfig, seq_len: int, steps: int, **loss_kw: flo
         "target_hidden_states": torch.randn(1, seq_len, f * h),
         "target_last_hidden_states": torch.randn(1, seq_len, h),
     }
-    if loss_kw.get("l1_alpha", 0.9) == 0 and not cfg.enable_confidence_head:
+    if loss.l1_loss_alpha == 0 and not cfg.enable_confidence_head:
         batch.pop("target_last_hidden_states")
     times = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
-        compute_dspark_loss(model(**batch), **loss_kw).loss.backward()  # type: ignore[arg-type]
+        compute_dspark_loss(model(**batch), loss).loss.backward()
         times.append(time.perf_counter() - t0)
     return seq_len / (sum(times[1:]) / steps)  # first step is warm-up
 
@@ -115,8 +117,8 @@ def main() -> None:
     dflash = dataclasses.replace(dspark, markov_rank=0, enable_confidence_head=False,
                                  confidence_head_with_markov=False)
     tps_dspark = _throughput(dspark, args.seq_len, args.steps)
-    tps_dflash = _throughput(dflash, args.seq_len, args.steps, ce_alpha=1.0, l1_alpha=0.0,
-                             confidence_alpha=0.0)
+    tps_dflash = _throughput(dflash, args.seq_len, args.steps, LossSpec(
+        ce_loss_alpha=1.0, l1_loss_alpha=0.0, confidence_head_alpha=0.0))
     print(f"threads={torch.get_num_threads()} H=1024 layers=2 V=151936 K=7 "
           f"A={args.num_anchors} S={args.seq_len}")
     print("| config | fwd+bwd context tokens/s |")

@@ -134,6 +134,7 @@ def phase_step(uri: str, batch_size: int, steps: int) -> dict[str, float]:
     from sparkforge.trainer.draft_config import DSparkDraftConfig
     from sparkforge.trainer.loss import compute_dspark_loss
     from sparkforge.trainer.model import DSparkDraftModel
+    from sparkforge.trainer.run_config import LossSpec
 
     dm = CacheDataModule(uri, batch_size=batch_size, num_workers=0, shuffle_buffer=64)
     spec = dm.reader.manifest.storage.spec
@@ -157,7 +158,7 @@ def phase_step(uri: str, batch_size: int, steps: int) -> dict[str, float]:
             t0 = time.perf_counter()
         out = model(b["input_ids"], b["loss_mask"], b["target_hidden_states"],
                     b["target_last_hidden_states"], attention_mask=b["attention_mask"])
-        compute_dspark_loss(out).loss.backward()
+        compute_dspark_loss(out, LossSpec()).loss.backward()
         opt.step()
         opt.zero_grad()
         if i >= 1:
