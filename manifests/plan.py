@@ -17,11 +17,11 @@ from sparkforge.shared.layout import CacheSpec, array_layouts
 
 LOSSLESS_RATIO: Final[dict[str, float]] = {"bfloat16": 1.45, "float16": 1.2, "float32": 1.15}
 """Blosc zstd-1 + byte shuffle on hidden states. bf16: 1.45 measured on real activations
-(storage-notes section 2); float16 / float32: estimates from the same exponent-byte argument
+(2 vCPU, entropy bound ~1.48); float16 / float32: estimates from the same exponent-byte argument
 (one compressible byte of 2, of 4), kept conservative."""
 FP8_CODE_RATIO: Final = 1.18
 """zstd on e4m3 codes: fp8 + per-token scale measured 2.33x smaller than raw bf16, i.e. the
-1-byte codes compress ~1.18x (storage-notes section 3)."""
+1-byte codes compress ~1.18x."""
 SMALL_ARRAY_RATIO: Final[dict[str, float]] = {"input_ids": 3.4, "loss_mask": 100.0,
                                               "aux_scale": 1.0, "topk_ids": 1.0,
                                               "topk_logprobs": 1.0}

@@ -2,7 +2,7 @@
 
 The trainer recomputes teacher logits from the post-norm state, so the cache carries the target's
 ``config.json``, tokenizer files and ``embed_tokens`` / ``lm_head`` / final-norm weights
-(dspark-algorithm.md section 15), dequantized to the cache's hidden dtype.
+(the draft's frozen pieces and teacher head), dequantized to the cache's hidden dtype.
 """
 
 from __future__ import annotations

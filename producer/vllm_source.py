@@ -4,7 +4,7 @@ built-in ``extract_hidden_states`` method, consumed file by file as requests fin
 Requests go in as token ids through ``LLMEngine`` with at most ``window`` in flight, so the scratch
 folder never holds more than ``window`` files. Each file is checked against its request, split into
 the captured layers and the pre-norm final residual, finished with the target's final RMSNorm,
-optionally checked against the engine's own prompt logprobs, and deleted (vllm-capture.md 10).
+optionally checked against the engine's own prompt logprobs, and deleted.
 """
 
 from __future__ import annotations
