@@ -6,7 +6,6 @@ measured compression ratios per array, so it tracks what ``CacheWriter`` actuall
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sparkforge.shared.layout import CacheSpec, array_layouts
+from sparkforge.shared.target_config import parse_target_config
 
 LOSSLESS_RATIO: Final[dict[str, float]] = {"bfloat16": 1.45, "float16": 1.2, "float32": 1.15}
 """Blosc zstd-1 + byte shuffle on hidden states. bf16: 1.45 measured on real activations
@@ -47,19 +47,12 @@ def target_shape_from_config(path: str | Path) -> TargetShape:
     Raises:
         ValueError: naming the missing or mistyped field.
     """
-    data: Any = json.loads(Path(path).read_text())
-    if isinstance(data, dict) and isinstance(data.get("text_config"), dict):
-        data = data["text_config"]
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    sizes: dict[str, int] = {}
-    for k in ("hidden_size", "num_hidden_layers"):
-        v = data.get(k)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{path}: config field {k} must be a positive integer, got {v!r}")
-        sizes[k] = v
-    dtype = str(data.get("torch_dtype") or data.get("dtype") or "bfloat16")
-    return TargetShape(**sizes, dtype=dtype if dtype in LOSSLESS_RATIO else "bfloat16")
+    config = parse_target_config(Path(path).read_bytes(), str(path))
+    text = config.text
+    dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
+    return TargetShape(hidden_size=config.positive_int("hidden_size"),
+                       num_hidden_layers=config.positive_int("num_hidden_layers"),
+                       dtype=dtype if dtype in LOSSLESS_RATIO else "bfloat16")
 
 
 def array_ratio(name: str, spec: CacheSpec) -> float:

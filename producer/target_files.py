@@ -8,9 +8,7 @@ The trainer recomputes teacher logits from the post-norm state, so the cache car
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -18,6 +16,7 @@ from safetensors.torch import save as save_safetensors
 
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.shared.header import TargetInfo
+from sparkforge.shared.target_config import read_target_config
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -37,12 +36,6 @@ def resolve_model_dir(engine: EngineOptions) -> Path:
     return Path(snapshot_download(engine.model, revision=engine.revision))
 
 
-def read_config(model_dir: Path) -> dict[str, Any]:
-    """``config.json`` with the text model's sizes lifted to the top (multimodal checkpoints)."""
-    config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
-    return {**config, **config.get("text_config", {})}
-
-
 def content_hash(model_dir: Path) -> str:
     """Fingerprint of config and weights: config bytes, and per weight file its name, size,
     safetensors header and first and last MiB (hashing every byte of a 1 TB target is too slow)."""
@@ -59,7 +52,7 @@ def content_hash(model_dir: Path) -> str:
 
 def target_identity(engine: EngineOptions, model_dir: Path) -> TargetInfo:
     """The header's ``target`` section."""
-    config = read_config(model_dir)
+    config = read_target_config(model_dir).text
     quant = config.get("quantization_config") or {}
     return TargetInfo(
         name_or_path=engine.model,
@@ -112,7 +105,7 @@ def target_files(model_dir: Path, *, hidden_dtype: str) -> dict[str, bytes]:
         ValueError: A weight is missing or quantized in a format this cannot dequantize.
     """
     locations = _tensor_locations(model_dir)
-    config = read_config(model_dir)
+    config = read_target_config(model_dir).text
     embed = _find(locations, "embed_tokens.weight")
     head = _find(locations, "lm_head.weight")
     norm = _find(locations, "norm.weight", exclude="layers.")

@@ -11,11 +11,12 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from safetensors import safe_open
+
+from sparkforge.shared.target_config import read_target_config
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +43,6 @@ _NORM_NAMES = (
 )
 _HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
 _EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
-
-
-def read_text_config(model_dir: str | Path) -> dict[str, Any]:
-    """The text model's ``config.json`` section (``text_config`` for multimodal checkpoints)."""
-    config: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
-    text: dict[str, Any] = config.get("text_config", config)
-    return text | {"model_type": config.get("model_type")}
 
 
 def _tensor_files(model_dir: Path) -> dict[str, Path]:
@@ -139,10 +133,11 @@ def load_target_head(model_dir: str | Path, *, with_lm_head: bool) -> TargetHead
     Raises:
         ValueError: For architectures whose lm_head input is not ``RMSNorm(h_L) * w``.
     """
-    config = read_text_config(model_dir)
-    if config["model_type"] in UNSUPPORTED_MODEL_TYPES:
+    target = read_target_config(model_dir)
+    config = target.text
+    if target.model_type in UNSUPPORTED_MODEL_TYPES:
         raise ValueError(
-            f"model_type {config['model_type']!r}: the final state is not RMSNorm(h_L) * w, so "
+            f"model_type {target.model_type!r}: the final state is not RMSNorm(h_L) * w, so "
             "the vllm backend cannot finish it offline; use backend 'hf'"
         )
     norm = load_checkpoint_tensor(model_dir, _NORM_NAMES).float()
