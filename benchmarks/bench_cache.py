@@ -2,8 +2,8 @@
 
 Activations: a tiny Qwen3 target (built locally, nothing downloaded) runs a plain HF forward; its
 bf16 sign+exponent bytes are spread to a realistic hidden size by concatenating channel-permuted
-vectors of different tokens, with fresh random mantissa bytes (storage-notes section 2: the
-mantissa byte is incompressible, so this keeps the exponent statistics without fake repeats).
+vectors of different tokens, with fresh random mantissa bytes (the mantissa byte of real bf16
+activations is incompressible, so this keeps the exponent statistics without fake repeats).
 
     .venv/bin/python benchmarks/bench_cache.py [--hidden_size 2048] [--num_tokens 32768]
 """

@@ -4,7 +4,7 @@ Two masking methods, chosen once per template: templates with ``{% generation %}
 transformers' ``return_assistant_tokens_mask``; templates without them are rendered prefix by prefix
 and the character span each assistant turn adds is mapped onto the tokens of the full rendering.
 Both are probed on a known conversation at start-up, so a template that would give an all-zeros or
-all-ones mask is refused before any row is read (peers.md section 3.E).
+all-ones mask (a common silent bug of training pipelines) is refused before any row is read.
 """
 
 from __future__ import annotations

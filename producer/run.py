@@ -43,12 +43,7 @@ from sparkforge.producer.header import build_header
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
 from sparkforge.producer.summary import RunSummary
-from sparkforge.producer.target_files import (
-    read_config,
-    resolve_model_dir,
-    target_files,
-    target_identity,
-)
+from sparkforge.producer.target_files import resolve_model_dir, target_files, target_identity
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
 from sparkforge.shared import storage
@@ -61,6 +56,7 @@ from sparkforge.shared.layer_ids import (
     feature_to_hf,
 )
 from sparkforge.shared.layout import PARITY_FILE, TARGET_PREFIX
+from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.writer import CacheSpec, CacheWriter
 
 if TYPE_CHECKING:
@@ -95,7 +91,7 @@ def prepare(cfg: ProducerConfig) -> Prepared:
     from transformers import AutoTokenizer
 
     model_dir = resolve_model_dir(cfg.engine)
-    target_config = read_config(model_dir)
+    target_config = read_target_config(model_dir).text
     num_layers = target_config["num_hidden_layers"]
     try:
         feature_ids = check_feature_ids(
@@ -145,7 +141,7 @@ def _hf_source(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:
-        config = read_config(model_dir)
+        config = read_target_config(model_dir).text
         auto = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
         dtype = cfg.engine.dtype if cfg.engine.dtype != "auto" else str(auto)
     source: HiddenStateSource = HfSource(str(model_dir), layer_ids=tuple(hf_layer_ids),

@@ -113,7 +113,7 @@ class UnitWriteQueue:
         try:
             self.close()
         except Exception as write_error:
-            if write_error is not exc and write_error is not exc.__cause__:  # not the same failure
+            if exc is None or write_error not in (exc, exc.__cause__):  # not the same failure
                 logger.error("a unit write failed while the run was stopping: %s", write_error)
 
     def _raise_if_failed(self) -> None:

