@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M")
+LAYERED = ("aux_hidden", "aux_scale")
+"""Arrays whose second axis is the captured layer (what ``aux_layers`` selects from)."""
 
 
 class ChecksumError(ValueError):
@@ -62,11 +64,15 @@ class CacheReader(Generic[M]):
     """Reads only committed units, through the rows their commit records name.
 
     Built by ``sparkforge.manifests.open.open_cache``, which binds the parsed manifest.
+    ``aux_layers`` (positions along ``aux_hidden``'s layer axis, increasing) keeps only those
+    captured layers in every sample; None keeps all.
     """
 
     def __init__(self, loc: storage.Location, spec: CacheSpec, units: Sequence[UnitInfo],
-                 index: pa.Table, manifest: M, *, verify: bool = False) -> None:
+                 index: pa.Table, manifest: M, *, verify: bool = False,
+                 aux_layers: Sequence[int] | None = None) -> None:
         self.loc, self.spec, self.manifest, self.verify = loc, spec, manifest, verify
+        self.aux_layers = None if aux_layers is None else [int(p) for p in aux_layers]
         self._units = {u.unit: u for u in units}
         self._index = index
         self._rows = {s.sample_id: (u.unit, s) for u in units for s in u.samples}
@@ -97,6 +103,7 @@ class CacheReader(Generic[M]):
             data = self._read_rows(slot.slot * self.spec.shard_rows, slot.num_rows)
             if self.verify:
                 self._check(info.unit, slot, data)
+                data = self._select(data)
             base = slot.slot * self.spec.shard_rows
             out += [self._sample(s, data, s.row_offset - base) for s in by_slot.get(slot.slot, [])]
         return out
@@ -110,14 +117,27 @@ class CacheReader(Generic[M]):
         base = slot.slot * self.spec.shard_rows
         data = self._read_rows(base, slot.num_rows)
         self._check(unit, slot, data)
-        return self._sample(row, data, row.row_offset - base)
+        return self._sample(row, self._select(data), row.row_offset - base)
 
     def target_file(self, name: str) -> bytes:
         """A stored target file, e.g. ``config.json`` or ``weights.safetensors``."""
         return storage.read_bytes(self.loc, f"{TARGET_PREFIX}/{storage.safe_key(name)}")
 
     def _read_rows(self, start: int, count: int) -> dict[str, np.ndarray]:
-        return {name: np.asarray(arr[start:start + count]) for name, arr in self._arrays.items()}
+        """Rows ``[start, start + count)``: whole with ``verify`` (checksums cover all layers),
+        else only the ``aux_layers`` of the layered arrays."""
+        rows = slice(start, start + count)
+        layers = None if self.verify else self.aux_layers
+        return {name: np.asarray(arr[rows] if layers is None or name not in LAYERED
+                                 else arr.get_orthogonal_selection((rows, layers)))
+                for name, arr in self._arrays.items()}
+
+    def _select(self, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Whole rows (read for verification) narrowed to ``aux_layers``."""
+        if self.aux_layers is None:
+            return data
+        return {name: values[:, self.aux_layers] if name in LAYERED else values
+                for name, values in data.items()}
 
     def _check(self, unit: int, slot: SlotRecord, data: dict[str, np.ndarray]) -> None:
         for name, values in data.items():
