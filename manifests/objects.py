@@ -1,8 +1,10 @@
-"""Find a cache's objects: the root must exist, each slot's object key, sizes from one listing."""
+"""Find a cache's objects: the root must exist, each slot's object key, sizes and times from one
+listing."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import zarr
@@ -29,13 +31,45 @@ def existing_location(uri: str, storage_options: Mapping[str, Any] | None) -> st
 
 def stored_objects(loc: storage.Location, prefix: str) -> dict[str, int]:
     """Every object under ``prefix`` (one listing): key relative to the root -> size in bytes."""
+    return {key: int(info.get("size") or 0) for key, info in _listing(loc, prefix).items()}
+
+
+def object_times(loc: storage.Location, prefix: str) -> dict[str, float | None]:
+    """Every object under ``prefix`` (one listing): key -> last-modified time (Unix seconds).
+
+    The time is the store's own (S3 ``LastModified``, file mtime), so workers' clocks do not
+    matter; None where the filesystem reports no time.
+    """
+    return {key: _modified(info) for key, info in _listing(loc, prefix).items()}
+
+
+def _listing(loc: storage.Location, prefix: str) -> dict[str, dict[str, Any]]:
     path = loc.path(prefix)
     loc.fs.invalidate_cache(path)
     try:
         found = loc.fs.find(path, detail=True)
     except FileNotFoundError:
         return {}
-    return {str(p)[len(loc.root) + 1:]: int(info.get("size") or 0) for p, info in found.items()}
+    return {str(p)[len(loc.root) + 1:]: info for p, info in found.items()}
+
+
+# Local and GCS report "mtime", S3 "LastModified", the memory filesystem only "created".
+_TIME_FIELDS = ("mtime", "LastModified", "updated", "created")
+
+
+def _modified(info: Mapping[str, Any]) -> float | None:
+    for name in _TIME_FIELDS:
+        value = info.get(name)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value).timestamp()
+            except ValueError:
+                continue
+    return None
 
 
 def slot_key(name: str, arr: zarr.Array[Any], slot: int) -> str:

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 import torch
 
-from sparkforge.producer.hf_source import HfSource
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
 
@@ -36,6 +35,12 @@ class ParitySource(Protocol):
     ) -> Iterator[CaptureResult]: ...
 
     def engine_info(self) -> dict[str, Any]: ...
+
+
+class ParityReference(ParitySource, Protocol):
+    """The reference side: a capture backend that also knows the target's lm_head."""
+
+    def target_head(self) -> TargetHead: ...
 
 
 @dataclass(frozen=True)
@@ -81,14 +86,14 @@ class ParityReport:
 
 def run_parity(
     vllm_source: ParitySource,
-    hf_source: HfSource,
+    hf_source: ParityReference,
     requests: Sequence[CaptureRequest],
 ) -> ParityReport:
     """Capture ``requests`` with both backends and compare them.
 
     Args:
         vllm_source: The engine under test (asked for ``PARITY_TOPK`` prompt logprobs).
-        hf_source: The transformers reference, ideally in fp32.
+        hf_source: The reference (``HfSource``, ideally in fp32), which also supplies lm_head.
         requests: A few samples (token ids).
 
     Raises:

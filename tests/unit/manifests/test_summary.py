@@ -49,7 +49,7 @@ def test_inspect_numbers_match_a_hand_count(tmp_path: Path, spec: CacheSpec,
     assert s["accounting"] == {"input_rows": 15, "written": 12, "skipped": {"too_long": 3},
                                "failed": 0}
     assert s["layers"] == {"layer_ids": [1, 2], "dspark_feature_ids": [0, 1],
-                           "final_hidden": "post_norm"}
+                           "features": "residual", "final_hidden": "post_norm"}
     assert s["unreferenced_bytes"] == 0
     # L=4: the default rule has one id ([1], held); the draft may use [0], [1] or [0, 1].
     assert s["feeds"] == {"target_layer_ids_subset_of": [0, 1], "default_feature_counts": [1],
