@@ -127,7 +127,7 @@ class CacheReader(Generic[M]):
         """Rows ``[start, start + count)``: whole with ``verify`` (checksums cover all layers),
         else only the ``aux_layers`` of the layered arrays."""
         rows = slice(start, start + count)
-        layers = None if self.verify else self.aux_layers
+        layers = None if self.verify or self.aux_layers is None else np.asarray(self.aux_layers)
         return {name: np.asarray(arr[rows] if layers is None or name not in LAYERED
                                  else arr.get_orthogonal_selection((rows, layers)))
                 for name, arr in self._arrays.items()}
