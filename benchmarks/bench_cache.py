@@ -82,11 +82,11 @@ def bench_cache(root: Path, samples: list[SampleRecord], aux_codec: str) -> dict
     h, f = samples[0].final_hidden.shape[-1], samples[0].aux_hidden.shape[1]
     spec = CacheSpec(hidden_size=h, num_aux_layers=f, hidden_dtype="bfloat16", max_seq_len=SEQ_LEN,
                      aux_codec=aux_codec, rows_per_unit=8)  # type: ignore[arg-type]
-    from cache_helpers import make_header
+    from cache_helpers import make_run_header
 
     uri = str(root / f"cache-{aux_codec}")
     start = time.perf_counter()
-    writer = CacheWriter.open(uri, spec=spec, header=make_header(spec))
+    writer = CacheWriter.open(uri, spec=spec, header=make_run_header(spec))
     units = len(samples) // 8
     for u in range(units):
         writer.write_unit(u, samples[u * 8:(u + 1) * 8], UnitAccounting(input_rows=8, written=8))
