@@ -103,18 +103,20 @@ class HfSource:
             attention_mask=mask_BT.to(self.device),
             output_hidden_states=True,
         )
+        # Left on the device: the capturer converts (and quantises) there and copies each sample
+        # to the host once.
         aux_BTFH = torch.stack(
             [layer_feature(out.hidden_states[k_], self.family) for k_ in self.layer_ids], dim=2
-        ).cpu()
-        final_BTH = out.hidden_states[self.num_hidden_layers].cpu()
+        )
+        final_BTH = out.hidden_states[self.num_hidden_layers]
         if k:
             topk_lps, topk_ids = torch.log_softmax(out.logits.float(), dim=-1).topk(k, dim=-1)
         for i, r in enumerate(batch):
             t = lengths[i]
             yield CaptureResult(
                 sample_id=r.sample_id,
-                aux_hidden=aux_BTFH[i, :t].clone(),
-                final_hidden=final_BTH[i, :t].clone(),
+                aux_hidden=aux_BTFH[i, :t],
+                final_hidden=final_BTH[i, :t],
                 topk_ids=topk_ids[i, :t].int().cpu() if k else None,
                 topk_logprobs=topk_lps[i, :t].cpu() if k else None,
             )

@@ -116,8 +116,8 @@ def run_parity(
         assert a.final_hidden is not None
         assert b.final_hidden is not None
         for f, name in enumerate(names[:-1]):
-            diffs[name].append((a.aux_hidden[:, f].float(), b.aux_hidden[:, f].float()))
-        diffs["final"].append((a.final_hidden.float(), b.final_hidden.float()))
+            diffs[name].append((a.aux_hidden[:, f].float().cpu(), b.aux_hidden[:, f].float().cpu()))
+        diffs["final"].append((a.final_hidden.float().cpu(), b.final_hidden.float().cpu()))
         logit_rows.append(_logit_parity(a, head))
     layers = tuple(_layer_error(name, pairs) for name, pairs in diffs.items())
     top1 = float(torch.cat([row[0] for row in logit_rows]).mean())
@@ -161,7 +161,7 @@ def _logit_parity(
     assert result.topk_ids is not None
     assert result.topk_logprobs is not None
     assert result.final_hidden is not None
-    recomputed_TV = head.log_probs(result.final_hidden)
+    recomputed_TV = head.log_probs(result.final_hidden.cpu())
     ids_TK = result.topk_ids.long()
     engine_TK = result.topk_logprobs.float()
     ours_TK = recomputed_TV.gather(1, ids_TK)
