@@ -17,14 +17,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import zarr
+from zarr.storage import WrapperStore
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.summary import summarize_cache
 from sparkforge.shared.dtypes import float_to_storage
-from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.layout import ArrayLayout, CacheSpec, compressor, inner_chunk_rows
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import CacheWriter
 
@@ -79,11 +82,11 @@ def bench_cache(root: Path, samples: list[SampleRecord], aux_codec: str) -> dict
     h, f = samples[0].final_hidden.shape[-1], samples[0].aux_hidden.shape[1]
     spec = CacheSpec(hidden_size=h, num_aux_layers=f, hidden_dtype="bfloat16", max_seq_len=SEQ_LEN,
                      aux_codec=aux_codec, rows_per_unit=8)  # type: ignore[arg-type]
-    from cache_helpers import make_header
+    from cache_helpers import make_run_header
 
     uri = str(root / f"cache-{aux_codec}")
     start = time.perf_counter()
-    writer = CacheWriter.open(uri, spec=spec, header=make_header(spec))
+    writer = CacheWriter.open(uri, spec=spec, header=make_run_header(spec))
     units = len(samples) // 8
     for u in range(units):
         writer.write_unit(u, samples[u * 8:(u + 1) * 8], UnitAccounting(input_rows=8, written=8))
@@ -99,6 +102,58 @@ def bench_cache(root: Path, samples: list[SampleRecord], aux_codec: str) -> dict
     s = summarize_cache(uri)
     return {"write_s": write_s, "read_s": read[False], "read_verify_s": read[True],
             "ratio": s["compression_ratio"], "stored": s["data_bytes"]}
+
+
+class CountingStore(WrapperStore):  # type: ignore[type-arg]
+    """A store that counts the bytes every read returns (shard indexes and chunk ranges)."""
+
+    bytes_read = 0
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        buf = await super().get(key, prototype, byte_range)
+        self.bytes_read += 0 if buf is None else len(buf)
+        return buf
+
+
+def bench_layer_chunks(root: Path, aux: np.ndarray, inner: str,
+                       shard_rows: int = 8192) -> dict[str, float]:
+    """aux_hidden [T, F, H] in shards of ``shard_rows`` with token-major or per-layer chunks.
+
+    ``inner="token"`` is the cache's layout (chunk (c, F, H)); ``"layer"`` chunks (c', 1, H),
+    both sized to about 1 MiB with the cache's codec. Reads go shard by shard: all layers, then
+    layer 0 only (what a draft on a 1-of-F subset reads).
+    """
+    n, f, h = aux.shape
+    row_bytes = aux.dtype.itemsize * h * (f if inner == "token" else 1)
+    chunk = inner_chunk_rows(row_bytes, shard_rows)
+    layout = ArrayLayout("aux_hidden", (f, h), aux.dtype, "bfloat16", True)
+    spec = CacheSpec(hidden_size=h, num_aux_layers=f, hidden_dtype="bfloat16",
+                     max_seq_len=SEQ_LEN, shard_rows=shard_rows)
+    codec = compressor(layout, spec)
+    path = root / f"aux-{inner}"
+    arr = zarr.create_array(zarr.storage.LocalStore(path), shape=aux.shape, dtype=aux.dtype,
+                            chunks=(chunk, f if inner == "token" else 1, h),
+                            shards=(shard_rows, f, h), compressors=codec, fill_value=0)
+    start = time.perf_counter()
+    for i in range(0, n, shard_rows):
+        arr[i:i + shard_rows] = aux[i:i + shard_rows]
+    write_s = time.perf_counter() - start
+    stored = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()
+                 and p.name != "zarr.json")
+    out: dict[str, float] = {"write_s": write_s, "ratio": aux.nbytes / stored,
+                             "chunk_rows": chunk}
+    for name, layers in (("full", None), ("subset", [0])):
+        store = CountingStore(zarr.storage.LocalStore(path, read_only=True))
+        reader = zarr.open_array(store, mode="r")
+        start = time.perf_counter()
+        for i in range(0, n, shard_rows):
+            rows = slice(i, i + shard_rows)
+            got = (reader[rows] if layers is None
+                   else reader.get_orthogonal_selection((rows, layers)))
+            assert np.array_equal(got, aux[rows] if layers is None else aux[rows][:, layers])
+        out[f"{name}_s"] = time.perf_counter() - start
+        out[f"{name}_bytes"] = store.bytes_read
+    return out
 
 
 def bench_memmap(root: Path, samples: list[SampleRecord]) -> dict[str, float]:
@@ -145,6 +200,8 @@ def main() -> int:
         base = bench_memmap(root, samples)
         rows = [(codec, bench_cache(root, samples, codec)) for codec in ("lossless", "fp8")]
         finite_s = bench_finite_check(samples)
+        all_aux = np.concatenate([s.aux_hidden for s in samples])
+        inner = [(kind, bench_layer_chunks(root, all_aux, kind)) for kind in ("token", "layer")]
         shutil.rmtree(root / "target", ignore_errors=True)
     print(f"H={args.hidden_size}, 3 aux layers + final, bf16, {n:,} tokens, "
           f"{logical:.0f} MB logical (bf16 in memory); memmap baseline in the same run:")
@@ -163,6 +220,16 @@ def main() -> int:
               f"{logical / r['read_verify_s']:>14.0f} {n / r['read_s'] / 1e3:>12.1f}")
     print(f"NaN/inf check before commit: {logical / finite_s:.0f} MB/s, "
           f"{finite_s / rows[0][1]['write_s']:.1%} of the lossless write time")
+    f, mb = all_aux.shape[1], all_aux.nbytes / 1e6
+    print(f"\naux_hidden inner chunks ({f} layers, lossless bf16, shards of 8192 rows; 'subset' "
+          f"reads 1 of {f} layers; MB read counts shard indexes and chunk byte ranges):")
+    print(f"{'inner chunk':<18} {'ratio':>6} {'write MB/s':>11} {'full MB/s':>10} "
+          f"{'subset s':>9} {'full MB read':>13} {'subset MB read':>15}")
+    for kind, r in inner:
+        shape = f"({r['chunk_rows']:.0f}, {f if kind == 'token' else 1}, H)"
+        print(f"{shape:<18} {r['ratio']:>6.3f} {mb / r['write_s']:>11.0f} "
+              f"{mb / r['full_s']:>10.0f} {r['subset_s']:>9.3f} {r['full_bytes'] / 1e6:>13.1f} "
+              f"{r['subset_bytes'] / 1e6:>15.1f}")
     print("reproduce: .venv/bin/python benchmarks/bench_cache.py "
           f"--hidden_size {args.hidden_size} --num_tokens {args.num_tokens}")
     return 0

@@ -27,6 +27,7 @@ from sparkforge.manifests.status import DEFAULT_WINDOW_S, StatusReader, status_t
 from sparkforge.manifests.summary import summarize_cache, summary_table
 from sparkforge.manifests.validate import validate_cache
 from sparkforge.shared.dtypes import HiddenDtype
+from sparkforge.shared.layer_ids import LayerIdError, feature_to_hf, strided_feature_ids
 from sparkforge.shared.layout import CacheSpec
 
 
@@ -63,6 +64,8 @@ class PlanConfig:
     hidden_size: int | None = None
     layer_ids: str | None = None
     num_aux_layers: int | None = None
+    layer_stride: int | None = None
+    layer_start: int = 1
     aux_codec: Literal["lossless", "fp8"] = "lossless"
     hidden_dtype: HiddenDtype | None = None
     mean_seq_len: float = 1024.0
@@ -123,6 +126,12 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
         layers = p.add_mutually_exclusive_group(required=True)
         layers.add_argument("--layer_ids", help="HF hidden_states indices to capture, e.g. 2,10,18")
         layers.add_argument("--num_aux_layers", type=int, help="how many layers to capture")
+        layers.add_argument("--layer_stride", type=int,
+                            help="a superset capture: every k-th portable feature id from "
+                                 "--layer_start, as `sparkforge produce --layer_stride` (needs "
+                                 "--target_config)")
+        p.add_argument("--layer_start", type=int, default=1,
+                       help="first feature id of --layer_stride (default 1)")
         p.add_argument("--aux_codec", choices=["lossless", "fp8"], default="lossless")
         p.add_argument("--hidden_dtype", choices=["bfloat16", "float16", "float32"],
                        help="default: the config's dtype, else bfloat16")
@@ -206,7 +215,8 @@ def run_plan(cfg: PlanConfig) -> int:
     else:
         hidden, num_layers, dtype = cfg.hidden_size, None, "bfloat16"
     dtype = cfg.hidden_dtype or dtype
-    ids = _layer_ids(cfg.layer_ids, num_layers) if cfg.layer_ids else None
+    ids = (_layer_ids(cfg.layer_ids, num_layers) if cfg.layer_ids
+           else _strided_ids(cfg, num_layers) if cfg.layer_stride is not None else None)
     try:
         # The parser requires one of each pair (--target_config/--hidden_size, the two layer flags).
         spec = CacheSpec(hidden_size=cast(int, hidden),
@@ -224,8 +234,22 @@ def run_plan(cfg: PlanConfig) -> int:
         raise UsageError("; ".join(bad))
     plan = plan_cache(spec, num_tokens=cfg.num_tokens, mean_seq_len=cfg.mean_seq_len,
                       tokens_per_s=cfg.tokens_per_s)
+    if ids:
+        plan["layer_ids"] = ids
     print(json.dumps(plan, indent=1) if cfg.json else plan_table(plan))
     return 0
+
+
+def _strided_ids(cfg: PlanConfig, num_layers: int | None) -> list[int]:
+    """HF indices of the ``--layer_stride`` capture (the producer's rule)."""
+    if num_layers is None:
+        raise UsageError("--layer_stride needs --target_config (the number of layers)")
+    try:
+        features = strided_feature_ids(num_layers, cast(int, cfg.layer_stride),
+                                       start=cfg.layer_start)
+    except LayerIdError as exc:
+        raise UsageError(f"--layer_stride / --layer_start: {exc}") from exc
+    return list(feature_to_hf(features))
 
 
 def run_status(cfg: StatusConfig) -> int:

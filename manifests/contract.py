@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparkforge.manifests.schema import CacheManifest
-from sparkforge.shared.layer_ids import feature_to_hf
+from sparkforge.shared.layer_ids import feature_to_hf, missing_features
 from sparkforge.shared.target_families import FeatureSemantics, FinalSemantics
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class RunContract:
     """What a training run expects of the cache (the draft's target-facing fields)."""
 
     target_layer_ids: tuple[int, ...]
-    """DSpark feature ids (0-based: id l = HF hidden_states[l+1])."""
+    """DSpark feature ids (0-based: id l = HF hidden_states[l+1]); any subset of the cache's."""
     hidden_size: int
     vocab_size: int
     num_target_layers: int
@@ -65,11 +65,12 @@ def contract_problems(manifest: CacheManifest, run: RunContract, *,
 
     if not manifest.complete:
         problems.append("cache is not complete (manifest complete=false): finalize it first")
-    hf_ids = feature_to_hf(run.target_layer_ids)
-    if tuple(capture.layer_ids) != hf_ids:
+    missing = missing_features(capture.layer_ids, run.target_layer_ids)
+    if missing:
         problems.append(
-            f"model.target_layer_ids={list(run.target_layer_ids)} needs capture.layer_ids (HF "
-            f"hidden_states indices = id + 1) {list(hf_ids)}, but the cache has "
+            f"model.target_layer_ids={list(run.target_layer_ids)} must be a subset of the "
+            f"cache's features, but feature ids {list(missing)} (HF hidden_states indices = id + "
+            f"1: {list(feature_to_hf(missing))}) are not in capture.layer_ids "
             f"{list(capture.layer_ids)}")
     differ("capture.layer_id_convention", "hf_hidden_states_index",
            "capture.layer_id_convention", capture.layer_id_convention)
@@ -81,8 +82,6 @@ def contract_problems(manifest: CacheManifest, run: RunContract, *,
     differ("model.vocab_size", run.vocab_size, "target.vocab_size", target.vocab_size)
     differ("model.num_target_layers", run.num_target_layers, "target.num_hidden_layers",
            target.num_hidden_layers)
-    differ("len(model.target_layer_ids)", len(run.target_layer_ids),
-           "storage.spec.num_aux_layers", spec.num_aux_layers)
     if run.target_model_type is not None:
         differ("model.target_model_type", run.target_model_type, "target.model_type",
                target.model_type)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -13,6 +13,7 @@ from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
 from sparkforge.shared import storage
 from sparkforge.shared.commit import SampleRow, UnitInfo
 from sparkforge.shared.fields import ManifestError
+from sparkforge.shared.layer_ids import feature_positions
 from sparkforge.shared.layout import MANIFEST_KEY
 from sparkforge.shared.reader import CacheReader
 
@@ -64,20 +65,26 @@ def units_from_index(manifest: CacheManifest, index: pa.Table) -> list[UnitInfo]
 
 
 def open_cache(uri: str, *, storage_options: Mapping[str, Any] | None = None,
-               verify: bool = False) -> CacheReader[CacheManifest]:
+               verify: bool = False,
+               features: Sequence[int] | None = None) -> CacheReader[CacheManifest]:
     """Parse and check the manifest, then return a reader over the committed units.
 
     Args:
         uri: local path or fsspec URI of the cache.
         storage_options: fsspec options (e.g. S3 endpoint and credentials).
         verify: check each slot's crc32c as it is read.
+        features: feature ids (a draft's ``target_layer_ids``) whose layers each sample's
+            ``aux_hidden`` keeps, in this order; any subset of the captured ones. None keeps all.
 
     Raises:
         CacheIncompleteError: the cache has no complete manifest.
         ManifestError: the manifest or index is malformed.
+        LayerIdError: ``features`` names ids the cache did not capture.
     """
     loc = storage.open_location(uri, storage_options)
     manifest = read_manifest(loc)
     index = read_index(loc, manifest)
+    positions = None if features is None else feature_positions(manifest.capture.layer_ids,
+                                                                features)
     return CacheReader(loc, manifest.storage.spec, units_from_index(manifest, index), index,
-                       manifest, verify=verify)
+                       manifest, verify=verify, aux_layers=positions)

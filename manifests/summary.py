@@ -15,7 +15,7 @@ from sparkforge.manifests.open import read_index, read_manifest
 from sparkforge.manifests.plan import human_bytes
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared import storage
-from sparkforge.shared.layer_ids import hf_to_feature
+from sparkforge.shared.layer_ids import default_feature_ids, hf_to_feature
 from sparkforge.shared.layout import array_layouts, open_arrays
 
 
@@ -65,6 +65,27 @@ def summarize_cache(uri: str, *,
         "logical_bytes": logical, "data_bytes": data_bytes, "unreferenced_bytes": unreferenced,
         "compression_ratio": logical / data_bytes if data_bytes else None,
         "arrays": arrays,
+        "feeds": drafts_fed(m),
+    }
+
+
+def drafts_fed(m: CacheManifest) -> dict[str, Any]:
+    """Which drafts this cache can train: any subset of its features, with these target fields.
+
+    ``default_feature_counts`` lists the n for which the n default draft ids (the rule both the
+    producer and the trainer use when no ids are given) are all held.
+    """
+    t, c = m.target, m.capture
+    held = set(hf_to_feature(c.layer_ids))
+    defaults = {n: set(default_feature_ids(t.num_hidden_layers, n))
+                for n in range(1, len(held) + 1)}
+    return {
+        "target_layer_ids_subset_of": sorted(held),
+        "default_feature_counts": [n for n, ids in defaults.items()
+                                   if len(ids) == n and ids <= held],
+        "hidden_size": t.hidden_size, "num_target_layers": t.num_hidden_layers,
+        "vocab_size": t.vocab_size, "final_hidden": c.final_hidden,
+        "topk": m.storage.spec.topk,
     }
 
 
@@ -99,6 +120,15 @@ def _split_counts(index: pa.Table) -> dict[str, Counter[str]]:
     return splits
 
 
+def _feeds_line(f: Mapping[str, Any]) -> str:
+    counts = ", ".join(map(str, f["default_feature_counts"])) or "none"
+    topk = f"top-{f['topk']} logprobs" if f["topk"] else "no top-k"
+    return (f"feeds drafts    target_layer_ids any subset of {f['target_layer_ids_subset_of']} "
+            f"(default ids held for n = {counts}), hidden_size {f['hidden_size']}, "
+            f"num_target_layers {f['num_target_layers']}, vocab {f['vocab_size']:,}; final "
+            f"{f['final_hidden']}, {topk}")
+
+
 def summary_table(s: Mapping[str, Any]) -> str:
     """A readable rendering of :func:`summarize_cache`."""
     t, layers = s["target"], s["layers"]
@@ -113,6 +143,7 @@ def summary_table(s: Mapping[str, Any]) -> str:
         f"layers          hidden_states {layers['layer_ids']} (DSpark ids "
         f"{layers['dspark_feature_ids']}, {layers['features']}) + final "
         f"{layers['final_hidden']}",
+        _feeds_line(s["feeds"]),
         f"engine          {s['engine']}, max_seq_len {s['max_seq_len']:,}",
         f"samples         {s['samples']:,} in {s['units']:,} units / {s['shards']:,} shards",
         f"tokens          {s['tokens']:,}",

@@ -39,8 +39,13 @@ class ProducerConfig:
     """DSpark feature ids (output of decoder layer l, 0-based; the cache records HF
     ``hidden_states`` indices l + 1, see ``sparkforge.shared.layer_ids``); default: evenly
     spaced."""
+    layer_stride: int | None = None
+    """Capture every k-th portable feature id from ``layer_start`` instead of ``layer_ids``: a
+    superset cache from which drafts train on any subset of these features."""
+    layer_start: int = 1
+    """First feature id of ``layer_stride`` (1, the default rule's first id)."""
     num_feature_layers: int = 5
-    """How many default feature layers to pick when ``layer_ids`` is not given."""
+    """How many default feature layers to pick when neither ``layer_ids`` nor ``layer_stride``."""
     hidden_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Storage dtype of aux and final hidden states."""
     aux_codec: Literal["lossless", "fp8"] = "lossless"
@@ -123,6 +128,10 @@ class ProducerConfig:
         ):
             problems.append(f"--layer_ids must be non-empty, >= 0, strictly increasing: "
                             f"{self.layer_ids}")
+        if self.layer_stride is not None and self.layer_ids is not None:
+            problems.append("Can't provide both --layer_ids and --layer_stride")
+        if self.layer_stride is not None and self.layer_stride < 1:
+            problems.append(f"--layer_stride must be >= 1, got {self.layer_stride}")
         if self.max_seq_len is not None and not 1 <= self.max_seq_len <= self.engine.max_model_len:
             problems.append(f"--max_seq_len must be in [1, --engine.max_model_len="
                             f"{self.engine.max_model_len}], got {self.max_seq_len}")

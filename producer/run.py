@@ -54,6 +54,7 @@ from sparkforge.shared.layer_ids import (
     check_feature_ids,
     default_feature_ids,
     feature_to_hf,
+    strided_feature_ids,
 )
 from sparkforge.shared.layout import PARITY_FILE, TARGET_PREFIX
 from sparkforge.shared.target_config import read_target_config
@@ -94,11 +95,14 @@ def prepare(cfg: ProducerConfig) -> Prepared:
     target_config = read_target_config(model_dir).text
     num_layers = target_config["num_hidden_layers"]
     try:
-        feature_ids = check_feature_ids(
-            cfg.layer_ids or default_feature_ids(num_layers, cfg.num_feature_layers), num_layers)
+        feature_ids = (
+            strided_feature_ids(num_layers, cfg.layer_stride, start=cfg.layer_start)
+            if cfg.layer_stride is not None else check_feature_ids(
+                cfg.layer_ids or default_feature_ids(num_layers, cfg.num_feature_layers),
+                num_layers))
     except LayerIdError as exc:
-        raise ValueError(f"--layer_ids / --num_feature_layers for a {num_layers}-layer target: "
-                         f"{exc}") from exc
+        raise ValueError(f"--layer_ids / --layer_stride / --num_feature_layers for a "
+                         f"{num_layers}-layer target: {exc}") from exc
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(str(model_dir)),
                           chat_template=cfg.chat_template, reasoning=cfg.reasoning,
                           max_seq_len=cfg.seq_len, overlong=cfg.overlong)

@@ -109,6 +109,22 @@ def vllm_aux_ids(hf_ids: Sequence[int], num_hidden_layers: int) -> HfIndices:
     return HfIndices(tuple(sorted(ids)))
 
 
+def strided_feature_ids(num_hidden_layers: int, stride: int, *, start: int = 1) -> FeatureIds:
+    """Every ``stride``-th portable feature id from ``start``: a superset capture for many drafts.
+
+    The default start 1 is the DFlash rule's first id, so a stride dividing its spacing holds the
+    default draft ids (L=36: stride 8 -> [1, 9, 17, 25, 33], stride 4 adds the ids between).
+
+    Raises:
+        LayerIdError: ``stride`` < 1, or ``start`` outside the portable range ``[0, L - 2]``.
+    """
+    if stride < 1:
+        raise LayerIdError(f"layer_stride must be >= 1, got {stride}")
+    _, hi = portable_feature_range(num_hidden_layers)
+    return check_feature_ids(range(start, hi + 1, stride) if start >= 0 else [start],
+                             num_hidden_layers)
+
+
 def default_feature_ids(num_hidden_layers: int, num_features: int) -> FeatureIds:
     """DFlash rule: n ids evenly spaced in [1, L-3], round(1 + i*(L-4)/(n-1)) (half-even).
 
@@ -125,3 +141,28 @@ def default_feature_ids(num_hidden_layers: int, num_features: int) -> FeatureIds
         return FeatureIds((top,))
     step = (top - 1) / (n - 1)
     return FeatureIds(tuple(sorted({round(1 + i * step) for i in range(n)})))
+
+
+def missing_features(held_hf: Sequence[int], wanted: Sequence[int]) -> FeatureIds:
+    """The feature ids in ``wanted`` whose HF index is not among the captured ``held_hf``."""
+    held = set(int(i) for i in held_hf)
+    return FeatureIds(tuple(int(w) for w, k in zip(wanted, feature_to_hf(wanted), strict=True)
+                            if k not in held))
+
+
+def feature_positions(held_hf: Sequence[int], wanted: Sequence[int]) -> tuple[int, ...]:
+    """Where each feature id of ``wanted`` sits in a cache capturing HF indices ``held_hf``.
+
+    A draft may use any subset of the captured features; position ``p`` is the index along
+    ``aux_hidden``'s layer axis, in ``wanted``'s order.
+
+    Raises:
+        LayerIdError: naming the wanted feature ids the cache does not hold.
+    """
+    missing = missing_features(held_hf, wanted)
+    if missing:
+        raise LayerIdError(
+            f"feature ids {list(missing)} (HF indices {list(feature_to_hf(missing))}) are not "
+            f"captured; the cache holds HF indices {list(held_hf)}")
+    where = {int(k): p for p, k in enumerate(held_hf)}
+    return tuple(where[k] for k in feature_to_hf(wanted))

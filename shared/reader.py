@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M")
+LAYERED = ("aux_hidden", "aux_scale")
+"""Arrays whose second axis is the captured layer (what ``aux_layers`` selects from)."""
 
 
 class ChecksumError(ValueError):
@@ -62,11 +64,15 @@ class CacheReader(Generic[M]):
     """Reads only committed units, through the rows their commit records name.
 
     Built by ``sparkforge.manifests.open.open_cache``, which binds the parsed manifest.
+    ``aux_layers`` (positions along ``aux_hidden``'s layer axis, increasing) keeps only those
+    captured layers in every sample; None keeps all.
     """
 
     def __init__(self, loc: storage.Location, spec: CacheSpec, units: Sequence[UnitInfo],
-                 index: pa.Table, manifest: M, *, verify: bool = False) -> None:
+                 index: pa.Table, manifest: M, *, verify: bool = False,
+                 aux_layers: Sequence[int] | None = None) -> None:
         self.loc, self.spec, self.manifest, self.verify = loc, spec, manifest, verify
+        self.aux_layers = None if aux_layers is None else [int(p) for p in aux_layers]
         self._units = {u.unit: u for u in units}
         self._index = index
         self._rows = {s.sample_id: (u.unit, s) for u in units for s in u.samples}
@@ -97,6 +103,7 @@ class CacheReader(Generic[M]):
             data = self._read_rows(slot.slot * self.spec.shard_rows, slot.num_rows)
             if self.verify:
                 self._check(info.unit, slot, data)
+            data = self._select(data)
             base = slot.slot * self.spec.shard_rows
             out += [self._sample(s, data, s.row_offset - base) for s in by_slot.get(slot.slot, [])]
         return out
@@ -105,12 +112,12 @@ class CacheReader(Generic[M]):
         """One sample; with ``verify`` its whole slot is read and checked first."""
         unit, row = self._rows[sample_id]
         if not self.verify:
-            return self._sample(row, self._read_rows(row.row_offset, row.length), 0)
+            return self._sample(row, self._select(self._read_rows(row.row_offset, row.length)), 0)
         slot = next(s for s in self._units[unit].slots if s.slot == row.slot)
         base = slot.slot * self.spec.shard_rows
         data = self._read_rows(base, slot.num_rows)
         self._check(unit, slot, data)
-        return self._sample(row, data, row.row_offset - base)
+        return self._sample(row, self._select(data), row.row_offset - base)
 
     def target_file(self, name: str) -> bytes:
         """A stored target file, e.g. ``config.json`` or ``weights.safetensors``."""
@@ -118,6 +125,15 @@ class CacheReader(Generic[M]):
 
     def _read_rows(self, start: int, count: int) -> dict[str, np.ndarray]:
         return {name: np.asarray(arr[start:start + count]) for name, arr in self._arrays.items()}
+
+    def _select(self, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rows narrowed to ``aux_layers`` after reading them whole: with token-major chunks every
+        layer's bytes are read anyway, and zarr's orthogonal selection measured ~8x slower than
+        a whole read (benchmarks/bench_cache.py)."""
+        if self.aux_layers is None:
+            return data
+        return {name: values[:, self.aux_layers] if name in LAYERED else values
+                for name, values in data.items()}
 
     def _check(self, unit: int, slot: SlotRecord, data: dict[str, np.ndarray]) -> None:
         for name, values in data.items():

@@ -84,13 +84,19 @@ class CacheDataModule(L.LightningDataModule):
         self.val_batch_size = val_batch_size or batch_size
         self._reader: CacheReader[CacheManifest] | None = None
         self._indexes: dict[str, SplitIndex] = {}
+        self.features: tuple[int, ...] | None = None
+        """Feature ids the draft reads (``use_features``); None streams every captured layer."""
 
     # ---- cache access -----------------------------------------------------------------------
+    def use_features(self, feature_ids: tuple[int, ...]) -> None:
+        """Stream only these captured features (the draft's ``target_layer_ids``), in this order."""
+        self.features = tuple(feature_ids)
+
     @property
     def open_reader(self) -> functools.partial[CacheReader[CacheManifest]]:
         """A picklable callable opening the cache (each worker process opens its own reader)."""
         return functools.partial(open_cache, self.uri, storage_options=self.storage_options,
-                                 verify=self.verify_checksums)
+                                 verify=self.verify_checksums, features=self.features)
 
     @property
     def reader(self) -> CacheReader[CacheManifest]:

@@ -99,7 +99,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     if frozen is not None and not _same_head(frozen.weight, draft.lm_head.weight):
         logger.warning("%s's lm_head differs from the one the draft was trained with: the draft's "
                        "teacher was another model (or precision)", cfg.target)
-    reader = open_cache(cfg.cache, storage_options=cfg.storage_options or None)
+    reader = open_cache(cfg.cache, storage_options=cfg.storage_options or None,
+                        features=dc.target_layer_ids)
     forced = _teacher_forced(draft, reader, cfg, device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     rounds: list[int] = []

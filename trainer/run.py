@@ -22,9 +22,14 @@ def run_contract(model: DSparkLitModule, data: CacheDataModule, trainer: L.Train
 
 
 def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> None:
-    """Refuse a cache that cannot feed this run, listing every mismatch (before any training)."""
+    """Refuse a cache that cannot feed this run, listing every mismatch (before any training).
+
+    A cache may hold more features than the draft uses; the data module then streams only the
+    draft's, in its order.
+    """
     contract = run_contract(model, data, trainer)
     check_contract(data.reader.manifest, contract, split_counts=data.split_counts(), uri=data.uri)
+    data.use_features(contract.target_layer_ids)
     logger.info("cache %s fits the run: %d train / %d eval samples", data.uri,
                 len(data.split_index("train")), len(data.split_index("eval")))
 

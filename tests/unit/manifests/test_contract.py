@@ -32,9 +32,10 @@ FITS: dict[str, Any] = {
 }
 
 MISMATCHES = [
-    ("target_layer_ids", [1, 2], r"model.target_layer_ids=\[1, 2\] needs capture.layer_ids \(HF "
-                                 r"hidden_states indices = id \+ 1\) \[2, 3\], but the cache has "
-                                 r"\[1, 2\]"),
+    ("target_layer_ids", [1, 2], r"^model.target_layer_ids=\[1, 2\] must be a subset of the "
+                                 r"cache's features, but feature ids \[2\] \(HF hidden_states "
+                                 r"indices = id \+ 1: \[3\]\) are not in capture.layer_ids "
+                                 r"\[1, 2\]$"),
     ("hidden_size", 32, r"^model.hidden_size=32 but the cache's target.hidden_size=16$"),
     ("vocab_size", 2048, r"^model.vocab_size=2048 but the cache's target.vocab_size=1024$"),
     ("num_target_layers", 8, r"^model.num_target_layers=8 but the cache's "
@@ -109,17 +110,25 @@ def test_sequence_length_mismatch(cache: Path, tmp_path: Path) -> None:
     assert problems == ["data.max_seq_len=8 is shorter than the cache's capture.max_seq_len=16"]
 
 
-def test_layer_count_and_hidden_size_both_fields_named(cache: Path) -> None:
-    """Too many ids also names storage.spec.num_aux_layers; H names target and spec."""
+@pytest.mark.parametrize("ids", [(0,), (1,), (0, 1)])
+def test_any_subset_of_the_captured_features_fits(cache: Path, ids: tuple[int, ...]) -> None:
+    """A draft may use any subset of the cache's features (HF [1, 2] = feature ids [0, 1])."""
+    m = open_cache(str(cache)).manifest
+    run = RunContract(**{**contract_from_train_config(FITS).__dict__, "target_layer_ids": ids})
+    assert contract_problems(m, run, split_counts={"train": 9, "eval": 3}) == []
+
+
+def test_missing_ids_and_hidden_size_both_fields_named(cache: Path) -> None:
+    """Ids beyond the capture are named (feature and HF); H names target and spec."""
     m = open_cache(str(cache)).manifest
     base = contract_from_train_config(FITS)
-    problems = contract_problems(m, RunContract(**{**base.__dict__, "target_layer_ids": (0, 1, 2),
+    problems = contract_problems(m, RunContract(**{**base.__dict__, "target_layer_ids": (-1, 0, 2),
                                                    "hidden_size": 8}),
                                  split_counts={"train": 9, "eval": 3})
-    assert "len(model.target_layer_ids)=3 but the cache's storage.spec.num_aux_layers=2" \
-        in problems
+    assert "feature ids [-1, 2] (HF hidden_states indices = id + 1: [0, 3]) are not in " \
+        "capture.layer_ids [1, 2]" in problems[0]
     assert "model.hidden_size=8 but the cache's storage.spec.hidden_size=16" in problems
-    assert len(problems) == 4
+    assert len(problems) == 3
 
 
 def test_eval_split_needed_when_validating(cache: Path) -> None:

@@ -84,6 +84,28 @@ def test_plan_cli_defaults_to_the_producers_unit_size(tiny_config: Path,
     assert out["num_units"] == 640 // 64
 
 
+def test_plan_sizes_a_strided_superset_capture(tiny_config: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """--layer_stride sizes the producer's stride capture, as the same ids given by hand."""
+    assert main(["plan", "--target_config", str(tiny_config), "--layer_stride", "1",
+                 "--layer_start", "0", "--num_tokens", "1000", "--json"]) == 0
+    strided = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--target_config", str(tiny_config), "--layer_ids", "1,2,3",
+                 "--num_tokens", "1000", "--json"]) == 0
+    assert strided == json.loads(capsys.readouterr().out)
+    assert strided["layer_ids"] == [1, 2, 3]
+    assert strided["num_aux_layers"] == 3
+    assert main(["plan", "--target_config", str(tiny_config), "--layer_stride", "2",
+                 "--num_tokens", "1000"]) == 0
+    assert "layers          hidden_states [2]" in capsys.readouterr().out
+    assert main(["plan", "--hidden_size", "128", "--layer_stride", "2",
+                 "--num_tokens", "10"]) == 2
+    assert "--layer_stride needs --target_config" in capsys.readouterr().err
+    assert main(["plan", "--target_config", str(tiny_config), "--layer_stride", "0",
+                 "--num_tokens", "10"]) == 2
+    assert "layer_stride must be >= 1, got 0" in capsys.readouterr().err
+
+
 @pytest.fixture
 def tiny_config(tmp_path: Path) -> Path:
     """A Qwen3-shaped config.json with H=128 and 4 layers."""

@@ -51,6 +51,10 @@ def test_inspect_numbers_match_a_hand_count(tmp_path: Path, spec: CacheSpec,
     assert s["layers"] == {"layer_ids": [1, 2], "dspark_feature_ids": [0, 1],
                            "features": "residual", "final_hidden": "post_norm"}
     assert s["unreferenced_bytes"] == 0
+    # L=4: the default rule has one id ([1], held); the draft may use [0], [1] or [0, 1].
+    assert s["feeds"] == {"target_layer_ids_subset_of": [0, 1], "default_feature_counts": [1],
+                          "hidden_size": 16, "num_target_layers": 4, "vocab_size": 1024,
+                          "final_hidden": "post_norm", "topk": spec.topk}
 
     assert main(["inspect", str(cache), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == tokens
@@ -58,6 +62,9 @@ def test_inspect_numbers_match_a_hand_count(tmp_path: Path, spec: CacheSpec,
     table = capsys.readouterr().out
     assert f"tokens          {tokens:,}" in table
     assert "skipped too_long 3" in table
+    assert "feeds drafts    target_layer_ids any subset of [0, 1] (default ids held for n = 1), " \
+        "hidden_size 16, num_target_layers 4, vocab 1,024; final post_norm, " \
+        + (f"top-{spec.topk} logprobs" if spec.topk else "no top-k") in table
 
 
 def test_abandoned_attempt_counts_as_unreferenced(tmp_path: Path) -> None:

@@ -196,3 +196,14 @@ def test_layer_ids_outside_the_target_name_the_flag(tiny_target: Path, tmp_path:
     with pytest.raises(ValueError, match="--layer_ids"):
         run(cfg, source=None)
     assert not (tmp_path / "cache").exists()
+
+
+def test_layer_stride_captures_a_superset(tiny_target: Path, source, tmp_path: Path) -> None:
+    """--layer_stride 1 --layer_start 0 captures every portable feature (HF ids 1..L-1)."""
+    data = write_jsonl(tmp_path / "d.jsonl", chat_rows(2))
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), layer_ids=None,
+                          layer_stride=1, layer_start=0)
+    assert run(cfg, source=source).finalized
+    assert open_cache(cfg.output).manifest.capture.layer_ids == HF_IDS
+    with pytest.raises(ValueError, match="both --layer_ids and --layer_stride"):
+        producer_config(tiny_target, data, cfg.output, layer_stride=2)

@@ -9,8 +9,11 @@ from sparkforge.shared.layer_ids import (
     check_feature_ids,
     check_hf_ids,
     default_feature_ids,
+    feature_positions,
     feature_to_hf,
     hf_to_feature,
+    missing_features,
+    strided_feature_ids,
     vllm_aux_ids,
 )
 
@@ -68,3 +71,41 @@ def test_bad_hf_ids_name_the_hf_range() -> None:
         check_hf_ids([0, 4], 36)
     with pytest.raises(LayerIdError, match="outside"):
         check_hf_ids([36], 36)
+
+
+def test_feature_positions_index_the_captured_layers() -> None:
+    """Feature id l sits where HF index l + 1 was captured; missing ids are named."""
+    held = (1, 5, 9, 13)
+    assert feature_positions(held, (4, 12)) == (1, 3)
+    assert feature_positions(held, (0, 4, 8, 12)) == (0, 1, 2, 3)
+    assert missing_features(held, (0, 3, 8, 9)) == (3, 9)
+    with pytest.raises(LayerIdError, match=r"feature ids \[3, 9\] \(HF indices \[4, 10\]\)"):
+        feature_positions(held, (0, 3, 8, 9))
+
+
+@pytest.mark.parametrize(("num_layers", "stride", "start", "expected"), [
+    (36, 8, 1, (1, 9, 17, 25, 33)), (36, 16, 1, (1, 17, 33)), (36, 11, 1, (1, 12, 23, 34)),
+    (4, 1, 0, (0, 1, 2)), (4, 2, 0, (0, 2)), (4, 1, 1, (1, 2)), (8, 3, 2, (2, 5))])
+def test_stride_rule_takes_every_kth_portable_id(num_layers: int, stride: int, start: int,
+                                                 expected: tuple[int, ...]) -> None:
+    """layer_stride k: start, start + k, ... up to L - 2 (the last portable feature)."""
+    ids = strided_feature_ids(num_layers, stride, start=start)
+    assert ids == expected
+    assert ids == tuple(i for i in range(num_layers - 1)
+                        if i >= start and (i - start) % stride == 0)
+
+
+def test_stride_rule_covers_the_default_draft_ids() -> None:
+    """Strides dividing the default spacing hold the default ids (one cache, many drafts)."""
+    default = default_feature_ids(36, 5)
+    for stride in (1, 2, 4, 8):
+        assert set(default) <= set(strided_feature_ids(36, stride))
+
+
+@pytest.mark.parametrize(("stride", "start", "match"), [
+    (0, 1, "layer_stride must be >= 1, got 0"), (1, 3, "must be non-empty"),
+    (1, -1, r"ids \[-1\] are outside \[0, 2\]")])
+def test_stride_rule_refuses_bad_input(stride: int, start: int, match: str) -> None:
+    """A stride < 1 or a start outside the portable range is refused by the one range rule."""
+    with pytest.raises(LayerIdError, match=match):
+        strided_feature_ids(4, stride, start=start)

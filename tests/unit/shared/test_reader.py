@@ -12,6 +12,7 @@ from cache_helpers import make_run_header, make_unit
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
+from sparkforge.shared.layer_ids import LayerIdError
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.reader import ChecksumError
 from sparkforge.shared.writer import CacheWriter
@@ -91,3 +92,33 @@ def test_memory_uri_round_trip() -> None:
     assert reader.target_file("config.json") == b"{}"
     with pytest.raises(ValueError, match="escapes the cache root"):
         reader.target_file("../../etc/passwd")
+
+
+@pytest.mark.parametrize("codec", ["lossless", "fp8"])
+@pytest.mark.parametrize("verify", [False, True])
+@pytest.mark.parametrize("features", [(0,), (1,), (2,), (0, 2), (1, 2)])
+def test_feature_subset_equals_slicing_all_layers(tmp_path: Path, codec: str, verify: bool,
+                                                  features: tuple[int, ...]) -> None:
+    """Reading a subset of the captured features gives exactly those layers of a full read."""
+    spec = CacheSpec(hidden_size=32, num_aux_layers=3, hidden_dtype="bfloat16", max_seq_len=24,
+                     shard_rows=64, rows_per_unit=6, aux_codec=codec)  # type: ignore[arg-type]
+    uri = str(tmp_path / "c")
+    w = CacheWriter.open(uri, spec=spec, header=make_run_header(spec))
+    w.write_unit(0, *make_unit(spec, 0))
+    finalize_cache(uri, expected_units=1)
+    whole = {s.sample_id: s for s in open_cache(uri).read_unit(0)}
+    subset = open_cache(uri, verify=verify, features=features)
+    positions = list(features)   # captured HF ids 1..3 = feature ids 0..2
+    for s in subset.read_unit(0):
+        np.testing.assert_array_equal(s.aux_hidden, whole[s.sample_id].aux_hidden[:, positions])
+        np.testing.assert_array_equal(s.final_hidden, whole[s.sample_id].final_hidden)
+    sid = next(iter(whole))
+    np.testing.assert_array_equal(subset.read_sample(sid).aux_hidden,
+                                  whole[sid].aux_hidden[:, positions])
+
+
+def test_features_not_captured_are_refused(cache: Path) -> None:
+    """Asking for a feature the cache lacks names it in both conventions."""
+    with pytest.raises(LayerIdError, match=r"feature ids \[2\] \(HF indices \[3\]\) are not "
+                                           r"captured; the cache holds HF indices \[1, 2\]"):
+        open_cache(str(cache), features=(0, 2))
