@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from sparkforge.producer.chat import ChatEncoder, SkipReason
-from sparkforge.producer.dataset import RawRow
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
 from sparkforge.producer.splits import SplitRule
+from sparkforge.shared.dataset import RawRow
 from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
 
 logger = logging.getLogger(__name__)

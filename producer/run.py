@@ -26,7 +26,6 @@ from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
 from sparkforge.producer.capture import CaptureAborted, FailureRun, UnitCapturer
 from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
-from sparkforge.producer.dataset import DataSource, describe_sources, iter_rows
 from sparkforge.producer.header import build_header
 from sparkforge.producer.layer_ids import (
     LayerIdError,
@@ -45,6 +44,7 @@ from sparkforge.producer.target_files import (
 )
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.shared import storage
+from sparkforge.shared.dataset import DataSource, describe_sources, iter_rows
 from sparkforge.shared.layout import PARITY_FILE, TARGET_PREFIX
 from sparkforge.shared.writer import CacheSpec, CacheWriter
 
