@@ -7,6 +7,7 @@ the weights are random (std 0.08, so next-token distributions are not near-unifo
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from pathlib import Path
 
 # ChatML with {% generation %} markers around assistant content: HF's
@@ -57,9 +58,13 @@ def synthetic_corpus(num_lines: int = 4000, *, seed: int = 0) -> list[str]:
 
 
 def build_tokenizer(
-    out_dir: Path, *, vocab_size: int = 1024, generation_markers: bool = True
+    out_dir: Path, *, vocab_size: int = 1024, generation_markers: bool = True,
+    corpus: Iterable[str] | None = None,
 ) -> None:
-    """Train a byte-level BPE tokenizer of exactly ``vocab_size`` tokens and save it HF-style."""
+    """Train a byte-level BPE tokenizer of exactly ``vocab_size`` tokens and save it HF-style.
+
+    ``corpus`` defaults to :func:`synthetic_corpus`.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -72,7 +77,7 @@ def build_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
+    tok.train_from_iterator(synthetic_corpus() if corpus is None else corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
