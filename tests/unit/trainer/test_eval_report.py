@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sparkforge.producer.tiny_target import demo_conversations
+from sparkforge.app.tiny_target import demo_conversations
 from sparkforge.trainer.draft_config import from_target_config
 from sparkforge.trainer.eval import EvalConfig, run_eval
 from sparkforge.trainer.export import export_checkpoint, training_loss_settings
