@@ -10,26 +10,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from sparkforge.trainer.report import reliability_bins
 
 
-def expected_calibration_error(confidence: Sequence[float], outcome: Sequence[float], *,
+def expected_calibration_error(confidence: npt.ArrayLike, outcome: npt.ArrayLike, *,
                                num_bins: int = 10) -> float:
     """Equal-width-bin ECE: ``sum_b n_b/N * |mean confidence_b - mean outcome_b|``."""
-    bins = reliability_bins(confidence, outcome, num_bins=num_bins)
+    bins = reliability_bins(np.asarray(confidence, dtype=np.float64).tolist(),
+                            np.asarray(outcome, dtype=np.float64).tolist(), num_bins=num_bins)
     total = sum(b["count"] for b in bins)
     return sum(b["count"] * abs(b["confidence"] - b["accept"]) for b in bins) / total if total \
         else 0.0
 
 
-def brier_score(confidence: Sequence[float], outcome: Sequence[float]) -> float:
+def brier_score(confidence: npt.ArrayLike, outcome: npt.ArrayLike) -> float:
     """Mean squared difference between confidence and outcome."""
     c, y = np.asarray(confidence, dtype=np.float64), np.asarray(outcome, dtype=np.float64)
     return float(np.mean((c - y) ** 2)) if c.size else 0.0
 
 
-def auroc(confidence: Sequence[float], accepted: Sequence[bool]) -> float | None:
+def auroc(confidence: npt.ArrayLike, accepted: npt.ArrayLike) -> float | None:
     """Probability that an accepted slot has a higher confidence than a rejected one (ties 1/2).
 
     None when only one class occurs. Computed from average ranks (Mann-Whitney U).
