@@ -118,9 +118,9 @@ def build(args: argparse.Namespace) -> dict[str, object]:
         sched.step()
         opt.zero_grad(set_to_none=True)
         if (step + 1) % 100 == 0 or step + 1 == args.steps:
-            held_loss = _eval_loss(model, held, args.batch_size)
-            curve.append({"step": step + 1, "train_loss": float(loss), "held_out_loss": held_loss})
-            print(f"step {step + 1:5d}  train {float(loss):.3f}  held-out {held_loss:.3f}  "
+            held_loss, train_loss = _eval_loss(model, held, args.batch_size), loss.item()
+            curve.append({"step": step + 1, "train_loss": train_loss, "held_out_loss": held_loss})
+            print(f"step {step + 1:5d}  train {train_loss:.3f}  held-out {held_loss:.3f}  "
                   f"{time.perf_counter() - start:6.0f} s", flush=True)
     model.to(torch.bfloat16).save_pretrained(str(out))
     record = {
