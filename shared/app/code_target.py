@@ -16,7 +16,6 @@ JSONL of held-out rows.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import sysconfig
@@ -24,6 +23,8 @@ import zlib
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+
+from sparkforge.app.tiny_target import write_chats
 
 USER_PROMPT = "Continue this code:\n"
 HELD_OUT_BUCKETS = 10
@@ -142,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     copy_target(args.out_dir)
     if args.rows:
-        with (args.out_dir / "chat.jsonl").open("w") as f:
-            for row in held_out_chats(args.rows, seed=args.seed):
-                f.write(json.dumps(row) + "\n")
+        write_chats(args.out_dir / "chat.jsonl", held_out_chats(args.rows, seed=args.seed))
     return 0
 
 

@@ -151,10 +151,18 @@ def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object
     return rows
 
 
+def write_chats(path: Path, rows: Iterable[dict[str, object]]) -> None:
+    """Write chat rows as JSONL, one object per line."""
+    import json
+
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m sparkforge.app.tiny_target OUT [--rows N]``: target + demo chat JSONL."""
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("out_dir", type=Path)
@@ -164,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     build_tiny_target(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed)
     if args.rows:
-        with (args.out_dir / "chat.jsonl").open("w") as f:
-            for row in demo_conversations(args.rows, seed=args.seed):
-                f.write(json.dumps(row) + "\n")
+        write_chats(args.out_dir / "chat.jsonl", demo_conversations(args.rows, seed=args.seed))
     return 0
 
 
