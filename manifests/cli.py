@@ -167,6 +167,7 @@ def run_inspect(cfg: InspectConfig) -> int:
 
 def run_plan(cfg: PlanConfig) -> int:
     """Print the estimated cache size."""
+    hidden: int | None
     if cfg.target_config:
         try:
             shape = target_shape_from_config(cfg.target_config)

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from jsonargparse import ArgumentParser  # type: ignore[attr-defined]
+from jsonargparse import ArgumentParser
 
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
 

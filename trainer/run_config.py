@@ -167,7 +167,10 @@ def contract_from_train_config(config: str | Path | Mapping[str, Any]) -> RunCon
         problems.append(f"model.draft.target_model_type must be a string, got {model_type!r}")
     if problems:
         raise TrainConfigError("train config: " + "; ".join(problems))
-    spec = DraftSpec(**sizes, num_hidden_layers=depth, target_model_type=model_type,
+    spec = DraftSpec(hidden_size=sizes["hidden_size"], vocab_size=sizes["vocab_size"],
+                     num_target_layers=sizes["num_target_layers"],
+                     mask_token_id=sizes["mask_token_id"], num_hidden_layers=depth,
+                     target_model_type=model_type,
                      target_layer_ids=None if ids is None else tuple(ids))
     need_eval = validation_on(trainer.get("limit_val_batches"))
     return spec.contract(max_seq_len=max_seq_len, need_eval_split=need_eval)

@@ -42,3 +42,14 @@ def test_import_does_not_pull_in(module: str, forbidden: str) -> None:
         [sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_finalize_runs_without_torch(tmp_path: Path) -> None:
+    """`sparkforge finalize` is a manifest job: it runs without torch or the producer's run."""
+    code = ("import sys; from sparkforge.app.cli import main; "
+            f"code = main(['finalize', '--output', {str(tmp_path)!r}]); "
+            "heavy = ('torch', 'sparkforge.producer.run'); "
+            "print(code, sorted(m for m in heavy if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "1 []", out.stderr  # 1: the empty folder holds no run
