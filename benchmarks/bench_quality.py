@@ -57,6 +57,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch_size", type=int, default=4)
     p.add_argument("--num_prompts", type=int, default=12, help="prompts decoded per eval")
     p.add_argument("--max_new_tokens", type=int, default=48)
+    p.add_argument("--drafts", nargs="+", choices=list(DRAFTS), default=list(DRAFTS),
+                   help="train and evaluate only these (runs of the others can go in parallel "
+                        "into the same --out_dir; a run with all of them reuses every output "
+                        "and writes the results)")
     p.add_argument("--sweep", action="store_true",
                    help="instead: train the dspark recipe with each SWEEP change on the caches "
                         "of an earlier run in --out_dir and compare tau (T=1)")
@@ -79,12 +83,9 @@ def _sweep(out: Path, ns: argparse.Namespace, results: Path) -> int:
     timings: dict[str, float] = {}
     rows = []
     for i, (label, extra) in enumerate(SWEEP.items()):
-        earlier = out / "eval" / "dspark_T1.0" / "eval_report.json"
-        if not extra and earlier.is_file():  # the main run trained the recipe as it ships
-            rec = {"T1.0": json.loads(earlier.read_text()),
-                   "curve": _curve(next((out / "train" / "dspark").rglob("metrics.csv")))}
-        else:
-            rec = _train_and_eval(out, ns, f"sweep{i}", "cache", extra, timings, ("1.0",))
+        # The unchanged recipe is the main run's dspark draft (reused when it exists).
+        rec = _train_and_eval(out, ns, "dspark" if not extra else f"sweep{i}", "cache", extra,
+                              timings, ("1.0",))
         rep = rec["T1.0"]
         rows.append({"variant": label, "tau_T1": rep["speculative"]["tau"],
                      "tau_teacher_forced": rep["teacher_forced"]["metrics"]["tau"],
@@ -109,6 +110,10 @@ def _run(args: list[str], timings: dict[str, float], stage: str) -> None:
 
 
 def _prepare(out: Path, ns: argparse.Namespace, timings: dict[str, float]) -> None:
+    """Target, chats, regenerated replies and both caches (kept when an earlier run made them)."""
+    if all((out / name / "manifest.json").is_file() for name in ("cache", "cache_fp8")):
+        print(f"reusing the caches in {out}")
+        return
     start = time.perf_counter()
     subprocess.run([sys.executable, "-P", "-m", "sparkforge.app.code_target",
                     str(out / "target"), "--rows", str(ns.rows)], check=True)
@@ -129,23 +134,30 @@ def _prepare(out: Path, ns: argparse.Namespace, timings: dict[str, float]) -> No
 def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
                     extra: list[str], timings: dict[str, float],
                     temperatures: tuple[str, ...] = ("0.0", "1.0")) -> dict[str, Any]:
+    """Train one draft and evaluate it; a stage whose output an earlier run left is reused."""
     run_dir = out / "train" / name
-    _run(["train", "--config", str(TRAIN_EXAMPLE), "--data.uri", str(out / cache),
-          "--trainer.max_steps", str(ns.steps), "--data.batch_size", str(ns.batch_size),
-          "--trainer.default_root_dir", str(run_dir), "--checkpoint.dirpath", str(run_dir / "ckpt"),
-          "--trainer.logger.class_path", "lightning.pytorch.loggers.CSVLogger",
-          "--trainer.logger.init_args.save_dir", str(run_dir),
-          "--trainer.logger.init_args.name", "log", "--trainer.enable_progress_bar", "false",
-          *extra], timings, f"train {name}")
-    record: dict[str, Any] = {"train_s": timings[f"train {name}"],
+    ckpt = run_dir / "ckpt" / "last.ckpt"
+    if not ckpt.is_file():
+        _run(["train", "--config", str(TRAIN_EXAMPLE), "--data.uri", str(out / cache),
+              "--trainer.max_steps", str(ns.steps), "--data.batch_size", str(ns.batch_size),
+              "--trainer.default_root_dir", str(run_dir),
+              "--checkpoint.dirpath", str(run_dir / "ckpt"),
+              "--trainer.logger.class_path", "lightning.pytorch.loggers.CSVLogger",
+              "--trainer.logger.init_args.save_dir", str(run_dir),
+              "--trainer.logger.init_args.name", "log", "--trainer.enable_progress_bar", "false",
+              *extra], timings, f"train {name}")
+    # Fit time: from the logger's first file to the last checkpoint (process start-up excluded).
+    started = next(run_dir.rglob("hparams.yaml")).stat().st_mtime
+    record: dict[str, Any] = {"train_s": ckpt.stat().st_mtime - started,
                               "curve": _curve(next(run_dir.rglob("metrics.csv")))}
     for temp in temperatures:
         eval_dir = out / "eval" / f"{name}_T{temp}"
-        _run(["eval", "--draft", str(run_dir / "ckpt" / "last.ckpt"),
-              "--target", str(out / "target"), "--cache", str(out / "cache"),
-              "--out_dir", str(eval_dir), "--num_prompts", str(ns.num_prompts),
-              "--max_new_tokens", str(ns.max_new_tokens), "--temperature", temp],
-             timings, f"eval {name} T={temp}")
+        if not (eval_dir / "eval_report.json").is_file():
+            _run(["eval", "--draft", str(ckpt), "--target", str(out / "target"),
+                  "--cache", str(out / "cache"), "--out_dir", str(eval_dir),
+                  "--num_prompts", str(ns.num_prompts), "--max_new_tokens",
+                  str(ns.max_new_tokens), "--temperature", temp],
+                 timings, f"eval {name} T={temp}")
         record[f"T{temp}"] = json.loads((eval_dir / "eval_report.json").read_text())
     return record
 
@@ -256,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     _prepare(out, ns, timings)
     records = {name: _train_and_eval(out, ns, name, cache, extra, timings)
-               for name, (cache, extra) in DRAFTS.items()}
+               for name, (cache, extra) in DRAFTS.items() if name in ns.drafts}
+    if set(records) != set(DRAFTS):
+        print(f"done: {', '.join(records)}; run with every draft to write the results")
+        return 0
     rows = [_summary(name, rec) for name, rec in records.items()]
     by = {r["draft"]: r for r in rows}
     ratios = {
