@@ -61,9 +61,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="train and evaluate only these (runs of the others can go in parallel "
                         "into the same --out_dir; a run with all of them reuses every output "
                         "and writes the results)")
-    p.add_argument("--sweep", action="store_true",
-                   help="instead: train the dspark recipe with each SWEEP change on the caches "
-                        "of an earlier run in --out_dir and compare tau (T=1)")
+    p.add_argument("--sweep", nargs="*", type=int, default=None,
+                   help="instead: train the dspark recipe with the SWEEP changes of these "
+                        "indices (none given: all) on the caches of an earlier run in --out_dir "
+                        "and compare tau (T=1)")
     return p.parse_args(argv)
 
 
@@ -83,6 +84,8 @@ def _sweep(out: Path, ns: argparse.Namespace, results: Path) -> int:
     timings: dict[str, float] = {}
     rows = []
     for i, (label, extra) in enumerate(SWEEP.items()):
+        if ns.sweep and i not in ns.sweep and extra:
+            continue
         # The unchanged recipe is the main run's dspark draft (reused when it exists).
         rec = _train_and_eval(out, ns, "dspark" if not extra else f"sweep{i}", "cache", extra,
                               timings, ("1.0",))
@@ -262,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     out, results = ns.out_dir.resolve(), ns.results.resolve()
     results.mkdir(parents=True, exist_ok=True)
-    if ns.sweep:
+    if ns.sweep is not None:
         return _sweep(out, ns, results)
     timings: dict[str, float] = {}
     start = time.perf_counter()
