@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from sparkforge.manifests.fields import ManifestError
-from sparkforge.manifests.finalize import INDEX_SCHEMA
+from sparkforge.manifests.index import check_index
 from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
 from sparkforge.shared import storage
 from sparkforge.shared.commit import SampleRow, UnitInfo
+from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.layout import MANIFEST_KEY
 from sparkforge.shared.reader import CacheReader
 
@@ -45,16 +42,9 @@ def read_manifest(loc: storage.Location) -> CacheManifest:
 
 def read_index(loc: storage.Location, manifest: CacheManifest) -> pa.Table:
     """Load index.parquet after checking its sha256, schema and row count against the manifest."""
-    raw = storage.read_bytes(loc, manifest.storage.index_key)
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != manifest.storage.index_sha256:
-        raise ManifestError(f"{manifest.storage.index_key}: sha256 {digest} does not match "
-                            f"manifest storage.index_sha256 {manifest.storage.index_sha256}")
-    table = pq.read_table(io.BytesIO(raw))
-    if not table.schema.equals(INDEX_SCHEMA) or table.num_rows != manifest.storage.totals.samples:
-        raise ManifestError(f"{manifest.storage.index_key}: expected {INDEX_SCHEMA.names} with "
-                            f"{manifest.storage.totals.samples} rows, got {table.schema.names} "
-                            f"with {table.num_rows}")
+    table, problems = check_index(storage.read_bytes(loc, manifest.storage.index_key), manifest)
+    if problems or table is None:
+        raise ManifestError("; ".join(problems))
     return table
 
 
