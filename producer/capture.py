@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from sparkforge.producer.chat import ChatEncoder, SkipReason
-from sparkforge.producer.dataset import RawRow
 from sparkforge.producer.fp8 import quantize_e4m3
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
 from sparkforge.producer.splits import SplitRule
+from sparkforge.shared.dataset import RawRow
 from sparkforge.shared.dtypes import non_finite
 from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
 

@@ -61,7 +61,8 @@ class ProducerConfig:
     reasoning: Literal["keep", "drop"] = "keep"
     """Assistant ``reasoning_content``: pass it to the template, or drop it."""
     eval_fraction: float = 0.0
-    """Fraction of rows put in the eval split (seeded hash of each row's content)."""
+    """Fraction of rows put in the eval split (seeded hash of each row's content); 1.0 makes an
+    eval-only cache (for ``sparkforge eval``)."""
     eval_ids: str | None = None
     """URI of a file with one input row index per line: those rows form the eval split."""
     split_seed: int = 0
@@ -118,8 +119,8 @@ class ProducerConfig:
         for name in ("data", "output"):
             if not getattr(self, name):
                 problems.append(f"--{name} is required")
-        if not 0.0 <= self.eval_fraction < 1.0:
-            problems.append(f"--eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if not 0.0 <= self.eval_fraction <= 1.0:
+            problems.append(f"--eval_fraction must be in [0, 1], got {self.eval_fraction}")
         if self.eval_fraction > 0.0 and self.eval_ids is not None:
             problems.append("Can't provide both --eval_fraction and --eval_ids")
         if self.layer_ids is not None and (

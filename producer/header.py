@@ -8,7 +8,7 @@ from typing import Any
 
 from sparkforge.producer.chat import ChatEncoder
 from sparkforge.producer.config import ProducerConfig
-from sparkforge.producer.dataset import DataSource
+from sparkforge.shared.dataset import DataSource
 from sparkforge.shared.header import (
     CaptureInfo,
     DataInfo,

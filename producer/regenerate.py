@@ -34,11 +34,11 @@ from sparkforge.producer.chat import (
     tokenizer_hash,
 )
 from sparkforge.producer.config import RegenerateConfig
-from sparkforge.producer.dataset import RawRow, describe_sources, iter_rows
 from sparkforge.producer.header import REGENERATION_KEY, engine_version
 from sparkforge.producer.summary import format_table
 from sparkforge.producer.target_files import resolve_model_dir
 from sparkforge.producer.units import num_units, rows_by_unit
+from sparkforge.shared.dataset import RawRow, describe_sources, iter_rows
 
 logger = logging.getLogger(__name__)
 

@@ -33,12 +33,6 @@ from sparkforge.producer.capture import (
 )
 from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
-from sparkforge.producer.dataset import (
-    DatasetError,
-    DataSource,
-    describe_sources,
-    iter_rows,
-)
 from sparkforge.producer.header import build_header
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
@@ -47,6 +41,7 @@ from sparkforge.producer.target_files import resolve_model_dir, target_files, ta
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
 from sparkforge.shared import storage
+from sparkforge.shared.dataset import DatasetError, DataSource, describe_sources, iter_rows
 from sparkforge.shared.io_errors import storage_errors
 from sparkforge.shared.layer_ids import (
     HfIndices,

@@ -44,5 +44,7 @@ class SplitRule:
             return "eval" if index in self.eval_ids else "train"
         if self.eval_fraction <= 0.0:
             return "train"
+        if self.eval_fraction >= 1.0:  # the hash ratio below can round up to 1.0
+            return "eval"
         digest = hashlib.blake2b(f"{self.seed}:{content_hash}".encode(), digest_size=8).digest()
         return "eval" if int.from_bytes(digest) / 2**64 < self.eval_fraction else "train"

@@ -104,5 +104,16 @@ def run_evaluation(cfg: EvalConfig) -> int:
     spec = report["speculative"]
     print(f"tau {spec['tau']:.3f} over {spec['rounds']} rounds; per position "
           + ", ".join(f"{a:.2f}" for a in spec["acceptance_by_position"]))
+    cal = spec.get("calibration")
+    if cal:
+        auc = "-" if cal["auroc"] is None else f"{cal['auroc']:.3f}"
+        print(f"confidence vs accept events: ECE {cal['ece']:.3f}, Brier {cal['brier']:.3f}, "
+              f"AUROC {auc} over {cal['count']} verified slots")
+    policies = report["teacher_forced"].get("policies", [])
+    if policies:
+        print("teacher-forced policy        tokens/round  verified slots  accepted/verified")
+        for p in policies:
+            print(f"  {p['policy']:<26} {p['tokens_per_round']:12.3f} {p['verified_slots']:15.2f}"
+                  f" {p['accepted_per_verified']:18.3f}")
     print(f"report: {report['config']['out_dir']}")
     return 0

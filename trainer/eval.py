@@ -1,9 +1,12 @@
 """``sparkforge eval``: measure a trained draft by speculative decoding with a transformers target.
 
-Held-out prompts come from the cache's eval split (the prompt part of each sample, never trained
-on). Two views are reported: the measured acceptance of real speculative decoding (tau, per-position
-acceptance) and the teacher-forced metrics of the eval split (accept_rate@k, tau, confidence
-calibration with a reliability table).
+Held-out prompts come from a chat file (JSONL/Parquet ``messages`` rows: the conversation up to its
+last assistant turn) or from a cache's eval split (the prompt part of each sample, never trained
+on; ``sparkforge produce --eval_fraction 1.0`` makes an eval-only cache). Two views are reported:
+the measured acceptance of real speculative decoding (tau, per-position acceptance, calibration of
+the confidence head against the accept events) and, with a cache, the teacher-forced metrics of its
+eval split computed with the training run's loss settings (accept_rate@k, tau, calibration, and the
+expected tokens per round and verified slots under fixed lengths and confidence thresholds).
 """
 
 from __future__ import annotations
@@ -18,8 +21,15 @@ import torch
 from tqdm import tqdm
 
 from sparkforge.manifests.open import open_cache
+from sparkforge.trainer.calibration import (
+    auroc,
+    brier_score,
+    expected_calibration_error,
+    policy_table,
+)
+from sparkforge.trainer.chat_prompts import chat_prompts
 from sparkforge.trainer.data import CacheStream, load_split_index
-from sparkforge.trainer.export import load_draft
+from sparkforge.trainer.export import load_draft, training_loss_settings
 from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
@@ -30,13 +40,24 @@ from sparkforge.trainer.speculative import speculative_generate
 logger = logging.getLogger(__name__)
 
 
-def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig,
+def _loss_spec(draft_path: str, has_confidence_head: bool) -> tuple[LossSpec, str]:
+    """The training run's loss settings, or the defaults (fitted to the head) if not recorded."""
+    recorded = training_loss_settings(draft_path)
+    if recorded is not None:
+        return LossSpec(**recorded), "training run"
+    logger.warning("%s records no training loss settings: teacher-forced metrics use the "
+                   "default loss weights", draft_path)
+    return LossSpec(confidence_head_alpha=LossSpec.confidence_head_alpha
+                    if has_confidence_head else 0.0), "defaults"
+
+
+def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
                     device: torch.device) -> dict[str, Any]:
     stream = CacheStream(lambda: reader, load_split_index(reader, "eval"), rank=0, world_size=1,
                          num_workers=0, batch_size=4, batching="pad", shuffle=False,
                          shuffle_buffer=1, pool_batches=1, seed=cfg.seed, read_ahead_units=1)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    sums, conf_all, acc_all = None, [], []
+    sums, blocks = None, []
     with torch.no_grad():
         for i, batch in enumerate(stream):
             if cfg.max_eval_batches is not None and i >= cfg.max_eval_batches:
@@ -45,18 +66,50 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig,
             out = draft(b["input_ids"], b["loss_mask"], b["target_hidden_states"],
                         b["target_last_hidden_states"], attention_mask=b["attention_mask"],
                         generator=gen)
-            res = compute_dspark_loss(out, LossSpec())
+            res = compute_dspark_loss(out, loss)
             sums = accumulate(sums, metric_sums(out, res.accept_rate, res.weights))
-            if out.confidence_logits is not None and res.accept_rate is not None:
-                on = out.eval_mask
-                conf_all += torch.sigmoid(out.confidence_logits[on]).tolist()
-                acc_all += res.accept_rate[on].tolist()
+            if res.accept_rate is not None:
+                blocks.append(_block_rows(out, res.accept_rate))
     if sums is None:
         return {}
     ratios = metric_ratios(sums)
     k = draft.config.block_size
-    return {"metrics": ratios, "reliability": reliability_bins(conf_all, acc_all),
-            "accept_rate_by_position": [ratios.get(f"accept_rate@{j}", 0.0) for j in range(k)]}
+    report: dict[str, Any] = {
+        "metrics": ratios,
+        "accept_rate_by_position": [ratios.get(f"accept_rate@{j}", 0.0) for j in range(k)]}
+    if blocks:
+        accept, conf, valid = (np.concatenate(parts) for parts in zip(*blocks, strict=True))
+        has_conf = draft.confidence_head is not None
+        report["policies"] = policy_table(accept, conf if has_conf else None, valid,
+                                          cfg.policy_thresholds)
+        if has_conf:
+            report["calibration"] = _calibration(conf[valid], accept[valid], events=False)
+            report["reliability"] = reliability_bins(conf[valid].tolist(),
+                                                     accept[valid].tolist())
+    return report
+
+
+def _block_rows(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """Per kept block with data: acceptance, confidence (zeros without a head), valid slots."""
+    valid_BAK = out.eval_mask > 0
+    keep = valid_BAK.any(dim=-1)
+    conf = (torch.sigmoid(out.confidence_logits.float()) if out.confidence_logits is not None
+            else torch.zeros_like(accept_BAK))
+    return (accept_BAK[keep].cpu().numpy(), conf[keep].cpu().numpy(),
+            valid_BAK[keep].cpu().numpy())
+
+
+def _calibration(confidence: Any, outcome: Any, *, events: bool) -> dict[str, Any]:
+    """ECE, Brier and (for 0/1 accept events) AUROC of the confidence head."""
+    conf, out = np.asarray(confidence, dtype=np.float64), np.asarray(outcome, dtype=np.float64)
+    report: dict[str, Any] = {"count": int(conf.size),
+                              "ece": expected_calibration_error(conf, out),
+                              "brier": brier_score(conf, out),
+                              "mean_confidence": float(conf.mean()) if conf.size else 0.0,
+                              "mean_outcome": float(out.mean()) if out.size else 0.0}
+    if events:
+        report["auroc"] = auroc(conf, out > 0.5)
+    return report
 
 
 def _held_out_prompts(reader: Any, num: int) -> list[np.ndarray]:
@@ -99,32 +152,60 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     if frozen is not None and not _same_head(frozen.weight, draft.lm_head.weight):
         logger.warning("%s's lm_head differs from the one the draft was trained with: the draft's "
                        "teacher was another model (or precision)", cfg.target)
-    reader = open_cache(cfg.cache, storage_options=cfg.storage_options or None,
-                        features=dc.target_layer_ids)
-    forced = _teacher_forced(draft, reader, cfg, device)
+    loss, loss_source = _loss_spec(cfg.draft, draft.confidence_head is not None)
+    reader = (None if cfg.cache is None else
+              open_cache(cfg.cache, storage_options=cfg.storage_options or None,
+                         features=dc.target_layer_ids))
+    forced = {} if reader is None else _teacher_forced(draft, reader, cfg, loss, device)
+    if cfg.prompts is not None:
+        from transformers import AutoTokenizer
+
+        prompts = chat_prompts(cfg.prompts, AutoTokenizer.from_pretrained(cfg.target),
+                               cfg.num_prompts, storage_options=cfg.storage_options)
+    else:
+        prompts = _held_out_prompts(reader, cfg.num_prompts)
+    report = {
+        "config": asdict(cfg),
+        "loss_settings": {"source": loss_source, **asdict(loss)},
+        "speculative": _decode(target, draft, prompts, cfg, device),
+        "teacher_forced": forced,
+    }
+    write_report(report, Path(cfg.out_dir))
+    logger.info("tau %.3f over %d rounds", report["speculative"]["tau"],
+                report["speculative"]["rounds"])
+    return report
+
+
+def _decode(target: Any, draft: Any, prompts: list[np.ndarray], cfg: EvalConfig,
+            device: torch.device) -> dict[str, Any]:
+    """Speculative decoding of every prompt: tau, acceptance by position, calibration."""
+    k = draft.config.block_size
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     rounds: list[int] = []
-    accepted, trials = np.zeros(dc.block_size), np.zeros(dc.block_size)
-    eos = getattr(tc, "eos_token_id", None)
-    for prompt in tqdm(_held_out_prompts(reader, cfg.num_prompts), desc="speculative decoding",
-                       unit="prompt"):
+    verified: list[int] = []
+    accepted, trials = np.zeros(k), np.zeros(k)
+    conf: list[float] = []
+    events: list[bool] = []
+    eos = getattr(target.config, "eos_token_id", None)
+    for prompt in tqdm(prompts, desc="speculative decoding", unit="prompt"):
         res = speculative_generate(target, draft, torch.from_numpy(prompt).to(device),
                                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                    confidence_threshold=cfg.confidence_threshold,
                                    eos_token_id=eos if isinstance(eos, int) else None,
                                    generator=gen)
         rounds += res.tokens_per_round
+        verified += res.verified_per_round
         accepted += res.position_accepted
         trials += res.position_trials
-    report = {
-        "config": asdict(cfg),
-        "speculative": {
-            "tau": float(np.mean(rounds)) if rounds else 0.0, "rounds": len(rounds),
-            "acceptance_by_position": [float(a / t) if t else 0.0
-                                       for a, t in zip(accepted, trials, strict=True)],
-            "position_trials": trials.tolist()},
-        "teacher_forced": forced,
-    }
-    write_report(report, Path(cfg.out_dir))
-    logger.info("tau %.3f over %d rounds", report["speculative"]["tau"], len(rounds))
+        conf += res.trial_confidence
+        events += res.trial_accepted
+    report: dict[str, Any] = {
+        "tau": float(np.mean(rounds)) if rounds else 0.0, "rounds": len(rounds),
+        "prompts": len(prompts),
+        "verified_per_round": float(np.mean(verified)) if verified else 0.0,
+        "acceptance_by_position": [float(a / t) if t else 0.0
+                                   for a, t in zip(accepted, trials, strict=True)],
+        "position_trials": trials.tolist()}
+    if conf:
+        report["calibration"] = _calibration(conf, events, events=True)
     return report

@@ -185,6 +185,9 @@ def read_checkpoint(
         raise ExportError(f"{ckpt_path} has no draft_config: not a sparkforge train checkpoint")
     provenance = {"checkpoint": str(ckpt_path), "global_step": ckpt.get("global_step"),
                   "epoch": ckpt.get("epoch"), **ckpt.get("sparkforge_provenance", {})}
+    loss = ckpt.get("hyper_parameters", {}).get("loss")
+    if loss is not None:  # the run's loss settings: eval measures with them
+        provenance["loss"] = dict(loss)
     cfg = DSparkDraftConfig.from_dict(ckpt["draft_config"])
     return cfg, draft_tensors(ckpt["state_dict"]), provenance
 
@@ -205,6 +208,21 @@ def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
             "num_target_layers", "initializer_range")
     fields = {k: config[k] for k in keys if config.get(k) is not None}
     return DSparkDraftConfig(**fields)
+
+
+def training_loss_settings(path: str | Path) -> dict[str, Any] | None:
+    """The ``model.loss`` settings of the run that trained a draft, or None if not recorded.
+
+    Read from a ``sparkforge train`` checkpoint, or from ``sparkforge_export.json`` beside an
+    exported draft.
+    """
+    root = Path(path)
+    if root.is_dir():
+        info = root / "sparkforge_export.json"
+        loss = json.loads(info.read_text()).get("loss") if info.is_file() else None
+    else:
+        loss = read_checkpoint(root)[2].get("loss")
+    return dict(loss) if isinstance(loss, dict) else None
 
 
 def load_draft(path: str | Path) -> Any:

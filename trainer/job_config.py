@@ -33,10 +33,12 @@ class EvalConfig:
     """A ``sparkforge train`` checkpoint (.ckpt) or an exported draft directory."""
     target: str
     """Local path of the target model (transformers format)."""
-    cache: str
-    """The cache whose eval split provides held-out prompts and teacher-forced metrics."""
     out_dir: str
     """Where eval_report.json and acceptance_by_position.png are written."""
+    cache: str | None = None
+    """A cache whose eval split gives teacher-forced metrics (and prompts, without --prompts)."""
+    prompts: str | None = None
+    """Chat JSONL/Parquet (file, folder or glob, any fsspec URI) whose prompts are decoded."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """fsspec options of the cache (e.g. S3 endpoint)."""
     num_prompts: int = 32
@@ -47,6 +49,8 @@ class EvalConfig:
     """0 = greedy (lossless: the output equals the target's greedy decoding)."""
     confidence_threshold: float | None = None
     """Verify only the slots before the first confidence below this value."""
+    policy_thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    """Confidence thresholds of the teacher-forced verification-policy table."""
     max_eval_batches: int | None = None
     """Limit teacher-forced batches (None: the whole eval split)."""
     seed: int = 0
@@ -59,5 +63,9 @@ class EvalConfig:
             ("num_prompts", self.num_prompts), ("max_new_tokens", self.max_new_tokens)) if v < 1]
         if self.temperature < 0:
             problems.append(f"eval.temperature={self.temperature} must be >= 0")
+        if self.cache is None and self.prompts is None:
+            problems.append("eval needs --cache or --prompts (or both)")
+        problems += [f"eval.policy_thresholds: {t} is outside [0, 1]"
+                     for t in self.policy_thresholds if not 0.0 <= t <= 1.0]
         if problems:
             raise ValueError("invalid eval config:\n  " + "\n  ".join(problems))

@@ -40,6 +40,11 @@ class SpecDecodeResult:
     """Per slot k: rounds whose draft token k was accepted."""
     position_trials: list[int] = field(default_factory=list)
     """Per slot k: rounds that verified slot k with every earlier slot accepted."""
+    trial_confidence: list[float] = field(default_factory=list)
+    """Per verification trial (a slot verified with every earlier slot accepted), in order: the
+    confidence head's prediction for it (empty without a head)."""
+    trial_accepted: list[bool] = field(default_factory=list)
+    """Per verification trial: whether the slot was accepted."""
     wall_time_s: float = 0.0
 
     @property
@@ -84,14 +89,11 @@ def verify_draft(
     return m, int(sample_from_probs(p_m1V[m], generator))
 
 
-def _verify_length(draft: DSparkDraftModel, hidden_1KH: torch.Tensor, prev_1K: torch.Tensor,
-                   threshold: float | None) -> int:
+def _verify_length(conf_K: torch.Tensor | None, k: int, threshold: float | None) -> int:
     """m = K, or the number of leading slots whose confidence is >= threshold."""
-    k = hidden_1KH.shape[1]
-    conf = draft.confidence(hidden_1KH, prev_1K)
-    if threshold is None or conf is None:
+    if threshold is None or conf_K is None:
         return k
-    below = (torch.sigmoid(conf[0]) < threshold).nonzero()
+    below = (conf_K < threshold).nonzero()
     return int(below[0]) if below.numel() else k
 
 
@@ -142,7 +144,9 @@ def speculative_generate(
         drafts, q_logits = sample_draft_tokens(base, anchor, hidden, draft.markov_head,
                                                temperature, generator)
         prev = torch.cat([anchor[:, None], drafts[:, :-1]], dim=1)
-        m = _verify_length(draft, hidden, prev, confidence_threshold)
+        conf_logits = draft.confidence(hidden, prev)
+        conf_K = None if conf_logits is None else torch.sigmoid(conf_logits[0].float())
+        m = _verify_length(conf_K, k, confidence_threshold)
         block = torch.cat([anchor[:, None], drafts[:, :m]], dim=1)
         if rewindable:
             ver = target(block, past_key_values=cache_t, use_cache=True,
@@ -166,6 +170,9 @@ def speculative_generate(
         for j in range(min(m, n + 1)):
             res.position_trials[j] += 1
             res.position_accepted[j] += int(j < n)
+            res.trial_accepted.append(j < n)
+            if conf_K is not None:
+                res.trial_confidence.append(float(conf_K[j]))
         res.tokens += [int(t) for t in drafts[0, :n]] + [nxt]
         res.tokens_per_round.append(n + 1)
         res.verified_per_round.append(m)

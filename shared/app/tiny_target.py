@@ -7,6 +7,7 @@ the weights are random (std 0.08, so next-token distributions are not near-unifo
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from pathlib import Path
 
 # ChatML with {% generation %} markers around assistant content: HF's
@@ -57,9 +58,13 @@ def synthetic_corpus(num_lines: int = 4000, *, seed: int = 0) -> list[str]:
 
 
 def build_tokenizer(
-    out_dir: Path, *, vocab_size: int = 1024, generation_markers: bool = True
+    out_dir: Path, *, vocab_size: int = 1024, generation_markers: bool = True,
+    corpus: Iterable[str] | None = None,
 ) -> None:
-    """Train a byte-level BPE tokenizer of exactly ``vocab_size`` tokens and save it HF-style."""
+    """Train a byte-level BPE tokenizer of exactly ``vocab_size`` tokens and save it HF-style.
+
+    ``corpus`` defaults to :func:`synthetic_corpus`.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -72,7 +77,7 @@ def build_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
+    tok.train_from_iterator(synthetic_corpus() if corpus is None else corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -185,11 +190,19 @@ def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object
     return rows
 
 
+def write_chats(path: Path, rows: Iterable[dict[str, object]]) -> None:
+    """Write chat rows as JSONL, one object per line."""
+    import json
+
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m sparkforge.app.tiny_target OUT [--rows N] [--model_type T]``: a tiny target
     (Qwen3 or DeepSeek-V4) + demo chat JSONL."""
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("out_dir", type=Path)
@@ -201,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     build = build_tiny_deepseek_v4 if args.model_type == "deepseek_v4" else build_tiny_target
     build(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed)
     if args.rows:
-        with (args.out_dir / "chat.jsonl").open("w") as f:
-            for row in demo_conversations(args.rows, seed=args.seed):
-                f.write(json.dumps(row) + "\n")
+        write_chats(args.out_dir / "chat.jsonl", demo_conversations(args.rows, seed=args.seed))
     return 0
 
 

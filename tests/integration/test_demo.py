@@ -12,7 +12,7 @@ import pytest
 
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
-    """`sparkforge demo` regenerates, captures, validates, trains, exports and evaluates."""
+    """`sparkforge demo` runs every stage on the code target and prints acceptance by position."""
     out = tmp_path / "demo"
     result = subprocess.run(
         [sys.executable, "-P", "-m", "sparkforge.app.cli", "demo", "--out_dir", str(out),
@@ -28,4 +28,10 @@ def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
     report = json.loads((out / "eval" / "eval_report.json").read_text())
     assert report["speculative"]["tau"] >= 1.0
     assert (out / "eval" / "acceptance_by_position.png").stat().st_size > 0
+    assert json.loads((out / "target" / "config.json").read_text())["vocab_size"] == 2048
     assert "measured tau" in result.stdout
+    k = 7   # trainer/examples/code_target.yaml's block size
+    assert len(report["speculative"]["acceptance_by_position"]) == k
+    shown = [line for line in result.stdout.splitlines() if "acceptance by position" in line]
+    assert len(shown) == 2
+    assert all(len(line.split(":", 1)[1].split()) == k for line in shown)

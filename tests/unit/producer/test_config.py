@@ -52,6 +52,11 @@ def test_all_problems_in_one_error() -> None:
     assert str(info.value).count("\n") == 3
 
 
+def test_eval_fraction_one_is_accepted() -> None:
+    """An eval-only cache (eval_fraction 1.0) is a valid producer config."""
+    assert make(eval_fraction=1.0).eval_fraction == 1.0
+
+
 def test_identity_leaves_out_run_local_fields() -> None:
     """Worker index, window, retries and storage credentials never reach the cache header."""
     a = make(worker_index=0, num_workers=2, window=8, storage_options={"secret": "x"})

@@ -12,8 +12,8 @@ from transformers import AutoTokenizer
 
 from sparkforge.producer.capture import FailureRun, UnitCapturer
 from sparkforge.producer.chat import ROLES, ChatEncoder, SkipReason
-from sparkforge.producer.dataset import RawRow, _parse_line
 from sparkforge.producer.splits import SplitRule
+from sparkforge.shared.dataset import RawRow, _parse_line
 
 SCALARS = (st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.integers(-3, 1100)
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))

@@ -28,13 +28,13 @@ from producer_helpers import (
 from sparkforge.app.cli import main
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.validate import validate_cache
-from sparkforge.producer.dataset import DatasetError
 from sparkforge.producer.run import (
     STALE_PARTIAL_S,
     NonFiniteActivations,
     NoSamplesWritten,
     run,
 )
+from sparkforge.shared.dataset import DatasetError
 
 HF_IDS = (1, 2, 3)
 POISON_TOKEN = 77

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from sparkforge.producer.config import ProducerConfig
-from sparkforge.producer.dataset import DataSource
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.header import build_header
+from sparkforge.shared.dataset import DataSource
 from sparkforge.shared.header import RunHeader, TargetInfo
 from sparkforge.shared.layer_ids import HfIndices
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.producer.dataset import row_hash
 from sparkforge.producer.splits import SplitRule, load_eval_ids
+from sparkforge.shared.dataset import row_hash
 
 
 def test_fraction_is_close_deterministic_and_seeded() -> None:
@@ -26,6 +26,13 @@ def test_fraction_depends_on_content_not_position() -> None:
     rule = SplitRule(eval_fraction=0.5, seed=0)
     h = row_hash(b"same")
     assert len({rule.split_of(index=i, content_hash=h) for i in range(50)}) == 1
+
+
+def test_fraction_one_puts_every_row_in_eval() -> None:
+    """eval_fraction 1.0 makes an eval-only split, even for hashes whose ratio rounds to 1.0."""
+    rule = SplitRule(eval_fraction=1.0, seed=0)
+    hashes = [row_hash(str(i).encode()) for i in range(500)]
+    assert {rule.split_of(index=i, content_hash=h) for i, h in enumerate(hashes)} == {"eval"}
 
 
 def test_id_list_selects_row_indices(tmp_path: Path) -> None:

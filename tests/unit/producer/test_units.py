@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from sparkforge.producer.dataset import RawRow
 from sparkforge.producer.units import (
     WorkerShare,
     num_units,
@@ -13,6 +12,7 @@ from sparkforge.producer.units import (
     rows_by_unit,
     unit_rows,
 )
+from sparkforge.shared.dataset import RawRow
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from producer_helpers import write_jsonl
 
-from sparkforge.producer.dataset import DatasetError, describe_sources, iter_rows
+from sparkforge.shared.dataset import DatasetError, describe_sources, iter_rows
 from sparkforge.shared.io_errors import StorageError
 
 ROWS = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(7)]

@@ -1,0 +1,303 @@
+"""Draft quality on the real small target: DSpark vs the DFlash-style draft vs DSpark from fp8.
+
+From one set of regenerated chats of the shipped code target (``sparkforge.app.code_target``),
+two caches are produced (bf16 lossless and fp8 aux), and three drafts are trained with the same
+steps, batches and seed through the public CLI:
+
+- ``dspark``: ``trainer/examples/code_target.yaml`` as it ships (Markov head, confidence head,
+  0.1 CE + 0.9 L1 + 1.0 BCE);
+- ``dflash``: the DFlash-style ablation (no Markov head, no confidence head, CE only);
+- ``dspark_fp8``: the dspark recipe trained from the fp8 cache.
+
+Each is evaluated with ``sparkforge eval`` on the bf16 cache's eval split (held-out prompts,
+speculative decoding at T=0 and T=1, teacher-forced metrics and calibration). The table, a JSON
+record and two PNGs (acceptance by position; loss and teacher-forced tau vs step) go to
+``--results`` (default ``benchmarks/results/``).
+
+Reproduce (the defaults are the recorded run's sizes; about 25 minutes on 2 shared CPU cores):
+    nice -n 10 .venv/bin/python -P benchmarks/bench_quality.py
+
+``--sweep`` then trains the dspark recipe with a few changed defaults (learning rate, anchors) on
+the same cache and compares tau at T=1 (``sweep.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN_EXAMPLE = REPO / "trainer" / "examples" / "code_target.yaml"
+PRODUCER_EXAMPLE = REPO / "producer" / "examples" / "code_target.yaml"
+
+DRAFTS: dict[str, tuple[str, list[str]]] = {
+    "dspark": ("cache", []),
+    "dflash": ("cache", ["--model.draft.markov_rank", "0",
+                         "--model.draft.enable_confidence_head", "false",
+                         "--model.draft.confidence_head_with_markov", "false",
+                         "--model.loss.ce_loss_alpha", "1.0", "--model.loss.l1_loss_alpha", "0",
+                         "--model.loss.confidence_head_alpha", "0"]),
+    "dspark_fp8": ("cache_fp8", []),
+}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out_dir", type=Path, default=Path("bench-quality-out"))
+    p.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument("--rows", type=int, default=384, help="chat rows (held-out stdlib files)")
+    p.add_argument("--steps", type=int, default=150, help="optimizer steps per draft")
+    p.add_argument("--batch_size", type=int, default=4)
+    p.add_argument("--num_prompts", type=int, default=12, help="prompts decoded per eval")
+    p.add_argument("--max_new_tokens", type=int, default=48)
+    p.add_argument("--drafts", nargs="+", choices=list(DRAFTS), default=list(DRAFTS),
+                   help="train and evaluate only these (runs of the others can go in parallel "
+                        "into the same --out_dir; a run with all of them reuses every output "
+                        "and writes the results)")
+    p.add_argument("--sweep", nargs="*", type=int, default=None,
+                   help="instead: train the dspark recipe with the SWEEP changes of these "
+                        "indices (none given: all) on the caches of an earlier run in --out_dir "
+                        "and compare tau (T=1)")
+    return p.parse_args(argv)
+
+
+# Changes to trainer/examples/code_target.yaml tried by --sweep (the recipe's own values first).
+SWEEP: dict[str, list[str]] = {
+    "example (lr 3e-3, warmup 20, anchors 32, gamma 4)": [],
+    "lr 6e-4 (the package default)": ["--model.optimizer.lr", "6e-4"],
+    "lr 1e-2": ["--model.optimizer.lr", "1e-2"],
+    "anchors 64": ["--model.draft.num_anchors", "64"],
+}
+
+
+def _sweep(out: Path, ns: argparse.Namespace, results: Path) -> int:
+    """Train each SWEEP variant on ``out``'s bf16 cache; tabulate tau at T=1."""
+    if not (out / "cache" / "manifest.json").is_file():
+        raise SystemExit(f"--sweep needs the caches of an earlier run in {out}")
+    timings: dict[str, float] = {}
+    rows = []
+    for i, (label, extra) in enumerate(SWEEP.items()):
+        if ns.sweep and i not in ns.sweep and extra:
+            continue
+        # The unchanged recipe is the main run's dspark draft (reused when it exists).
+        rec = _train_and_eval(out, ns, "dspark" if not extra else f"sweep{i}", "cache", extra,
+                              timings, ("1.0",))
+        rep = rec["T1.0"]
+        rows.append({"variant": label, "tau_T1": rep["speculative"]["tau"],
+                     "tau_teacher_forced": rep["teacher_forced"]["metrics"]["tau"],
+                     "final_loss": rec["curve"][-1]["loss"] if rec["curve"] else None})
+    (results / "sweep.json").write_text(json.dumps(
+        {"command": "nice -n 10 .venv/bin/python -P benchmarks/bench_quality.py --sweep "
+                    + " ".join(sys.argv[1:]), "steps": ns.steps, "rows": rows}, indent=1) + "\n")
+    print("| variant | tau T=1 | tau teacher-forced |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['tau_T1']:.3f} | {r['tau_teacher_forced']:.3f} |")
+    return 0
+
+
+def _run(args: list[str], timings: dict[str, float], stage: str) -> None:
+    print(f"\n=== {stage}: sparkforge {' '.join(args)}", flush=True)
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-P", "-m", "sparkforge.app.cli", *args],
+                            check=False)
+    timings[stage] = time.perf_counter() - start
+    if result.returncode:
+        raise SystemExit(f"stage {stage!r} exited with {result.returncode}")
+
+
+def _prepare(out: Path, ns: argparse.Namespace, timings: dict[str, float]) -> None:
+    """Target, chats, regenerated replies and both caches (kept when an earlier run made them)."""
+    if all((out / name / "manifest.json").is_file() for name in ("cache", "cache_fp8")):
+        print(f"reusing the caches in {out}")
+        return
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-P", "-m", "sparkforge.app.code_target",
+                    str(out / "target"), "--rows", str(ns.rows)], check=True)
+    timings["target"] = time.perf_counter() - start
+    _run(["regenerate", "--data", str(out / "target" / "chat.jsonl"),
+          "--engine.model", str(out / "target"), "--engine.dtype", "float32",
+          "--engine.max_model_len", "512", "--engine.enforce_eager", "true",
+          "--engine.enable_chunked_prefill", "false", "--output", str(out / "regenerated"),
+          "--temperature", "1.0", "--top_p", "1.0", "--max_tokens", "96", "--seed", "0"],
+         timings, "regenerate")
+    for name, codec in (("cache", "lossless"), ("cache_fp8", "fp8")):
+        _run(["produce", "--config", str(PRODUCER_EXAMPLE), "--data", str(out / "regenerated"),
+              "--output", str(out / name), "--engine.model", str(out / "target"),
+              "--aux_codec", codec, "--scratch_dir", str(out / "scratch"),
+              "--parity_samples", "0", "--progress", "false"], timings, f"produce {name}")
+
+
+def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
+                    extra: list[str], timings: dict[str, float],
+                    temperatures: tuple[str, ...] = ("0.0", "1.0")) -> dict[str, Any]:
+    """Train one draft and evaluate it; a stage whose output an earlier run left is reused."""
+    run_dir = out / "train" / name
+    ckpt = run_dir / "ckpt" / "last.ckpt"
+    if not ckpt.is_file():
+        _run(["train", "--config", str(TRAIN_EXAMPLE), "--data.uri", str(out / cache),
+              "--trainer.max_steps", str(ns.steps), "--data.batch_size", str(ns.batch_size),
+              "--trainer.default_root_dir", str(run_dir),
+              "--checkpoint.dirpath", str(run_dir / "ckpt"),
+              "--trainer.logger.class_path", "lightning.pytorch.loggers.CSVLogger",
+              "--trainer.logger.init_args.save_dir", str(run_dir),
+              "--trainer.logger.init_args.name", "log", "--trainer.enable_progress_bar", "false",
+              *extra], timings, f"train {name}")
+    # Fit time: from the logger's first file to the last checkpoint (process start-up excluded).
+    started = next(run_dir.rglob("hparams.yaml")).stat().st_mtime
+    record: dict[str, Any] = {"train_s": ckpt.stat().st_mtime - started,
+                              "curve": _curve(next(run_dir.rglob("metrics.csv")))}
+    for temp in temperatures:
+        eval_dir = out / "eval" / f"{name}_T{temp}"
+        if not (eval_dir / "eval_report.json").is_file():
+            _run(["eval", "--draft", str(ckpt), "--target", str(out / "target"),
+                  "--cache", str(out / "cache"), "--out_dir", str(eval_dir),
+                  "--num_prompts", str(ns.num_prompts), "--max_new_tokens",
+                  str(ns.max_new_tokens), "--temperature", temp],
+                 timings, f"eval {name} T={temp}")
+        record[f"T{temp}"] = json.loads((eval_dir / "eval_report.json").read_text())
+    return record
+
+
+def _curve(path: Path) -> list[dict[str, float]]:
+    """Step, train loss and teacher-forced tau of every logged window."""
+    rows = []
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            if row.get("train/loss") and row.get("train/tau"):
+                rows.append({"step": float(row["step"]), "loss": float(row["train/loss"]),
+                             "tau": float(row["train/tau"])})
+    return rows
+
+
+def _summary(name: str, rec: dict[str, Any]) -> dict[str, Any]:
+    greedy, sampled = rec["T0.0"], rec["T1.0"]
+    forced = sampled["teacher_forced"]
+    cal = sampled["speculative"].get("calibration", {})
+    return {
+        "draft": name, "tau_T0": greedy["speculative"]["tau"],
+        "tau_T1": sampled["speculative"]["tau"],
+        "tau_teacher_forced": forced["metrics"].get("tau", 0.0),
+        "accept_by_position_T0": greedy["speculative"]["acceptance_by_position"],
+        "accept_by_position_T1": sampled["speculative"]["acceptance_by_position"],
+        "accept_teacher_forced": forced["accept_rate_by_position"],
+        "ece": cal.get("ece"), "brier": cal.get("brier"), "auroc": cal.get("auroc"),
+        "ece_teacher_forced": forced.get("calibration", {}).get("ece"),
+        "brier_teacher_forced": forced.get("calibration", {}).get("brier"),
+        "policies": forced.get("policies", []), "train_s": rec["train_s"],
+        "final_loss": rec["curve"][-1]["loss"] if rec["curve"] else None,
+    }
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = ("| draft | tau T=0 | tau T=1 | tau teacher-forced | accept by position (T=0) "
+            "| ECE | Brier | AUROC | train s |\n|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        pos = " ".join(f"{a:.2f}" for a in r["accept_by_position_T0"])
+        lines.append(f"| {r['draft']} | {r['tau_T0']:.3f} | {r['tau_T1']:.3f} | "
+                     f"{r['tau_teacher_forced']:.3f} | {pos} | {_fmt(r['ece'])} | "
+                     f"{_fmt(r['brier'])} | {_fmt(r['auroc'])} | {r['train_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def _policy_table(policies: list[dict[str, Any]]) -> str:
+    """The dspark draft's teacher-forced verification policies as a markdown table."""
+    lines = ["| dspark policy (teacher-forced, T=1) | tokens/round | verified slots | "
+             "accepted/verified |", "|---|---|---|---|"]
+    lines += [f"| {p['policy']} | {p['tokens_per_round']:.3f} | {p['verified_slots']:.2f} | "
+              f"{p['accepted_per_verified']:.3f} |" for p in policies]
+    return "\n".join(lines)
+
+
+def _plot(records: dict[str, dict[str, Any]], rows: list[dict[str, Any]], results: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    width = 0.8 / len(rows)
+    for i, r in enumerate(rows):
+        for ax, key, title in ((axes[0], "accept_by_position_T0", "speculative decoding, T=0"),
+                               (axes[1], "accept_teacher_forced", "teacher-forced, T=1")):
+            vals = r[key]
+            ax.bar([k + (i - 1) * width for k in range(len(vals))], vals, width,
+                   label=r["draft"])
+            ax.set_title(f"Acceptance by draft position ({title})")
+            ax.set_xlabel("draft position k")
+            ax.set_ylim(0, 1)
+    axes[0].set_ylabel("conditional acceptance")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(results / "quality_acceptance.png", dpi=90)
+    plt.close(fig)
+    fig, (ax_loss, ax_tau) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for name, rec in records.items():
+        steps = [c["step"] for c in rec["curve"]]
+        ax_loss.plot(steps, [c["loss"] for c in rec["curve"]], label=name)
+        ax_tau.plot(steps, [c["tau"] for c in rec["curve"]], label=name)
+    ax_loss.set_title("training loss (each draft's own objective)")
+    ax_tau.set_title("teacher-forced tau on training batches")
+    for ax in (ax_loss, ax_tau):
+        ax.set_xlabel("optimizer step")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(results / "quality_curves.png", dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prepare the caches, train and evaluate the three drafts, write the results."""
+    ns = _parse(argv)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    out, results = ns.out_dir.resolve(), ns.results.resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    if ns.sweep is not None:
+        return _sweep(out, ns, results)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    _prepare(out, ns, timings)
+    records = {name: _train_and_eval(out, ns, name, cache, extra, timings)
+               for name, (cache, extra) in DRAFTS.items() if name in ns.drafts}
+    if set(records) != set(DRAFTS):
+        print(f"done: {', '.join(records)}; run with every draft to write the results")
+        return 0
+    rows = [_summary(name, rec) for name, rec in records.items()]
+    by = {r["draft"]: r for r in rows}
+    ratios = {
+        "dspark_over_dflash_tau_T0": by["dspark"]["tau_T0"] / by["dflash"]["tau_T0"],
+        "dspark_over_dflash_tau_T1": by["dspark"]["tau_T1"] / by["dflash"]["tau_T1"],
+        "fp8_minus_bf16_tau_T0": by["dspark_fp8"]["tau_T0"] - by["dspark"]["tau_T0"],
+        "fp8_minus_bf16_tau_T1": by["dspark_fp8"]["tau_T1"] - by["dspark"]["tau_T1"],
+    }
+    command = "nice -n 10 .venv/bin/python -P benchmarks/bench_quality.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    record = {"command": command.strip(), "args": {k: str(v) for k, v in vars(ns).items()},
+              "drafts": rows, "ratios": ratios, "timings_s": timings,
+              "wall_s": time.perf_counter() - start,
+              "curves": {name: rec["curve"] for name, rec in records.items()}}
+    (results / "quality.json").write_text(json.dumps(record, indent=1) + "\n")
+    _plot(records, rows, results)
+    print("\n" + _table(rows))
+    print("\n" + _policy_table(by["dspark"]["policies"]))
+    print("\n" + "; ".join(f"{k} {v:+.3f}" if "minus" in k else f"{k} {v:.3f}"
+                          for k, v in ratios.items()))
+    print(f"wall {record['wall_s']:.0f} s; reproduce: {record['command']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
