@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from sparkforge.manifests.contract import TrainConfigError, run_contract_from_train_config
+from sparkforge.manifests.fields import shorten
 from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.plan import plan_cache, plan_table, target_shape_from_config
-from sparkforge.manifests.schema import ManifestError
 from sparkforge.manifests.summary import summarize_cache, summary_table
-from sparkforge.manifests.validate import validate_cache
+from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
 from sparkforge.shared.dtypes import HiddenDtype
 from sparkforge.shared.layout import CacheSpec
 
@@ -112,9 +112,11 @@ def _inspect(ns: argparse.Namespace) -> int:
     options = _storage_options(ns.storage_options)
     try:
         summary = summarize_cache(ns.cache, storage_options=options)
-    except ManifestError as exc:
-        print(f"sparkforge inspect: {exc} (run `sparkforge validate` for details)",
-              file=sys.stderr)
+    except CacheNotFoundError:
+        raise
+    except ValueError as exc:  # the cache itself is bad (manifest, index, arrays): exit 1
+        print(f"sparkforge inspect: {shorten(str(exc), MAX_PROBLEM_CHARS)} (run `sparkforge "
+              "validate` for details)", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=1) if ns.json else summary_table(summary))
     return 0

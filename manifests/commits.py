@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from sparkforge.manifests import fields as f
-from sparkforge.manifests.fields import ManifestError
+from sparkforge.manifests.fields import ManifestError, load_json
 from sparkforge.manifests.schema import parse_accounting, parse_slots
 from sparkforge.shared.commit import SAMPLE_COLUMNS, SampleRow, UnitInfo
 from sparkforge.shared.layout import CacheSpec
@@ -15,10 +14,7 @@ from sparkforge.shared.layout import CacheSpec
 
 def parse_commit_bytes(raw: bytes, *, unit: int, spec: CacheSpec) -> UnitInfo:
     """Decode and parse the commit record stored for ``unit``."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ManifestError(f"commit record of unit {unit} is not valid JSON: {exc}") from exc
+    data = load_json(raw, f"commit record of unit {unit}")
     try:
         return parse_commit_record(data, unit=unit, spec=spec)
     except ManifestError as exc:

@@ -1,13 +1,26 @@
-"""Find a cache's objects: the root must exist, each slot's object key, sizes from one listing."""
+"""Find a cache's objects: the root must exist, bounded JSON reads, slot keys, sizes, links."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
-import zarr
-
+from sparkforge.manifests.fields import load_json
 from sparkforge.shared import storage
+
+MAX_MANIFEST_BYTES: Final = 1 << 30
+"""A manifest lists every unit's slots and checksums: ~1 KB per unit, 10^6 units fit."""
+MAX_COMMIT_BYTES: Final = 256 << 20
+"""A commit record holds one unit's sample rows (about 150 bytes each)."""
+MAX_HEADER_BYTES: Final = 64 << 20
+"""The run header; its largest part is an explicit list of eval row ids."""
+MAX_PARITY_BYTES: Final = 1 << 20
+"""target/parity.json: a few numbers per captured layer."""
+MAX_KEY_DEPTH: Final = 8
+"""Deepest object key (``aux_hidden/c/<slot>/0/0`` has 5 parts); bounds a walk through link
+cycles."""
 
 
 class CacheNotFoundError(FileNotFoundError, ValueError):
@@ -27,9 +40,26 @@ def existing_location(uri: str, storage_options: Mapping[str, Any] | None) -> st
     return loc
 
 
+def read_json(loc: storage.Location, key: str, *, max_bytes: int) -> object:
+    """Read and decode one untrusted JSON object of at most ``max_bytes`` (bounded depth too).
+
+    Raises:
+        FileNotFoundError: the object does not exist.
+        ValueError: too large, a link out of the root, not JSON, or nested too deeply; the
+            message names ``key``.
+    """
+    return load_json(storage.read_bytes(loc, key, max_bytes=max_bytes), key)
+
+
 def stored_objects(loc: storage.Location, prefix: str) -> dict[str, int]:
-    """Every object under ``prefix`` (one listing): key relative to the root -> size in bytes."""
+    """Every object under ``prefix`` (one listing): key relative to the root -> size in bytes.
+
+    On local disk, links are followed as zarr follows them, unless they resolve outside the
+    root (see :func:`escaping_links`): such objects are left out, so they count as missing.
+    """
     path = loc.path(prefix)
+    if loc.is_local:
+        return _local_objects(loc.root, path)
     loc.fs.invalidate_cache(path)
     try:
         found = loc.fs.find(path, detail=True)
@@ -38,6 +68,32 @@ def stored_objects(loc: storage.Location, prefix: str) -> dict[str, int]:
     return {str(p)[len(loc.root) + 1:]: int(info.get("size") or 0) for p, info in found.items()}
 
 
-def slot_key(name: str, arr: zarr.Array[Any], slot: int) -> str:
-    """The store key of one slot's object (a shard, or the one chunk of an unsharded array)."""
-    return f"{name}/{arr.metadata.encode_chunk_key((slot, *[0] * (arr.ndim - 1)))}"
+def _local_objects(root: str, path: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for here, dirs, files in os.walk(path, followlinks=True):
+        depth = len(Path(here).relative_to(root).parts)
+        if not storage.resolves_inside(here, root) or depth > MAX_KEY_DEPTH:  # out, or a cycle
+            dirs.clear()
+            continue
+        for name in files:
+            full = Path(here) / name
+            if storage.resolves_inside(str(full), root) and full.is_file():
+                found[full.relative_to(root).as_posix()] = full.stat().st_size
+    return found
+
+
+def escaping_links(loc: storage.Location) -> dict[str, str]:
+    """Links under a local cache root that resolve outside it: key -> where they point.
+
+    A cache holds its own objects; a link out of it could make readers quote or train on files
+    the commit records do not describe (e.g. ``/etc/passwd``). Empty for object stores.
+    """
+    if not loc.is_local:
+        return {}
+    out = {}
+    for here, dirs, files in os.walk(loc.root):  # links to directories are not descended
+        for name in dirs + files:
+            full = Path(here) / name
+            if full.is_symlink() and not storage.resolves_inside(str(full), loc.root):
+                out[full.relative_to(loc.root).as_posix()] = os.path.realpath(full)
+    return out

@@ -19,7 +19,8 @@ SAMPLE_COLUMNS = ("sample_id", "slot", "row_offset", "length", "num_loss_tokens"
 
 def checksum(values: npt.NDArray[Any]) -> int:
     """crc32c of an array's C-order little-endian bytes (the decoded rows a slot holds)."""
-    return int(crc32c.crc32c(np.ascontiguousarray(values).tobytes()))
+    # A byte view, not tobytes(): no copy of a slot that may hold hundreds of MB.
+    return int(crc32c.crc32c(np.ascontiguousarray(values).data.cast("B")))
 
 
 @dataclass(frozen=True, kw_only=True)

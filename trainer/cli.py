@@ -138,9 +138,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[args[0]](args[1:])
-    except ValueError as exc:  # config and data errors: one readable message, no traceback
-        print(f"sparkforge {args[0]}: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:  # config, data, storage: one readable message, exit 1
+        print(f"sparkforge {args[0]}: error: {error_message(exc)}", file=sys.stderr)
         return 1
+
+
+def error_message(exc: BaseException) -> str:
+    """The error's own message.
+
+    An error raised in a DataLoader worker is re-raised in the main process with the worker's
+    whole traceback as its message; only the original exception's line is kept.
+    """
+    text = str(exc)
+    if "Original Traceback" not in text:
+        return text
+    last = text.rstrip().splitlines()[-1]  # "package.module.ErrorType: message"
+    return last.split(": ", 1)[1] if ": " in last else last
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections import Counter
 from typing import Any
@@ -13,6 +12,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 from torch.utils.data import DataLoader
 
+from sparkforge.manifests.fields import ManifestError, load_json
 from sparkforge.manifests.open import open_cache
 from sparkforge.trainer.data import CacheStream, ResumableLoader, load_split_index
 from sparkforge.trainer.data_plan import Batching, SplitIndex
@@ -38,7 +38,9 @@ class CacheDataModule(L.LightningDataModule):
         read_ahead_units: Cache units each worker reads concurrently ahead of consumption.
         seed: Seed of the data order; the order is a function of (seed, epoch, rank, worker).
         min_loss_tokens: Samples with fewer supervised tokens hold no anchor and are skipped.
-        verify_checksums: Check each unit's crc32c while reading (costs CPU).
+        verify_checksums: Check each slot's crc32c while reading (on by default; it costs
+            little next to decoding, see benchmarks/bench_trainer_data.py). Whether each slot's
+            objects exist is always checked.
         val_batch_size: Micro-batch size for validation (default: ``batch_size``).
     """
 
@@ -57,7 +59,7 @@ class CacheDataModule(L.LightningDataModule):
         read_ahead_units: int = 2,
         seed: int = 0,
         min_loss_tokens: int = 2,
-        verify_checksums: bool = False,
+        verify_checksums: bool = True,
         val_batch_size: int | None = None,
     ) -> None:
         super().__init__()
@@ -109,7 +111,9 @@ class CacheDataModule(L.LightningDataModule):
 
     def target_config(self) -> dict[str, Any]:
         """The target's HF ``config.json`` stored in the cache."""
-        config: dict[str, Any] = json.loads(self.reader.target_file("config.json"))
+        config = load_json(self.reader.target_file("config.json"), "target/config.json")
+        if not isinstance(config, dict):
+            raise ManifestError("target/config.json: expected a JSON object")
         return config
 
     def target_weights(self) -> dict[str, torch.Tensor]:
