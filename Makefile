@@ -3,6 +3,8 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := producer trainer shared manifests
+# Import names: the four packages plus sparkforge.app, the top layer (folder shared/app).
+MODULES := $(PACKAGES) app
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export VLLM_CPU_KVCACHE_SPACE ?= 1
@@ -23,7 +25,7 @@ install:
 # python -P keeps the repo root off sys.path, so `shared` never imports twice (style.md 2.2).
 lint: install
 	$(BIN)/python -P -m ruff check $(PACKAGES) tests benchmarks
-	$(BIN)/python -P -m mypy $(addprefix -p sparkforge.,$(PACKAGES))
+	$(BIN)/python -P -m mypy $(addprefix -p sparkforge.,$(MODULES))
 
 test: install lint
 	$(BIN)/python -P -m pytest

@@ -36,7 +36,7 @@ def tiny_activations(workdir: Path, num_tokens: int) -> tuple[np.ndarray, np.nda
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sparkforge.producer.tiny_target import build_tiny_target
+    from sparkforge.app.tiny_target import build_tiny_target
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_target(workdir / "target"),
                                                  dtype=torch.float32).eval()

@@ -85,8 +85,8 @@ def main() -> None:
     if args.in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from sparkforge.app.tiny_target import build_tiny_target
     from sparkforge.producer.engine_options import EngineOptions
-    from sparkforge.producer.tiny_target import build_tiny_target
 
     model = build_tiny_target(
         Path(tempfile.mkdtemp(prefix="bench-target-")),

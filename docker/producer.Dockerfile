@@ -9,7 +9,7 @@ COPY shared ./shared
 COPY manifests ./manifests
 # vLLM (and its torch) come from the base image; pin them rather than letting pip re-resolve.
 RUN pip install --no-cache-dir ".[s3,gcs]" "vllm==0.33.0" \
-    && python -c "import sparkforge.producer.cli, vllm; print(vllm.__version__)"
+    && python -c "import sparkforge.app.cli, sparkforge.producer.run, vllm; print(vllm.__version__)"
 ENV HF_HUB_OFFLINE=1
 ENTRYPOINT ["sparkforge"]
 CMD ["produce", "--help"]

@@ -1,8 +1,9 @@
-"""``sparkforge validate | inspect | plan``: judge, summarise or size a cache (no torch needed).
+"""``sparkforge validate | inspect | plan | finalize``: judge, summarise, size or finalize a cache.
 
-Exit codes: 0 valid (or success), 1 invalid cache, 2 usage error. A cache path that does not
-exist, an unreadable ``--against`` config or bad ``--storage_options`` JSON is a usage error (2):
-the command was pointed at nothing to judge. A path that exists but holds no complete, consistent
+No torch needed. Each command parses its arguments into a config and runs one job function;
+``sparkforge.app.cli`` maps the outcome to the exit code. A cache path that does not exist, an
+unreadable ``--against`` config or bad ``--storage_options`` JSON is a usage error (2): the
+command was pointed at nothing to judge. A path that exists but holds no complete, consistent
 cache is invalid (1).
 """
 
@@ -12,10 +13,12 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
 
-from sparkforge.manifests.contract import TrainConfigError, run_contract_from_train_config
+from sparkforge.manifests.contract import RunContract
 from sparkforge.manifests.fields import shorten
+from sparkforge.manifests.finalize import finalize_run
 from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.plan import plan_cache, plan_table, target_shape_from_config
 from sparkforge.manifests.summary import summarize_cache, summary_table
@@ -23,15 +26,61 @@ from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
 from sparkforge.shared.dtypes import HiddenDtype
 from sparkforge.shared.layout import CacheSpec
 
-USAGE_ERROR = 2
-
 
 class UsageError(ValueError):
     """A bad command line (exit code 2)."""
 
 
-def _parser(command: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"sparkforge {command}")
+@dataclass(frozen=True, kw_only=True)
+class ValidateConfig:
+    """``sparkforge validate`` (options documented by its parser)."""
+
+    cache: str
+    json: bool = False
+    storage_options: str = "{}"
+    deep: bool = False
+    against: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InspectConfig:
+    """``sparkforge inspect`` (options documented by its parser)."""
+
+    cache: str
+    json: bool = False
+    storage_options: str = "{}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanConfig:
+    """``sparkforge plan`` (options documented by its parser)."""
+
+    num_tokens: int
+    target_config: str | None = None
+    hidden_size: int | None = None
+    layer_ids: str | None = None
+    num_aux_layers: int | None = None
+    aux_codec: Literal["lossless", "fp8"] = "lossless"
+    hidden_dtype: HiddenDtype | None = None
+    mean_seq_len: float = 1024.0
+    topk: int = 0
+    shard_rows: int = 8192
+    rows_per_unit: int = 64
+    json: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinalizeConfig:
+    """``sparkforge finalize``: write the manifest once every unit is committed."""
+
+    output: str
+    """Cache URI."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """fsspec options for ``output``."""
+
+
+def _parser(command: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"sparkforge {command}", description=description)
     if command in ("validate", "inspect"):
         p.add_argument("cache", help="cache URI: local path, file://, s3://, gs://, memory://")
         p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -63,22 +112,17 @@ def _parser(command: str) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``validate``, ``inspect`` or ``plan``; ``argv[0]`` is the subcommand."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in ("validate", "inspect", "plan"):
-        print("usage: sparkforge {validate,inspect,plan} ...", file=sys.stderr)
-        return USAGE_ERROR
-    command = args[0]
-    try:
-        ns = _parser(command).parse_args(args[1:])
-    except SystemExit as exc:  # argparse exits 2 on bad arguments and 0 on --help
-        return int(exc.code or 0)
-    try:
-        return {"validate": _validate, "inspect": _inspect, "plan": _plan}[command](ns)
-    except (UsageError, CacheNotFoundError, TrainConfigError, FileNotFoundError) as exc:
-        print(f"sparkforge {command}: {exc}", file=sys.stderr)
-        return USAGE_ERROR
+CONFIGS = {"validate": ValidateConfig, "inspect": InspectConfig, "plan": PlanConfig}
+
+
+def parse(command: str, description: str, argv: Sequence[str]) -> Any:
+    """Parse ``validate``, ``inspect`` or ``plan`` arguments into the command's config.
+
+    Raises:
+        SystemExit: argparse's own exit, 0 on --help and 2 on a bad command line.
+    """
+    ns = _parser(command, description).parse_args(list(argv))
+    return CONFIGS[command](**vars(ns))
 
 
 def _storage_options(text: str) -> dict[str, Any]:
@@ -91,61 +135,67 @@ def _storage_options(text: str) -> dict[str, Any]:
     return options
 
 
-def _validate(ns: argparse.Namespace) -> int:
-    run = run_contract_from_train_config(ns.against) if ns.against else None
-    report = validate_cache(ns.cache, deep=ns.deep, against=run,
-                            storage_options=_storage_options(ns.storage_options), progress=True)
-    report.against = ns.against
-    if ns.json:
+def run_validate(cfg: ValidateConfig, run: RunContract | None = None) -> int:
+    """Validate the cache (against ``run``, the contract of ``cfg.against``); 1 if invalid."""
+    report = validate_cache(cfg.cache, deep=cfg.deep, against=run,
+                            storage_options=_storage_options(cfg.storage_options), progress=True)
+    report.against = cfg.against
+    against = f", against {cfg.against}" if cfg.against else ""
+    if cfg.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
         for problem in report.problems:
             print(problem)
         checked = ", ".join(f"{v:,} {k}" for k, v in sorted(report.checked.items()))
         verdict = "valid" if report.valid else f"INVALID ({len(report.problems)} problems)"
-        print(f"{ns.cache}: {verdict}; checked {checked or 'nothing'}"
-              + (" (deep)" if ns.deep else "") + (f", against {ns.against}" if ns.against else ""))
+        print(f"{cfg.cache}: {verdict}; checked {checked or 'nothing'}"
+              + (" (deep)" if cfg.deep else "") + against)
     return 0 if report.valid else 1
 
 
-def _inspect(ns: argparse.Namespace) -> int:
-    options = _storage_options(ns.storage_options)
+def run_inspect(cfg: InspectConfig) -> int:
+    """Print the cache's summary; 1 if its manifest does not parse."""
+    options = _storage_options(cfg.storage_options)
     try:
-        summary = summarize_cache(ns.cache, storage_options=options)
+        summary = summarize_cache(cfg.cache, storage_options=options)
     except CacheNotFoundError:
         raise
     except ValueError as exc:  # the cache itself is bad (manifest, index, arrays): exit 1
         print(f"sparkforge inspect: {shorten(str(exc), MAX_PROBLEM_CHARS)} (run `sparkforge "
               "validate` for details)", file=sys.stderr)
         return 1
-    print(json.dumps(summary, indent=1) if ns.json else summary_table(summary))
+    print(json.dumps(summary, indent=1) if cfg.json else summary_table(summary))
     return 0
 
 
-def _plan(ns: argparse.Namespace) -> int:
-    if ns.target_config:
+def run_plan(cfg: PlanConfig) -> int:
+    """Print the estimated cache size."""
+    hidden: int | None
+    if cfg.target_config:
         try:
-            shape = target_shape_from_config(ns.target_config)
+            shape = target_shape_from_config(cfg.target_config)
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         hidden, num_layers, dtype = shape.hidden_size, shape.num_hidden_layers, shape.dtype
     else:
-        hidden, num_layers, dtype = ns.hidden_size, None, "bfloat16"
-    dtype = ns.hidden_dtype or dtype
-    ids = _layer_ids(ns.layer_ids, num_layers) if ns.layer_ids else None
+        hidden, num_layers, dtype = cfg.hidden_size, None, "bfloat16"
+    dtype = cfg.hidden_dtype or dtype
+    ids = _layer_ids(cfg.layer_ids, num_layers) if cfg.layer_ids else None
     try:
-        spec = CacheSpec(hidden_size=hidden, num_aux_layers=len(ids) if ids else ns.num_aux_layers,
-                         hidden_dtype=cast(HiddenDtype, dtype), max_seq_len=ns.shard_rows,
-                         aux_codec=ns.aux_codec, topk=ns.topk, shard_rows=ns.shard_rows,
-                         rows_per_unit=ns.rows_per_unit)
+        # The parser requires one of each pair (--target_config/--hidden_size, the two layer flags).
+        spec = CacheSpec(hidden_size=cast(int, hidden),
+                         num_aux_layers=len(ids) if ids else cast(int, cfg.num_aux_layers),
+                         hidden_dtype=cast(HiddenDtype, dtype), max_seq_len=cfg.shard_rows,
+                         aux_codec=cfg.aux_codec, topk=cfg.topk, shard_rows=cfg.shard_rows,
+                         rows_per_unit=cfg.rows_per_unit)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    bad = [f"--num_tokens must be >= 0, got {ns.num_tokens}"] if ns.num_tokens < 0 else []
-    bad += [f"--mean_seq_len must be >= 1, got {ns.mean_seq_len}"] if ns.mean_seq_len < 1 else []
+    bad = [f"--num_tokens must be >= 0, got {cfg.num_tokens}"] if cfg.num_tokens < 0 else []
+    bad += [f"--mean_seq_len must be >= 1, got {cfg.mean_seq_len}"] if cfg.mean_seq_len < 1 else []
     if bad:
         raise UsageError("; ".join(bad))
-    plan = plan_cache(spec, num_tokens=ns.num_tokens, mean_seq_len=ns.mean_seq_len)
-    print(json.dumps(plan, indent=1) if ns.json else plan_table(plan))
+    plan = plan_cache(spec, num_tokens=cfg.num_tokens, mean_seq_len=cfg.mean_seq_len)
+    print(json.dumps(plan, indent=1) if cfg.json else plan_table(plan))
     return 0
 
 
@@ -158,3 +208,13 @@ def _layer_ids(text: str, num_layers: int | None) -> list[int]:
         raise UsageError(f"--layer_ids {ids}: HF hidden_states indices must be in "
                          f"[0, num_hidden_layers={num_layers}]")
     return ids
+
+
+def run_finalize(cfg: FinalizeConfig) -> int:
+    """Write the manifest and print the accounting in words, as ``inspect`` does."""
+    manifest = finalize_run(cfg.output, storage_options=cfg.storage_options)
+    acc = manifest.accounting
+    skipped = ", ".join(f"{k} {v:,}" for k, v in sorted(acc.skipped.items())) or "none"
+    print(f"finalized {cfg.output}: {acc.input_rows:,} input rows: {acc.written:,} written, "
+          f"skipped {skipped}, failed {acc.failed:,}")
+    return 0

@@ -1,8 +1,9 @@
 """The training contract: does a cache's manifest fit a training run? Every mismatch named.
 
-This is the single implementation shared by ``sparkforge validate --against`` and the trainer's
-pre-flight check. Each problem is one line naming the run field and the manifest field with both
-values, so one failed launch shows everything to fix.
+This is the single check shared by ``sparkforge validate --against`` and the trainer's pre-flight
+check; the trainer alone builds the contract (``sparkforge.trainer.run_config``). Each problem is
+one line naming the run field and the manifest field with both values, so one failed launch shows
+everything to fix.
 """
 
 from __future__ import annotations
@@ -10,10 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-import yaml
 
 from sparkforge.manifests.schema import CacheManifest
 
@@ -25,10 +22,6 @@ EMPTY_TRAIN_SPLIT = "the cache's train split is empty"
 
 class CacheContractError(ValueError):
     """Raised when a cache cannot feed a training run; the message lists every mismatch."""
-
-
-class TrainConfigError(ValueError):
-    """Raised when a training config lacks or mistypes a field the contract needs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,76 +126,3 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
         return (top,)
     step = (top - 1) / (n - 1)
     return tuple(sorted({round(1 + i * step) for i in range(n)}))
-
-
-def run_contract_from_train_config(config: str | Path | Mapping[str, Any]) -> RunContract:
-    """The contract of a ``sparkforge train`` YAML config (or its already-loaded mapping).
-
-    Reads ``model.draft.{target_layer_ids, hidden_size, vocab_size, num_target_layers,
-    mask_token_id, target_model_type, num_hidden_layers}``, ``data.max_seq_len`` (trainer default
-    4096) and, as ``sparkforge train`` does, needs an eval split when
-    ``trainer.limit_val_batches`` (default 1.0) is non-zero and validation is scheduled
-    (``val_check_interval`` set or ``check_val_every_n_epoch``, default 1, not null). Missing
-    ``target_layer_ids`` follow :func:`default_target_layer_ids`.
-
-    Raises:
-        TrainConfigError: naming every missing or mistyped field.
-        FileNotFoundError: if the config file does not exist.
-    """
-    data = _load_yaml(config) if isinstance(config, str | Path) else config
-    draft = _section(data, "model", "draft")
-    train = _section(data, "data")
-    trainer = _section(data, "trainer")
-    problems: list[str] = []
-
-    def integer(section: Mapping[str, Any], name: str, where: str, default: int | None) -> int:
-        value = section.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            problems.append(f"{where}.{name} must be an integer, got {value!r}")
-            return 0
-        return value
-
-    sizes = {name: integer(draft, name, "model.draft", None)
-             for name in ("hidden_size", "vocab_size", "num_target_layers", "mask_token_id")}
-    depth = integer(draft, "num_hidden_layers", "model.draft", 5)
-    max_seq_len = integer(train, "max_seq_len", "data", 4096)
-    ids = draft.get("target_layer_ids")
-    if ids is None:
-        ids = default_target_layer_ids(sizes["num_target_layers"], depth)
-    elif not isinstance(ids, list | tuple) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        problems.append(f"model.draft.target_layer_ids must be a list of integers, got {ids!r}")
-    model_type = draft.get("target_model_type")
-    if model_type is not None and not isinstance(model_type, str):
-        problems.append(f"model.draft.target_model_type must be a string, got {model_type!r}")
-    if problems:
-        raise TrainConfigError("train config: " + "; ".join(problems))
-    # Lightning validates every epoch by default (check_val_every_n_epoch=1) even when
-    # val_check_interval is unset; only limit_val_batches=0 or no interval at all turns it off.
-    need_eval = bool(trainer.get("limit_val_batches", 1.0)) and (
-        trainer.get("val_check_interval") is not None
-        or trainer.get("check_val_every_n_epoch", 1) is not None)
-    return RunContract(target_layer_ids=tuple(ids), max_seq_len=max_seq_len,
-                       target_model_type=model_type, need_eval_split=need_eval, **sizes)
-
-
-def _load_yaml(path: str | Path) -> Mapping[str, Any]:
-    text = Path(path).read_text()
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise TrainConfigError(f"{path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise TrainConfigError(f"{path} must hold a YAML mapping, got {type(data).__name__}")
-    return data
-
-
-def _section(data: Mapping[str, Any], *path: str) -> Mapping[str, Any]:
-    node: Any = data
-    for i, key in enumerate(path):
-        node = node.get(key, {}) if isinstance(node, Mapping) else None
-        if not isinstance(node, Mapping):
-            raise TrainConfigError(f"train config: {'.'.join(path[:i + 1])} must be a mapping, "
-                                   f"got {node!r}")
-    out: Mapping[str, Any] = node
-    return out

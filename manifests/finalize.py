@@ -70,6 +70,17 @@ def read_run_header(loc: storage.Location) -> tuple[CacheSpec, dict[str, Any]]:
     return parse_spec(data["spec"], "spec"), data["header"]
 
 
+def finalize_run(uri: str, *, storage_options: Mapping[str, Any] | None = None) -> CacheManifest:
+    """``sparkforge finalize``: :func:`finalize_cache` with the unit count from the run header.
+
+    Raises:
+        CacheIncompleteError: listing the missing units.
+    """
+    _, header = read_run_header(storage.open_location(uri, storage_options))
+    expected: int = header["producer_config"]["resolved"]["num_units"]
+    return finalize_cache(uri, expected_units=expected, storage_options=storage_options)
+
+
 def finalize_cache(uri: str, *, expected_units: int,
                    storage_options: Mapping[str, Any] | None = None) -> CacheManifest:
     """Write index.parquet and manifest.json (complete) once every unit is committed.

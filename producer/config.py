@@ -189,12 +189,3 @@ class RegenerateConfig:
         if problems:
             raise ValueError("invalid regenerate config:\n  " + "\n  ".join(problems))
 
-
-@dataclass(frozen=True, kw_only=True)
-class FinalizeConfig:
-    """``sparkforge finalize``: write the manifest once every unit is committed."""
-
-    output: str
-    """Cache URI."""
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    """fsspec options for ``output``."""

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from sparkforge.manifests.finalize import finalize_cache, read_run_header
-from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
+from sparkforge.manifests.finalize import finalize_cache
+from sparkforge.manifests.schema import CacheIncompleteError
 from sparkforge.producer.capture import CaptureAborted, FailureRun, UnitCapturer
 from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from sparkforge.producer.parity import ParityReport
 
 logger = logging.getLogger(__name__)
-__all__ = ["CaptureAborted", "ParityFailed", "finalize", "make_source", "parity", "run"]
+__all__ = ["CaptureAborted", "ParityFailed", "make_source", "parity", "run"]
 DEFAULT_PARITY_SAMPLES = 8
 
 
@@ -280,11 +280,3 @@ def parity(cfg: ProducerConfig, *, source: HiddenStateSource | None = None) -> P
     finally:
         if source is None:
             active.close()
-
-
-def finalize(output: str, *, storage_options: Mapping[str, object] | None = None) -> CacheManifest:
-    """``sparkforge finalize``: build the manifest from the commit records (unit count from the
-    header), or raise CacheIncompleteError listing the missing units."""
-    _, header = read_run_header(storage.open_location(output, storage_options))
-    expected = header["producer_config"]["resolved"]["num_units"]
-    return finalize_cache(output, expected_units=expected, storage_options=storage_options)

@@ -103,8 +103,8 @@ def write_tiny_cache(uri: str, target_dir: Path, *, hidden_dtype: str = "bfloat1
     from safetensors.torch import save
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
+    from sparkforge.app.tiny_target import synthetic_corpus
     from sparkforge.manifests.finalize import finalize_cache
-    from sparkforge.producer.tiny_target import synthetic_corpus
     from sparkforge.shared.writer import CacheWriter
 
     tok = AutoTokenizer.from_pretrained(str(target_dir))

@@ -1,49 +1,31 @@
-"""``sparkforge train | export | eval``: parse arguments (LightningCLI / jsonargparse) and run.
+"""``sparkforge train | export | eval``: the trainer's parsers and job functions.
 
 ``train`` is a LightningCLI: a YAML ``--config`` with ``model``, ``data`` and every ``trainer``
 option, dotted overrides (``--trainer.max_steps 100``), ``--print_config``, and ``--ckpt_path``
-to resume. ``export`` and ``eval`` take the same YAML/override style over their config dataclass.
+to resume; parsing it builds the model, data module and trainer. ``export`` takes the checkpoint
+and output folder as positionals. Torch, Lightning and the models load only inside the functions.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
-from jsonargparse import (  # type: ignore[attr-defined]
-    ActionConfigFile,
-    ArgumentParser,
-    set_parsing_settings,
-)
+from jsonargparse import ArgumentParser
 
-logger = logging.getLogger(__name__)
-
-# Attribute docstrings of the config dataclasses become the --help text.
-set_parsing_settings(docstring_parse_attribute_docstrings=True)
+from sparkforge.trainer.job_config import EvalConfig, ExportConfig
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExportConfig:
-    """Export a training checkpoint as a vLLM / SGLang servable DSpark draft."""
+def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
+              description: str | None = None) -> Any:
+    """Parse ``sparkforge train`` arguments and build the model, data module and trainer.
 
-    ckpt: str
-    """Lightning checkpoint written by ``sparkforge train``."""
-    out_dir: str
-    """Directory to write (config.json, model.safetensors, sparkforge_export.json)."""
-    engine: str = "any"
-    """Engine the draft must be servable by: vllm, sglang or any (both)."""
-    include_embeddings: bool = True
-    """Ship exact copies of the target's embed_tokens / lm_head (engines share them when equal)."""
-    overwrite: bool = False
-    """Replace an existing export in ``out_dir`` instead of refusing."""
-
-
-def _train(argv: list[str]) -> int:
+    Raises:
+        SystemExit: the parser's own exit, 0 on --help / --print_config and 2 on a bad option.
+        ValueError: a config value the model, data module or trainer refuses.
+    """
     import torch
     from jsonargparse import lazy_instance  # type: ignore[attr-defined]
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -52,7 +34,6 @@ def _train(argv: list[str]) -> int:
 
     from sparkforge.trainer.datamodule import CacheDataModule
     from sparkforge.trainer.lit_module import DSparkLitModule
-    from sparkforge.trainer.run import train
 
     class _TrainCLI(LightningCLI):
         """Adds ``--ckpt_path`` (resume) and a ``checkpoint`` section to the Lightning CLI."""
@@ -67,10 +48,11 @@ def _train(argv: list[str]) -> int:
     cuda = torch.cuda.is_available()
     # main(argv) is the entry point, so argv legitimately differs from sys.argv (tests, dispatch).
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-    cli = _TrainCLI(
-        DSparkLitModule, CacheDataModule, run=False, args=argv, seed_everything_default=0,
+    return _TrainCLI(
+        DSparkLitModule, CacheDataModule, run=False, args=list(argv), seed_everything_default=0,
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
+        parser_kwargs={"prog": prog, "description": description},
         trainer_defaults={
             "logger": lazy_instance(CSVLogger, save_dir="runs", name="dspark"),
             "gradient_clip_val": 1.0,
@@ -78,25 +60,21 @@ def _train(argv: list[str]) -> int:
             "log_every_n_steps": 10,
         },
     )
+
+
+def run_train(cli: Any) -> int:
+    """Check the cache against the run, fit, and print the summary (rank 0)."""
+    from sparkforge.trainer.run import train
+
     summary = train(cli.model, cli.datamodule, cli.trainer, ckpt_path=cli.config["ckpt_path"])
     if cli.trainer.is_global_zero:
         print(json.dumps(summary, indent=2, default=str))
     return 0
 
 
-def _config_parser(name: str, config_cls: type) -> ArgumentParser:
-    parser = ArgumentParser(prog=f"sparkforge {name}", description=config_cls.__doc__,
-                            default_env=False)
-    parser.add_argument("--config", action=ActionConfigFile, help="YAML with the options below")
-    parser.add_class_arguments(config_cls, nested_key=None, as_group=False)
-    return parser
-
-
-def _export(argv: list[str]) -> int:
-    from sparkforge.trainer.export import export_checkpoint
-
-    parser = ArgumentParser(prog="sparkforge export", description=ExportConfig.__doc__,
-                            default_env=False)
+def parse_export(prog: str, description: str, argv: Sequence[str]) -> ExportConfig:
+    """``export CKPT OUT_DIR [--engine E] ...`` into its config."""
+    parser = ArgumentParser(prog=prog, description=description, default_env=False)
     parser.add_argument("ckpt", type=str, help="checkpoint written by sparkforge train")
     parser.add_argument("out_dir", type=str, help="output directory")
     parser.add_argument("--engine", type=Literal["vllm", "sglang", "any"], default="any",
@@ -105,56 +83,26 @@ def _export(argv: list[str]) -> int:
                         help="ship exact copies of the target's embed_tokens / lm_head")
     parser.add_argument("--overwrite", type=bool, default=False,
                         help="replace a non-empty OUT_DIR")
-    cfg = ExportConfig(**vars(parser.parse_args(argv)))
+    return ExportConfig(**vars(parser.parse_args(list(argv))))
+
+
+def run_export(cfg: ExportConfig) -> int:
+    """Write the servable draft."""
+    from sparkforge.trainer.export import export_checkpoint
+
     out = export_checkpoint(cfg.ckpt, cfg.out_dir, engine=cfg.engine,
                             include_embeddings=cfg.include_embeddings, overwrite=cfg.overwrite)
     print(f"exported {cfg.ckpt} -> {out}")
     return 0
 
 
-def _eval(argv: list[str]) -> int:
-    from sparkforge.trainer.eval import EvalConfig, run_eval
+def run_evaluation(cfg: EvalConfig) -> int:
+    """Measure acceptance and print tau per position and where the report is."""
+    from sparkforge.trainer.eval import run_eval
 
-    parser = _config_parser("eval", EvalConfig)
-    args = parser.parse_args(argv)
-    args.pop("config", None)
-    report = run_eval(EvalConfig(**args.as_dict()))
+    report = run_eval(cfg)
     spec = report["speculative"]
     print(f"tau {spec['tau']:.3f} over {spec['rounds']} rounds; per position "
           + ", ".join(f"{a:.2f}" for a in spec["acceptance_by_position"]))
     print(f"report: {report['config']['out_dir']}")
     return 0
-
-
-COMMANDS = {"train": _train, "export": _export, "eval": _eval}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``main(["train", ...])``; returns the exit code (1 on a config/data error, 2 on usage)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in COMMANDS:
-        print(f"usage: sparkforge {{{','.join(COMMANDS)}}} [options]", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return COMMANDS[args[0]](args[1:])
-    except (ValueError, OSError) as exc:  # config, data, storage: one readable message, exit 1
-        print(f"sparkforge {args[0]}: error: {error_message(exc)}", file=sys.stderr)
-        return 1
-
-
-def error_message(exc: BaseException) -> str:
-    """The error's own message.
-
-    An error raised in a DataLoader worker is re-raised in the main process with the worker's
-    whole traceback as its message; only the original exception's line is kept.
-    """
-    text = str(exc)
-    if "Original Traceback" not in text:
-        return text
-    last = text.rstrip().splitlines()[-1]  # "package.module.ErrorType: message"
-    return last.split(": ", 1)[1] if ": " in last else last
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,6 +16,7 @@ from sparkforge.manifests.fields import ManifestError, load_json
 from sparkforge.manifests.open import open_cache
 from sparkforge.trainer.data import CacheStream, ResumableLoader, load_split_index
 from sparkforge.trainer.data_plan import Batching, SplitIndex
+from sparkforge.trainer.run_config import DEFAULT_MAX_SEQ_LEN
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class CacheDataModule(L.LightningDataModule):
         uri: str,
         *,
         storage_options: dict[str, Any] | None = None,
-        max_seq_len: int = 4096,
+        max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
         batch_size: int = 1,
         batching: Batching = "bucket",
         shuffle_buffer: int = 256,

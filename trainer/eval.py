@@ -9,7 +9,7 @@ calibration with a reliability table).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,50 +20,13 @@ from tqdm import tqdm
 from sparkforge.manifests.open import open_cache
 from sparkforge.trainer.data import CacheStream, load_split_index
 from sparkforge.trainer.export import load_draft
+from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
 from sparkforge.trainer.report import reliability_bins, write_report
 from sparkforge.trainer.speculative import speculative_generate
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalConfig:
-    """Evaluate a draft against its target."""
-
-    draft: str
-    """A ``sparkforge train`` checkpoint (.ckpt) or an exported draft directory."""
-    target: str
-    """Local path of the target model (transformers format)."""
-    cache: str
-    """The cache whose eval split provides held-out prompts and teacher-forced metrics."""
-    out_dir: str
-    """Where eval_report.json and acceptance_by_position.png are written."""
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    """fsspec options of the cache (e.g. S3 endpoint)."""
-    num_prompts: int = 32
-    """Held-out prompts decoded speculatively."""
-    max_new_tokens: int = 128
-    """Tokens generated per prompt."""
-    temperature: float = 0.0
-    """0 = greedy (lossless: the output equals the target's greedy decoding)."""
-    confidence_threshold: float | None = None
-    """Verify only the slots before the first confidence below this value."""
-    max_eval_batches: int | None = None
-    """Limit teacher-forced batches (None: the whole eval split)."""
-    seed: int = 0
-    """Seed of the teacher-forced anchor sampling and of T > 0 token sampling."""
-    device: str = "auto"
-    """"auto" (cuda when available), "cpu" or "cuda"."""
-
-    def __post_init__(self) -> None:
-        problems = [f"eval.{n}={v} must be >= 1" for n, v in (
-            ("num_prompts", self.num_prompts), ("max_new_tokens", self.max_new_tokens)) if v < 1]
-        if self.temperature < 0:
-            problems.append(f"eval.temperature={self.temperature} must be >= 0")
-        if problems:
-            raise ValueError("invalid eval config:\n  " + "\n  ".join(problems))
 
 
 def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig,

@@ -7,17 +7,23 @@ from typing import Any
 
 import lightning as L
 
-from sparkforge.manifests.contract import check_contract
+from sparkforge.manifests.contract import RunContract, check_contract
 from sparkforge.trainer.datamodule import CacheDataModule
 from sparkforge.trainer.lit_module import DSparkLitModule
+from sparkforge.trainer.run_config import validation_on
 
 logger = logging.getLogger(__name__)
 
 
+def run_contract(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> RunContract:
+    """What this run needs from its cache."""
+    return model.draft.contract(max_seq_len=data.max_seq_len,
+                                need_eval_split=validation_on(trainer.limit_val_batches))
+
+
 def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> None:
     """Refuse a cache that cannot feed this run, listing every mismatch (before any training)."""
-    need_eval = bool(trainer.limit_val_batches)
-    contract = model.draft.contract(max_seq_len=data.max_seq_len, need_eval_split=need_eval)
+    contract = run_contract(model, data, trainer)
     check_contract(data.reader.manifest, contract, split_counts=data.split_counts(), uri=data.uri)
     logger.info("cache %s fits the run: %d train / %d eval samples", data.uri,
                 len(data.split_index("train")), len(data.split_index("eval")))

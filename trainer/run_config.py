@@ -1,10 +1,17 @@
-"""The run's draft and loss settings, and how they become a draft config and a cache contract."""
+"""The run's draft and loss settings, and how they become a draft config and a cache contract.
+
+Torch-free: ``sparkforge validate --against`` builds the training contract here without loading
+the trainer's heavy dependencies, through the same code ``sparkforge train`` checks its cache with.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from sparkforge.manifests.contract import RunContract, default_target_layer_ids
 from sparkforge.trainer.draft_config import DSparkDraftConfig, MarkovHeadType, from_target_config
@@ -101,3 +108,91 @@ class LossSpec:
             problems.append(f"model.loss.l1_chunk_rows={self.l1_chunk_rows} must be >= 1")
         if problems:
             raise ValueError("invalid loss config:\n  " + "\n  ".join(problems))
+
+
+DEFAULT_MAX_SEQ_LEN = 4096
+"""``data.max_seq_len`` when a train config leaves it out (the data module's default)."""
+DEFAULT_LIMIT_VAL_BATCHES = 1.0
+"""Lightning's ``trainer.limit_val_batches`` default: validate on the whole eval split."""
+
+
+class TrainConfigError(ValueError):
+    """Raised when a training config lacks or mistypes a field the contract needs."""
+
+
+def validation_on(limit_val_batches: float | None) -> bool:
+    """Whether Lightning runs validation during ``fit``, so the cache needs an eval split.
+
+    Only ``limit_val_batches=0`` turns it off: with ``val_check_interval`` and
+    ``check_val_every_n_epoch`` both null Lightning still validates at the end of each epoch.
+    ``None`` is Lightning's "use the default".
+    """
+    return bool(DEFAULT_LIMIT_VAL_BATCHES if limit_val_batches is None else limit_val_batches)
+
+
+def contract_from_train_config(config: str | Path | Mapping[str, Any]) -> RunContract:
+    """The contract of a ``sparkforge train`` YAML config (or its already-loaded mapping).
+
+    Reads ``model.draft.{target_layer_ids, hidden_size, vocab_size, num_target_layers,
+    mask_token_id, target_model_type, num_hidden_layers}``, ``data.max_seq_len`` and the
+    ``trainer.limit_val_batches``; everything unset takes the value ``sparkforge train`` gives it.
+
+    Raises:
+        TrainConfigError: naming every missing or mistyped field.
+        FileNotFoundError: if the config file does not exist.
+    """
+    data = _load_yaml(config) if isinstance(config, str | Path) else config
+    draft = _section(data, "model", "draft")
+    train = _section(data, "data")
+    trainer = _section(data, "trainer")
+    problems: list[str] = []
+
+    def integer(section: Mapping[str, Any], name: str, where: str, default: int | None) -> int:
+        value = section.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(f"{where}.{name} must be an integer, got {value!r}")
+            return 0
+        return value
+
+    sizes = {name: integer(draft, name, "model.draft", None)
+             for name in ("hidden_size", "vocab_size", "num_target_layers", "mask_token_id")}
+    depth = integer(draft, "num_hidden_layers", "model.draft", DraftSpec.num_hidden_layers)
+    max_seq_len = integer(train, "max_seq_len", "data", DEFAULT_MAX_SEQ_LEN)
+    ids = draft.get("target_layer_ids")
+    if ids is not None and (not isinstance(ids, list | tuple) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        problems.append(f"model.draft.target_layer_ids must be a list of integers, got {ids!r}")
+    model_type = draft.get("target_model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        problems.append(f"model.draft.target_model_type must be a string, got {model_type!r}")
+    if problems:
+        raise TrainConfigError("train config: " + "; ".join(problems))
+    spec = DraftSpec(hidden_size=sizes["hidden_size"], vocab_size=sizes["vocab_size"],
+                     num_target_layers=sizes["num_target_layers"],
+                     mask_token_id=sizes["mask_token_id"], num_hidden_layers=depth,
+                     target_model_type=model_type,
+                     target_layer_ids=None if ids is None else tuple(ids))
+    need_eval = validation_on(trainer.get("limit_val_batches"))
+    return spec.contract(max_seq_len=max_seq_len, need_eval_split=need_eval)
+
+
+def _load_yaml(path: str | Path) -> Mapping[str, Any]:
+    text = Path(path).read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TrainConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise TrainConfigError(f"{path} must hold a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def _section(data: Mapping[str, Any], *path: str) -> Mapping[str, Any]:
+    node: Any = data
+    for i, key in enumerate(path):
+        node = node.get(key, {}) if isinstance(node, Mapping) else None
+        if not isinstance(node, Mapping):
+            raise TrainConfigError(f"train config: {'.'.join(path[:i + 1])} must be a mapping, "
+                                   f"got {node!r}")
+    out: Mapping[str, Any] = node
+    return out

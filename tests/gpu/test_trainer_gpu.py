@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparkforge.trainer.cli import main
+from sparkforge.app.cli import main
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -15,7 +15,7 @@ def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
     """`sparkforge demo` regenerates, captures, validates, trains, exports and evaluates."""
     out = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-P", "-m", "sparkforge.shared.cli", "demo", "--out_dir", str(out),
+        [sys.executable, "-P", "-m", "sparkforge.app.cli", "demo", "--out_dir", str(out),
          "--rows", "24", "--train_steps", "10"],
         capture_output=True, text=True, check=False, timeout=900,
     )

@@ -11,7 +11,7 @@ import pytest
 import torch
 from cache_helpers import make_header
 
-from sparkforge.manifests.cli import main
+from sparkforge.app.cli import main
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.plan import plan_cache
 from sparkforge.manifests.summary import summarize_cache

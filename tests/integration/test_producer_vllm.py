@@ -20,9 +20,8 @@ import pytest
 import yaml
 from producer_helpers import assert_same_samples, cache_samples, chat_rows, write_jsonl
 
-from sparkforge.manifests.cli import main as validate_main
+from sparkforge.app.cli import main
 from sparkforge.manifests.open import open_cache
-from sparkforge.producer.cli import main
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1",
@@ -60,8 +59,8 @@ def _kill_leftovers():
 
 
 def cli(*args: str) -> subprocess.Popen:
-    """`python -m sparkforge.producer ...` in its own process group (engine workers included)."""
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "sparkforge.producer", *args], env=ENV,
+    """`python -m sparkforge.app.cli ...` in its own process group (engine workers included)."""
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "sparkforge.app.cli", *args], env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     _STARTED.append(proc)
@@ -136,7 +135,7 @@ def test_sigkill_resume_with_the_real_engine(tiny_target: Path, tmp_path: Path) 
     assert "already committed" in output
     assert_same_samples(cache_samples(str(tmp_path / "clean")),
                         cache_samples(str(tmp_path / "crashed")))
-    assert validate_main(["validate", "--deep", str(tmp_path / "crashed")]) == 0
+    assert main(["validate", "--deep", str(tmp_path / "crashed")]) == 0
 
 
 def test_regenerate_resumes_by_part_and_reaches_the_manifest(tiny_target: Path,

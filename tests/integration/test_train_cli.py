@@ -19,7 +19,7 @@ import pytest
 import torch
 from cache_helpers import forge_rows
 
-from sparkforge.trainer.cli import main
+from sparkforge.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_YAML = ROOT / "trainer" / "examples" / "tiny.yaml"
@@ -96,7 +96,7 @@ def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_p
     ref = tmp_path / "ref"
     assert main(_train_args(tiny_cache, ref, "--trainer.max_steps", "9")) == 0
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-P", "-m", "sparkforge.shared.cli",
+    cmd = [sys.executable, "-P", "-m", "sparkforge.app.cli",
            *_train_args(tiny_cache, killed, "--trainer.max_steps", "60",
                         "--checkpoint.every_n_train_steps", "4", "--checkpoint.save_top_k", "-1")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -212,7 +212,7 @@ def test_nonfinite_hidden_state_stops_training_naming_the_sample(
 
 
 def _train_process(cache: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-P", "-m", "sparkforge.shared.cli",
+    cmd = [sys.executable, "-P", "-m", "sparkforge.app.cli",
            *_train_args(str(cache), out, "--trainer.max_steps", "4", *extra)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
 

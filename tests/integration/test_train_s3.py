@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cache_helpers import write_tiny_cache
 
-from sparkforge.trainer.cli import main
+from sparkforge.app.cli import main
 
 TINY_YAML = Path(__file__).resolve().parents[2] / "trainer" / "examples" / "tiny.yaml"
 

@@ -10,7 +10,7 @@ import pytest
 import s3fs
 from cache_helpers import make_header, make_unit
 
-from sparkforge.manifests.cli import main
+from sparkforge.app.cli import main
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.writer import CacheWriter

@@ -11,18 +11,17 @@ import pytest
 import yaml
 from cache_helpers import build_cache
 
-from sparkforge.manifests.cli import main
+from sparkforge.app.cli import main
 from sparkforge.manifests.contract import (
     CacheContractError,
     RunContract,
-    TrainConfigError,
     check_contract,
     contract_problems,
     default_target_layer_ids,
-    run_contract_from_train_config,
 )
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.validate import validate_cache
+from sparkforge.trainer.run_config import TrainConfigError, contract_from_train_config
 
 # The trainer's tiny.yaml shape, fitted to the test cache (H=16, F=2 -> HF ids [1, 2], L=4).
 FITS: dict[str, Any] = {
@@ -71,7 +70,7 @@ def test_each_draft_field_mismatch_is_reported(cache: Path, tmp_path: Path, name
     """One wrong model.draft field gives its own problem line naming it (exit 1)."""
     config = copy.deepcopy(FITS)
     config["model"]["draft"][name] = value
-    run = run_contract_from_train_config(_write(tmp_path, config))
+    run = contract_from_train_config(_write(tmp_path, config))
     problems = validate_cache(str(cache), against=run).problems
     # H is checked against both target.hidden_size and storage.spec.hidden_size.
     assert len(problems) == (2 if name == "hidden_size" else 1), problems
@@ -83,7 +82,7 @@ def test_sequence_length_mismatch(cache: Path, tmp_path: Path) -> None:
     """data.max_seq_len shorter than the captured max_seq_len is one problem naming both."""
     config = copy.deepcopy(FITS)
     config["data"]["max_seq_len"] = 8
-    problems = validate_cache(str(cache), against=run_contract_from_train_config(
+    problems = validate_cache(str(cache), against=contract_from_train_config(
         _write(tmp_path, config))).problems
     assert problems == ["data.max_seq_len=8 is shorter than the cache's capture.max_seq_len=16"]
 
@@ -91,7 +90,7 @@ def test_sequence_length_mismatch(cache: Path, tmp_path: Path) -> None:
 def test_layer_count_and_hidden_size_both_fields_named(cache: Path) -> None:
     """Too many ids also names storage.spec.num_aux_layers; H names target and spec."""
     m = open_cache(str(cache)).manifest
-    base = run_contract_from_train_config(FITS)
+    base = contract_from_train_config(FITS)
     problems = contract_problems(m, RunContract(**{**base.__dict__, "target_layer_ids": (0, 1, 2),
                                                    "hidden_size": 8}),
                                  split_counts={"train": 9, "eval": 3})
@@ -105,7 +104,7 @@ def test_eval_split_needed_when_validating(cache: Path) -> None:
     """With validation on (val_check_interval set) an empty eval split is a problem."""
     config = copy.deepcopy(FITS)
     config["trainer"]["val_check_interval"] = 100
-    run = run_contract_from_train_config(config)
+    run = contract_from_train_config(config)
     assert run.need_eval_split
     m = open_cache(str(cache)).manifest
     assert contract_problems(m, run, split_counts={"train": 9, "eval": 3}) == []
@@ -116,14 +115,18 @@ def test_eval_split_needed_when_validating(cache: Path) -> None:
 
 def test_loader_reads_the_trainer_yaml_shape(tmp_path: Path) -> None:
     """The loader maps model.draft.* and data.max_seq_len; missing ids use the DFlash rule."""
-    run = run_contract_from_train_config(_write(tmp_path, FITS))
+    run = contract_from_train_config(_write(tmp_path, FITS))
+    # Lightning validates at each epoch's end even with both schedule options null, as train does.
     assert run == RunContract(target_layer_ids=(0, 1), hidden_size=16, vocab_size=1024,
                               num_target_layers=4, mask_token_id=3, max_seq_len=256,
-                              target_model_type="qwen3", need_eval_split=False)
+                              target_model_type="qwen3", need_eval_split=True)
+    off = copy.deepcopy(FITS)
+    off["trainer"]["limit_val_batches"] = 0
+    assert not contract_from_train_config(off).need_eval_split
     config = copy.deepcopy(FITS)
     del config["model"]["draft"]["target_layer_ids"]
     config["model"]["draft"].update(num_target_layers=36, num_hidden_layers=5)
-    assert run_contract_from_train_config(config).target_layer_ids == (1, 9, 17, 25, 33)
+    assert contract_from_train_config(config).target_layer_ids == (1, 9, 17, 25, 33)
 
 
 @pytest.mark.parametrize(("num_layers", "depth", "ids"), [
@@ -149,7 +152,7 @@ def test_bad_train_config_names_the_field(edit: Any, match: str) -> None:
     config = copy.deepcopy(FITS)
     edit(config)
     with pytest.raises(TrainConfigError, match=match):
-        run_contract_from_train_config(config)
+        contract_from_train_config(config)
 
 
 def test_bad_train_config_is_a_usage_error(cache: Path, tmp_path: Path) -> None:

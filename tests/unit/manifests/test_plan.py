@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.manifests.cli import main
+from sparkforge.app.cli import main
 from sparkforge.manifests.plan import human_bytes, plan_cache, target_shape_from_config
 from sparkforge.shared.layout import CacheSpec
 

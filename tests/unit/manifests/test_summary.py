@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, build_cache, make_unit
 
-from sparkforge.manifests.cli import main
+from sparkforge.app.cli import main
 from sparkforge.manifests.summary import summarize_cache
 from sparkforge.shared.layout import CacheSpec, array_layouts
 

@@ -16,7 +16,7 @@ import pytest
 import zarr
 from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, build_cache
 
-from sparkforge.manifests.cli import main
+from sparkforge.app.cli import main
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache

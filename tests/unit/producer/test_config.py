@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkforge.producer.cli import main
+from sparkforge.app.cli import main
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.engine_options import EngineOptions
 
@@ -93,9 +93,9 @@ def test_example_configs_parse(name: str, layer_ids: list[int]) -> None:
     """The shipped example configs are valid producer configs."""
     from importlib.resources import files
 
-    from sparkforge.producer.cli import _parse
+    from sparkforge.app.cli import parse_dataclass
 
     path = files("sparkforge.producer") / "examples" / name
-    cfg = _parse("produce", ProducerConfig, ["--config", str(path)])
+    cfg = parse_dataclass("sparkforge produce", "", ProducerConfig, ["--config", str(path)])
     assert cfg.layer_ids == layer_ids
     assert cfg.seq_len <= cfg.shard_rows

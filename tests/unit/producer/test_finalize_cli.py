@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from producer_helpers import ForwardSource, chat_rows, producer_config, write_jsonl
 
-from sparkforge.producer.cli import main
+from sparkforge.app.cli import main
 from sparkforge.producer.run import run
 
 

@@ -19,8 +19,8 @@ from producer_helpers import (
 from safetensors.torch import load as load_safetensors
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from sparkforge.app.cli import main
 from sparkforge.manifests.open import open_cache
-from sparkforge.producer.cli import main
 from sparkforge.producer.run import CaptureAborted, run
 from sparkforge.shared.writer import CacheMismatchError
 

@@ -8,76 +8,65 @@ DSpark draft with Lightning, export it in the served format, and measure its acc
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
-# The producer captures DSpark feature ids [0, 1, 2] (HF hidden_states 1..3) of the 4-layer target.
-PRODUCER_YAML = """\
-data: {out}/regenerated
-output: {out}/cache
-engine:
-  model: {out}/target
-  dtype: float32
-  max_model_len: 512
-  max_num_seqs: 32
-  enforce_eager: true
-layer_ids: [0, 1, 2]
-hidden_dtype: bfloat16
-rows_per_unit: 32
-shard_rows: 2048
-eval_fraction: 0.125
-overlong: truncate
-parity_samples: 4
-scratch_dir: {out}/scratch
-window: 32
-"""
+import yaml
 
-TRAIN_YAML = """\
-seed_everything: 0
-model:
-  draft:
-    mask_token_id: 3
-    hidden_size: 128
-    vocab_size: 1024
-    num_target_layers: 4
-    target_layer_ids: [0, 1, 2]
-    num_hidden_layers: 1
-    block_size: 4
-    num_anchors: 16
-    markov_rank: 32
-    target_model_type: qwen3
-  optimizer:
-    class_path: torch.optim.AdamW
-    lr: 3.0e-3
-    betas: [0.9, 0.95]
-  scheduler:
-    warmup_steps: 20
-    min_lr_ratio: 0.1
-  attn_implementation: sdpa
-data:
-  uri: {out}/cache
-  max_seq_len: 512
-  batch_size: 4
-  num_workers: 0
-trainer:
-  accelerator: cpu
-  devices: 1
-  max_steps: {steps}
-  log_every_n_steps: 10
-  default_root_dir: {out}/train
-  logger:
-    class_path: lightning.pytorch.loggers.CSVLogger
-    init_args:
-      save_dir: {out}/train
-      name: dspark
-  enable_progress_bar: true
-"""
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    """Run the whole pipeline on an embedded tiny target."""
+
+    out_dir: str = "demo-out"
+    """Where every stage writes."""
+    rows: int = 128
+    """Chat rows to build."""
+    train_steps: int = 300
+    """Optimizer steps of the train stage."""
+
+
+def _example(package: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(
+        (files(f"sparkforge.{package}") / "examples" / "tiny.yaml").read_text())
+    return data
+
+
+def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` applied key by key (nested mappings merged, not replaced)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        nested = isinstance(value, Mapping) and isinstance(out.get(key), Mapping)
+        out[key] = _merge(out[key], value) if nested else value
+    return out
+
+
+def producer_config(out: Path) -> dict[str, Any]:
+    """The packaged ``producer/examples/tiny.yaml`` with the demo's paths and sizes."""
+    return _merge(_example("producer"), {
+        "data": str(out / "regenerated"), "output": str(out / "cache"),
+        "engine": {"model": str(out / "target")}, "scratch_dir": str(out / "scratch"),
+        "eval_fraction": 0.125,  # a few eval rows even from the test's 24 rows
+        "parity_samples": 4,  # vLLM vs transformers on 4 rows before capturing
+    })
+
+
+def train_config(out: Path, *, steps: int) -> dict[str, Any]:
+    """The packaged ``trainer/examples/tiny.yaml`` with the demo's paths and step count."""
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger",
+              "init_args": {"save_dir": str(out / "train"), "name": "dspark"}}
+    return _merge(_example("trainer"), {
+        "data": {"uri": str(out / "cache")},
+        "trainer": {"max_steps": steps, "default_root_dir": str(out / "train"), "logger": logger},
+    })
 
 
 def _run(stage: str, args: Sequence[str], timings: dict[str, float]) -> None:
@@ -87,27 +76,28 @@ def _run(stage: str, args: Sequence[str], timings: dict[str, float]) -> None:
     result = subprocess.run([sys.executable, "-P", *args], check=False)
     timings[stage] = time.perf_counter() - start
     if result.returncode != 0:
-        raise SystemExit(f"demo stopped: stage {stage!r} exited with {result.returncode}")
+        raise RuntimeError(f"demo stopped: stage {stage!r} exited with {result.returncode}")
 
 
 def _cli(*args: str) -> list[str]:
-    return ["-m", "sparkforge.shared.cli", *args]
+    return ["-m", "sparkforge.app.cli", *args]
 
 
 def _latest_checkpoint(train_dir: Path) -> Path:
     ckpts = sorted(train_dir.rglob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     if not ckpts:
-        raise SystemExit(f"demo stopped: training wrote no checkpoint under {train_dir}")
+        raise RuntimeError(f"demo stopped: training wrote no checkpoint under {train_dir}")
     return ckpts[-1]
 
 
 def run_demo(out: Path, *, rows: int, train_steps: int) -> dict[str, float]:
     """Run every stage into ``out``; returns seconds per stage."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "producer.yaml").write_text(PRODUCER_YAML.format(out=out))
-    (out / "train.yaml").write_text(TRAIN_YAML.format(out=out, steps=train_steps))
+    (out / "producer.yaml").write_text(yaml.safe_dump(producer_config(out), sort_keys=False))
+    (out / "train.yaml").write_text(yaml.safe_dump(train_config(out, steps=train_steps),
+                                                   sort_keys=False))
     timings: dict[str, float] = {}
-    _run("target", ["-m", "sparkforge.producer.tiny_target", str(out / "target"),
+    _run("target", ["-m", "sparkforge.app.tiny_target", str(out / "target"),
                     "--rows", str(rows)], timings)
     _run("regenerate", _cli("regenerate", "--data", str(out / "target" / "chat.jsonl"),
                             "--engine.model", str(out / "target"), "--engine.dtype", "float32",
@@ -128,23 +118,13 @@ def run_demo(out: Path, *, rows: int, train_steps: int) -> dict[str, float]:
     return timings
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``sparkforge demo [--out_dir DIR] [--rows N] [--train_steps N]``."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "demo":
-        args = args[1:]
-    parser = argparse.ArgumentParser(prog="sparkforge demo", description=__doc__)
-    parser.add_argument("--out_dir", type=Path, default=Path("demo-out"),
-                        help="where every stage writes (default demo-out)")
-    parser.add_argument("--rows", type=int, default=128, help="chat rows to build")
-    parser.add_argument("--train_steps", type=int, default=300,
-                        help="optimizer steps of the train stage (default 300)")
-    ns = parser.parse_args(args)
+def run_demo_command(cfg: DemoConfig) -> int:
+    """``sparkforge demo``: run every stage, then print the timings and the measured acceptance."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-    out = ns.out_dir.resolve()
-    timings = run_demo(out, rows=ns.rows, train_steps=ns.train_steps)
+    out = Path(cfg.out_dir).resolve()
+    timings = run_demo(out, rows=cfg.rows, train_steps=cfg.train_steps)
     print("\n=== demo summary")
     for stage, seconds in timings.items():
         print(f"  {stage:<11} {seconds:7.1f} s")
@@ -154,7 +134,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  teacher-forced tau on the eval split:     {teacher_forced_tau:.3f}")
     print(f"  outputs under {out} (cache, train logs, draft, eval/acceptance_by_position.png)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

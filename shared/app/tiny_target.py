@@ -147,7 +147,7 @@ def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sparkforge.producer.tiny_target OUT [--rows N]``: target + demo chat JSONL."""
+    """``python -m sparkforge.app.tiny_target OUT [--rows N]``: target + demo chat JSONL."""
     import argparse
     import json
 

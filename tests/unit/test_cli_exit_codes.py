@@ -1,0 +1,69 @@
+"""One exit-code rule for every command: 0 done, 1 job or data failure, 2 usage or config error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkforge.app.cli import COMMANDS, main
+
+# (command, arguments, expected exit code, what the row shows). {tmp} is an existing empty folder,
+# {missing} a path that names nothing.
+CASES = [
+    ("validate", ["{missing}"], 2, "a cache path that names nothing"),
+    ("validate", ["{tmp}", "--against", "{missing}"], 2, "an --against file that is not there"),
+    ("validate", ["{tmp}"], 1, "a folder that holds no cache is invalid"),
+    ("validate", ["{tmp}", "--storage_options", "[1]"], 2, "storage options that are no object"),
+    ("inspect", ["{missing}"], 2, "a cache path that names nothing"),
+    ("plan", ["--hidden_size", "8", "--num_aux_layers", "1", "--num_tokens", "-1"], 2,
+     "a negative token count"),
+    ("finalize", [], 2, "the required --output left out"),
+    ("finalize", ["--output", "{tmp}"], 1, "a folder that holds no run"),
+    ("produce", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--window", "0"], 2,
+     "a value the config refuses"),
+    ("regenerate", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--top_p", "5"],
+     2, "a value the config refuses"),
+    ("parity", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--backend", "hf",
+                "--parity_samples", "2"], 2, "parity without vLLM"),
+    ("train", ["--model.draft.mask_token_id", "3", "--model.draft.hidden_size", "8",
+               "--model.draft.vocab_size", "16", "--model.draft.num_target_layers", "4",
+               "--data.uri", "{tmp}", "--model.loss.l1_chunk_rows", "0"], 2,
+     "a value the loss config refuses"),
+    ("export", ["{missing}", "{tmp}", "--engine", "tensorrt"], 2, "an engine outside the choices"),
+    ("eval", ["--draft", "d", "--target", "t", "--cache", "c", "--out_dir", "o",
+              "--num_prompts", "0"], 2, "a value the config refuses"),
+    ("demo", ["--rows", "many"], 2, "a value of the wrong type"),
+]
+
+
+def _fill(args: list[str], tmp_path: Path) -> list[str]:
+    return [a.format(tmp=tmp_path, missing=tmp_path / "nothing-here") for a in args]
+
+
+@pytest.mark.parametrize(("command", "args", "code", "why"), CASES,
+                         ids=[f"{c[0]}-{c[2]}-{c[3]}" for c in CASES])
+def test_exit_code(command: str, args: list[str], code: int, why: str, tmp_path: Path) -> None:
+    """Each command maps its outcome to the one rule (the row names the case)."""
+    assert main([command, *_fill(args, tmp_path)]) == code, why
+
+
+def test_every_command_has_a_config_error_row() -> None:
+    """The table above covers every command in the CLI table."""
+    assert {c[0] for c in CASES if c[2] == 2} == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_exits_0_and_an_unknown_option_exits_2(command: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """--help is done (0) and shows the table's one-line help; an unknown flag is usage (2)."""
+    assert main([command, "--help"]) == 0
+    assert COMMANDS[command].help.split(" (")[0] in " ".join(capsys.readouterr().out.split())
+    assert main([command, "--no_such_flag", "1"]) == 2
+
+
+def test_no_command_or_an_unknown_one_is_a_usage_error() -> None:
+    """`sparkforge` alone or with a command that does not exist exits 2; `--help` exits 0."""
+    assert main([]) == 2
+    assert main(["bogus"]) == 2
+    assert main(["--help"]) == 0

@@ -1,0 +1,63 @@
+"""Configs of ``sparkforge export`` and ``sparkforge eval``: torch-free, so parsing them is cheap.
+
+Attribute docstrings become the ``--help`` text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportConfig:
+    """Export a training checkpoint as a vLLM / SGLang servable DSpark draft."""
+
+    ckpt: str
+    """Lightning checkpoint written by ``sparkforge train``."""
+    out_dir: str
+    """Directory to write (config.json, model.safetensors, sparkforge_export.json)."""
+    engine: Literal["vllm", "sglang", "any"] = "any"
+    """Engine the draft must be servable by: vllm, sglang or any (both)."""
+    include_embeddings: bool = True
+    """Ship exact copies of the target's embed_tokens / lm_head (engines share them when equal)."""
+    overwrite: bool = False
+    """Replace an existing export in ``out_dir`` instead of refusing."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Evaluate a draft against its target."""
+
+    draft: str
+    """A ``sparkforge train`` checkpoint (.ckpt) or an exported draft directory."""
+    target: str
+    """Local path of the target model (transformers format)."""
+    cache: str
+    """The cache whose eval split provides held-out prompts and teacher-forced metrics."""
+    out_dir: str
+    """Where eval_report.json and acceptance_by_position.png are written."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """fsspec options of the cache (e.g. S3 endpoint)."""
+    num_prompts: int = 32
+    """Held-out prompts decoded speculatively."""
+    max_new_tokens: int = 128
+    """Tokens generated per prompt."""
+    temperature: float = 0.0
+    """0 = greedy (lossless: the output equals the target's greedy decoding)."""
+    confidence_threshold: float | None = None
+    """Verify only the slots before the first confidence below this value."""
+    max_eval_batches: int | None = None
+    """Limit teacher-forced batches (None: the whole eval split)."""
+    seed: int = 0
+    """Seed of the teacher-forced anchor sampling and of T > 0 token sampling."""
+    device: str = "auto"
+    """"auto" (cuda when available), "cpu" or "cuda"."""
+
+    def __post_init__(self) -> None:
+        problems = [f"eval.{n}={v} must be >= 1" for n, v in (
+            ("num_prompts", self.num_prompts), ("max_new_tokens", self.max_new_tokens)) if v < 1]
+        if self.temperature < 0:
+            problems.append(f"eval.temperature={self.temperature} must be >= 0")
+        if problems:
+            raise ValueError("invalid eval config:\n  " + "\n  ".join(problems))
