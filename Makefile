@@ -23,9 +23,11 @@ install:
 	fi
 
 # python -P keeps the repo root off sys.path, so `shared` never imports twice (style.md 2.2).
+# hadolint (from the dev extra) fails on any finding in the Dockerfiles, info level included.
 lint: install
 	$(BIN)/python -P -m ruff check $(PACKAGES) tests benchmarks
 	$(BIN)/python -P -m mypy $(addprefix -p sparkforge.,$(MODULES))
+	$(BIN)/hadolint --failure-threshold info docker/*.Dockerfile
 
 test: install lint
 	$(BIN)/python -P -m pytest

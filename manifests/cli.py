@@ -1,4 +1,5 @@
-"""``sparkforge validate | inspect | plan | finalize``: judge, summarise, size or finalize a cache.
+"""``sparkforge validate | inspect | plan | finalize | status``: judge, summarise, size, finalize
+or follow a cache.
 
 No torch needed. Each command parses its arguments into a config and runs one job function;
 ``sparkforge.app.cli`` maps the outcome to the exit code. A cache path that does not exist, an
@@ -12,18 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from sparkforge.manifests.contract import RunContract
-from sparkforge.manifests.fields import shorten
 from sparkforge.manifests.finalize import finalize_run
 from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.plan import plan_cache, plan_table, target_shape_from_config
+from sparkforge.manifests.status import DEFAULT_WINDOW_S, StatusReader, status_table
 from sparkforge.manifests.summary import summarize_cache, summary_table
 from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
 from sparkforge.shared.dtypes import HiddenDtype
+from sparkforge.shared.fields import shorten
 from sparkforge.shared.layout import CacheSpec
 
 
@@ -70,6 +73,18 @@ class PlanConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StatusConfig:
+    """``sparkforge status`` (options documented by its parser)."""
+
+    cache: str
+    json: bool = False
+    storage_options: str = "{}"
+    num_workers: int = 1
+    window_s: float = DEFAULT_WINDOW_S
+    watch: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class FinalizeConfig:
     """``sparkforge finalize``: write the manifest once every unit is committed."""
 
@@ -81,7 +96,7 @@ class FinalizeConfig:
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"sparkforge {command}", description=description)
-    if command in ("validate", "inspect"):
+    if command in ("validate", "inspect", "status"):
         p.add_argument("cache", help="cache URI: local path, file://, s3://, gs://, memory://")
         p.add_argument("--json", action="store_true", help="print one JSON object")
         p.add_argument("--storage_options", default="{}",
@@ -91,6 +106,14 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
                        help="also recompute every crc32c and check all hidden values are finite")
         p.add_argument("--against", metavar="TRAIN_CONFIG",
                        help="a `sparkforge train` YAML config whose draft/data must fit the cache")
+    if command == "status":
+        p.add_argument("--num_workers", type=int, default=1,
+                       help="workers of the run: one row per share u %% N == w (default 1)")
+        p.add_argument("--window_s", type=float, default=DEFAULT_WINDOW_S,
+                       help="throughput and ETA over the commits of this many seconds before "
+                            "the newest (default 600)")
+        p.add_argument("--watch", type=float, default=0.0, metavar="N",
+                       help="refresh every N seconds until the cache is finalized (Ctrl-C stops)")
     if command == "plan":
         src = p.add_mutually_exclusive_group(required=True)
         src.add_argument("--target_config", help="the target's HF config.json")
@@ -112,11 +135,12 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-CONFIGS = {"validate": ValidateConfig, "inspect": InspectConfig, "plan": PlanConfig}
+CONFIGS = {"validate": ValidateConfig, "inspect": InspectConfig, "plan": PlanConfig,
+           "status": StatusConfig}
 
 
 def parse(command: str, description: str, argv: Sequence[str]) -> Any:
-    """Parse ``validate``, ``inspect`` or ``plan`` arguments into the command's config.
+    """Parse ``validate``, ``inspect``, ``plan`` or ``status`` arguments into the command's config.
 
     Raises:
         SystemExit: argparse's own exit, 0 on --help and 2 on a bad command line.
@@ -197,6 +221,30 @@ def run_plan(cfg: PlanConfig) -> int:
     plan = plan_cache(spec, num_tokens=cfg.num_tokens, mean_seq_len=cfg.mean_seq_len)
     print(json.dumps(plan, indent=1) if cfg.json else plan_table(plan))
     return 0
+
+
+def run_status(cfg: StatusConfig) -> int:
+    """Print the cache's progress (every ``cfg.watch`` seconds until finalized); 1 on problems."""
+    bad = [f"--num_workers must be >= 1, got {cfg.num_workers}"] if cfg.num_workers < 1 else []
+    bad += [f"--window_s must be > 0, got {cfg.window_s}"] if cfg.window_s <= 0 else []
+    bad += [f"--watch must be >= 0, got {cfg.watch}"] if cfg.watch < 0 else []
+    if bad:
+        raise UsageError("; ".join(bad))
+    reader = StatusReader.open(cfg.cache, num_workers=cfg.num_workers, window_s=cfg.window_s,
+                               storage_options=_storage_options(cfg.storage_options))
+    try:
+        while True:
+            status = reader.read()
+            if cfg.json:  # one object per line, so --watch --json is a JSON Lines stream
+                print(json.dumps(status), flush=True)
+            else:
+                clear = "\x1b[H\x1b[2J" if cfg.watch and sys.stdout.isatty() else ""
+                print(clear + status_table(status), flush=True)
+            if not cfg.watch or status["state"] == "finalized":
+                return 1 if status["problems"] else 0
+            time.sleep(cfg.watch)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _layer_ids(text: str, num_layers: int | None) -> list[int]:

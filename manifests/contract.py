@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparkforge.manifests.schema import CacheManifest
+from sparkforge.shared.layer_ids import feature_to_hf
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def contract_problems(manifest: CacheManifest, run: RunContract, *,
 
     if not manifest.complete:
         problems.append("cache is not complete (manifest complete=false): finalize it first")
-    hf_ids = tuple(i + 1 for i in run.target_layer_ids)
+    hf_ids = feature_to_hf(run.target_layer_ids)
     if tuple(capture.layer_ids) != hf_ids:
         problems.append(
             f"model.target_layer_ids={list(run.target_layer_ids)} needs capture.layer_ids (HF "
@@ -111,18 +112,3 @@ def check_contract(manifest: CacheManifest, run: RunContract, *,
             + "\n  ".join(problems))
 
 
-def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """DFlash rule: n ids evenly spaced in [1, L-3], round(1 + i*(L-4)/(n-1)) (half-even).
-
-    Chosen over NeMo's [1, L-1] rule because it never includes the last layer (L=36 ->
-    [1,9,17,25,33], DeepSpec's released Qwen3-4B/8B ids). Small targets fall back to [0, L-2].
-    """
-    top = num_target_layers - 3
-    n = max(1, num_draft_layers)
-    if top < 1:
-        return tuple(range(max(0, num_target_layers - 1)))[:n] or (0,)
-    n = min(n, top)
-    if n == 1:
-        return (top,)
-    step = (top - 1) / (n - 1)
-    return tuple(sorted({round(1 + i * step) for i in range(n)}))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import math
@@ -12,12 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from sparkforge.manifests.commits import parse_commit_bytes
-from sparkforge.manifests.fields import ManifestError
-from sparkforge.manifests.header import parse_header, parse_spec
+from sparkforge.manifests.index import index_bytes
 from sparkforge.manifests.objects import (
     MAX_COMMIT_BYTES,
     MAX_HEADER_BYTES,
@@ -32,7 +26,9 @@ from sparkforge.manifests.schema import (
     parse_format_version,
 )
 from sparkforge.shared import storage
-from sparkforge.shared.commit import UnitInfo
+from sparkforge.shared.commit import UnitInfo, committed_units, parse_commit_bytes
+from sparkforge.shared.fields import ManifestError
+from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
     HEADER_KEY,
     INDEX_KEY,
@@ -42,20 +38,17 @@ from sparkforge.shared.layout import (
     CacheSpec,
     array_layouts,
     commit_key,
+    compressor,
+    describe_codecs,
+    parse_spec,
 )
 from sparkforge.shared.provenance import git_sha, package_version
 
 logger = logging.getLogger(__name__)
 
-INDEX_SCHEMA = pa.schema([
-    ("sample_id", pa.int64()), ("unit", pa.int64()), ("slot", pa.int64()),
-    ("row_offset", pa.int64()), ("length", pa.int32()), ("num_loss_tokens", pa.int32()),
-    ("source_row", pa.int64()), ("source_hash", pa.string()), ("split", pa.string()),
-])
 
-
-def read_run_header(loc: storage.Location) -> tuple[CacheSpec, dict[str, Any]]:
-    """The spec and the raw (validated) producer header stored at creation."""
+def read_run_header(loc: storage.Location) -> tuple[CacheSpec, RunHeader]:
+    """The spec and the producer header stored at creation."""
     try:
         data = read_json(loc, HEADER_KEY, max_bytes=MAX_HEADER_BYTES)
     except FileNotFoundError as exc:
@@ -66,8 +59,7 @@ def read_run_header(loc: storage.Location) -> tuple[CacheSpec, dict[str, Any]]:
         raise ManifestError(f"{loc.uri}/{HEADER_KEY}: expected exactly the keys "
                             f"['format_version', 'header', 'spec'], got {got}")
     parse_format_version(data["format_version"])
-    parse_header(data["header"])
-    return parse_spec(data["spec"], "spec"), data["header"]
+    return parse_spec(data["spec"], "spec"), RunHeader.from_json(data["header"])
 
 
 def finalize_run(uri: str, *, storage_options: Mapping[str, Any] | None = None) -> CacheManifest:
@@ -77,8 +69,7 @@ def finalize_run(uri: str, *, storage_options: Mapping[str, Any] | None = None) 
         CacheIncompleteError: listing the missing units.
     """
     _, header = read_run_header(storage.open_location(uri, storage_options))
-    expected: int = header["producer_config"]["resolved"]["num_units"]
-    return finalize_cache(uri, expected_units=expected, storage_options=storage_options)
+    return finalize_cache(uri, expected_units=header.num_units, storage_options=storage_options)
 
 
 def finalize_cache(uri: str, *, expected_units: int,
@@ -93,8 +84,7 @@ def finalize_cache(uri: str, *, expected_units: int,
     """
     loc = storage.open_location(uri, storage_options)
     spec, header = read_run_header(loc)
-    committed = {int(n[5:13]) for n in storage.list_names(loc, "_commits")
-                 if n.startswith("unit_") and n.endswith(".json") and n[5:13].isdigit()}
+    committed = committed_units(loc)
     missing = sorted(set(range(expected_units)) - committed)
     if missing:
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
@@ -112,7 +102,7 @@ def finalize_cache(uri: str, *, expected_units: int,
     units = [parse_commit_bytes(storage.read_bytes(loc, commit_key(u), max_bytes=MAX_COMMIT_BYTES),
                                 unit=u, spec=spec) for u in range(expected_units)]
     _check_unique(units)
-    index = _index_bytes(units)
+    index = index_bytes(units)
     storage.atomic_write(loc, INDEX_KEY, index)
     manifest = CacheManifest.from_json(_manifest_json(loc, spec, header, units, index))
     storage.atomic_write(loc, MANIFEST_KEY, json.dumps(manifest.to_json(), indent=1).encode())
@@ -131,25 +121,7 @@ def _check_unique(units: Sequence[UnitInfo]) -> None:
                             + "; ".join(f"sample {k} in units {v}" for k, v in where.items()))
 
 
-def _index_bytes(units: Sequence[UnitInfo]) -> bytes:
-    rows = sorted((s for u in units for s in u.samples), key=lambda s: s.sample_id)
-    unit_of = {s.sample_id: u.unit for u in units for s in u.samples}
-    columns = {name: [getattr(s, name) for s in rows] for name in INDEX_SCHEMA.names
-               if name != "unit"}
-    columns["unit"] = [unit_of[s.sample_id] for s in rows]
-    table = pa.table({n: columns[n] for n in INDEX_SCHEMA.names}, schema=INDEX_SCHEMA)
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd", row_group_size=256 * 1024)
-    return buf.getvalue()
-
-
-def _codec_names(spec: CacheSpec) -> dict[str, str]:
-    return {name: ("sharded blosc zstd-1 " + ("noshuffle" if a.dtype.itemsize == 1 else
-                                              "shuffle")) if a.blosc else "zstd-3"
-            for name, a in array_layouts(spec).items()}
-
-
-def _manifest_json(loc: storage.Location, spec: CacheSpec, header: dict[str, Any],
+def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
                    units: Sequence[UnitInfo], index: bytes) -> dict[str, Any]:
     layouts = array_layouts(spec)
     tokens = sum(u.num_tokens for u in units)
@@ -162,7 +134,7 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: dict[str, Any
         "format_version": FORMAT_VERSION, "complete": True,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "sparkforge_version": package_version("sparkforge") or "0+unknown", "git_sha": git_sha(),
-        **header,
+        **header.to_json(),
         "accounting": {"input_rows": sum(a.input_rows for a in acc),
                        "written": sum(a.written for a in acc), "skipped": dict(skipped),
                        "failed": sum(a.failed for a in acc)},
@@ -170,7 +142,8 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: dict[str, Any
             "spec": spec.to_json(),
             "arrays": {n: {"dtype": str(a.dtype), "dtype_logical": a.dtype_logical,
                            "row_shape": list(a.row_shape)} for n, a in layouts.items()},
-            "codecs": _codec_names(spec),
+            "codecs": {n: describe_codecs([compressor(a, spec)], sharded=a.blosc)
+                       for n, a in layouts.items()},
             "units": [{"unit": u.unit, "attempt": u.attempt,
                        "slots": u.to_json()["slots"], "num_samples": len(u.samples),
                        "num_tokens": u.num_tokens, "accounting": u.to_json()["accounting"]}

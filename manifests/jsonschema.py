@@ -6,7 +6,7 @@ import dataclasses
 import json
 import types
 from pathlib import Path
-from typing import Any, Final, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Final, Literal, NewType, Union, get_args, get_origin, get_type_hints
 
 from sparkforge.manifests.schema import FORMAT_VERSION, OPTIONAL_MANIFEST_KEYS, CacheManifest
 
@@ -14,6 +14,8 @@ SCHEMA_PATH: Final = Path(__file__).resolve().with_name("manifest.schema.json")
 
 
 def _schema(tp: Any) -> dict[str, Any]:
+    if isinstance(tp, NewType):  # e.g. HfIndices: its JSON is its base type's
+        return _schema(tp.__supertype__)
     origin, args = get_origin(tp), get_args(tp)
     if origin in (Union, types.UnionType):
         return {"anyOf": [_schema(a) for a in args]}

@@ -1,14 +1,16 @@
-"""Find a cache's objects: the root must exist, bounded JSON reads, slot keys, sizes, links."""
+"""Find a cache's objects: the root must exist, bounded JSON reads, slot keys, sizes and times
+from one listing, links out of the root."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from sparkforge.manifests.fields import load_json
 from sparkforge.shared import storage
+from sparkforge.shared.fields import load_json
 
 MAX_MANIFEST_BYTES: Final = 1 << 30
 """A manifest lists every unit's slots and checksums: ~1 KB per unit, 10^6 units fit."""
@@ -57,6 +59,20 @@ def stored_objects(loc: storage.Location, prefix: str) -> dict[str, int]:
     On local disk, links are followed as zarr follows them, unless they resolve outside the
     root (see :func:`escaping_links`): such objects are left out, so they count as missing.
     """
+    return {key: int(info.get("size") or 0) for key, info in _listing(loc, prefix).items()}
+
+
+def object_times(loc: storage.Location, prefix: str) -> dict[str, float | None]:
+    """Every object under ``prefix`` (one listing): key -> last-modified time (Unix seconds).
+
+    The time is the store's own (S3 ``LastModified``, file mtime), so workers' clocks do not
+    matter; None where the filesystem reports no time. Local links as in :func:`stored_objects`.
+    """
+    return {key: _modified(info) for key, info in _listing(loc, prefix).items()}
+
+
+def _listing(loc: storage.Location, prefix: str) -> dict[str, dict[str, Any]]:
+    """Key relative to the root -> the filesystem's details (size, time) of one object."""
     path = loc.path(prefix)
     if loc.is_local:
         return _local_objects(loc.root, path)
@@ -65,11 +81,30 @@ def stored_objects(loc: storage.Location, prefix: str) -> dict[str, int]:
         found = loc.fs.find(path, detail=True)
     except FileNotFoundError:
         return {}
-    return {str(p)[len(loc.root) + 1:]: int(info.get("size") or 0) for p, info in found.items()}
+    return {str(p)[len(loc.root) + 1:]: info for p, info in found.items()}
 
 
-def _local_objects(root: str, path: str) -> dict[str, int]:
-    found: dict[str, int] = {}
+# Local and GCS report "mtime", S3 "LastModified", the memory filesystem only "created".
+_TIME_FIELDS = ("mtime", "LastModified", "updated", "created")
+
+
+def _modified(info: Mapping[str, Any]) -> float | None:
+    for name in _TIME_FIELDS:
+        value = info.get(name)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+def _local_objects(root: str, path: str) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
     for here, dirs, files in os.walk(path, followlinks=True):
         depth = len(Path(here).relative_to(root).parts)
         if not storage.resolves_inside(here, root) or depth > MAX_KEY_DEPTH:  # out, or a cycle
@@ -78,7 +113,9 @@ def _local_objects(root: str, path: str) -> dict[str, int]:
         for name in files:
             full = Path(here) / name
             if storage.resolves_inside(str(full), root) and full.is_file():
-                found[full.relative_to(root).as_posix()] = full.stat().st_size
+                stat = full.stat()
+                found[full.relative_to(root).as_posix()] = {"size": stat.st_size,
+                                                            "mtime": stat.st_mtime}
     return found
 
 

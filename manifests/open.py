@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
-import io
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from sparkforge.manifests.commits import parse_commit_bytes
-from sparkforge.manifests.fields import ManifestError
-from sparkforge.manifests.finalize import INDEX_SCHEMA
+from sparkforge.manifests.index import check_index
 from sparkforge.manifests.objects import MAX_COMMIT_BYTES, MAX_MANIFEST_BYTES, read_json
 from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
 from sparkforge.shared import storage
-from sparkforge.shared.commit import SampleRow, UnitInfo
+from sparkforge.shared.commit import SampleRow, UnitInfo, parse_commit_bytes
+from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.layout import MANIFEST_KEY, CacheSpec, commit_key
 from sparkforge.shared.reader import CacheReader
 
@@ -57,18 +53,9 @@ def read_index(loc: storage.Location, manifest: CacheManifest) -> pa.Table:
     except FileNotFoundError as exc:
         raise ManifestError(f"{key} is missing (manifest storage.index_key); the cache cannot "
                             "be read") from exc
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != manifest.storage.index_sha256:
-        raise ManifestError(f"{key}: sha256 {digest} does not match "
-                            f"manifest storage.index_sha256 {manifest.storage.index_sha256}")
-    try:
-        table = pq.read_table(io.BytesIO(raw))
-    except pa.ArrowException as exc:
-        raise ManifestError(f"{key}: not a readable Parquet file ({exc})") from exc
-    if not table.schema.equals(INDEX_SCHEMA) or table.num_rows != manifest.storage.totals.samples:
-        raise ManifestError(f"{key}: expected {INDEX_SCHEMA.names} with "
-                            f"{manifest.storage.totals.samples} rows, got {table.schema.names} "
-                            f"with {table.num_rows}")
+    table, problems = check_index(raw, manifest)
+    if problems or table is None:
+        raise ManifestError("; ".join(problems))
     return table
 
 

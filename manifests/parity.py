@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkforge.manifests import fields as f
+from sparkforge.shared import fields as f
 
 MAX_PARITY_LAYERS = 1025
 """Captured layers plus the final state: at most one per target layer and the final norm."""

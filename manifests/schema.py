@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, NotRequired, TypedDict
 
-from sparkforge.manifests import fields as f
-from sparkforge.manifests.fields import ManifestError
-from sparkforge.manifests.header import (
+from sparkforge.manifests.parity import ParityInfo, parse_parity
+from sparkforge.shared import fields as f
+from sparkforge.shared.commit import SlotRecord, parse_accounting, parse_slots
+from sparkforge.shared.fields import ManifestError
+from sparkforge.shared.header import (
     CaptureInfo,
     DataInfo,
     RunHeader,
@@ -17,19 +19,16 @@ from sparkforge.manifests.header import (
     TokenizerInfo,
     parse_capture,
     parse_data,
-    parse_spec,
     parse_target,
     parse_tokenizer,
 )
-from sparkforge.manifests.parity import ParityInfo, parse_parity
-from sparkforge.shared.commit import SlotRecord
+from sparkforge.shared.layer_ids import hidden_states_range
 from sparkforge.shared.layout import (
     FORMAT_VERSION,
     MAX_UNITS,
     CacheSpec,
     array_layouts,
-    first_slot,
-    slots_per_attempt,
+    parse_spec,
 )
 from sparkforge.shared.records import UnitAccounting
 from sparkforge.shared.storage import UnsafeKeyError, safe_key
@@ -109,7 +108,8 @@ class StorageInfo:
     spec: CacheSpec
     arrays: dict[str, ArrayInfo]
     codecs: dict[str, str]
-    """Array name -> human-readable codec chain, e.g. 'sharded(c=512) blosc zstd-1 shuffle'."""
+    """Array name -> human-readable codec chain, e.g. 'sharded blosc zstd-1 shuffle'
+    (:func:`sparkforge.shared.layout.describe_codecs`)."""
     units: tuple[UnitEntry, ...]
     index_key: str
     index_sha256: str
@@ -181,40 +181,6 @@ def parse_created_at(data: object) -> str:
     if stamp.tzinfo is None:
         raise f.fail("created_at", "an ISO 8601 timestamp with a timezone", data)
     return text
-
-
-def parse_accounting(data: object, field: str = "accounting") -> UnitAccounting:
-    """Input rows, written, skipped by reason, failed; the four must add up."""
-    d = f.obj(data, field, required=frozenset({"input_rows", "written", "skipped", "failed"}))
-    skipped_raw = f.mapping(d["skipped"], f"{field}.skipped")
-    skipped = {f.string(k, f"{field}.skipped", max_len=64): f.integer(v, f"{field}.skipped.{k}")
-               for k, v in skipped_raw.items()}
-    input_rows = f.integer(d["input_rows"], f"{field}.input_rows")
-    written, failed = f.integer(d["written"], f"{field}.written"), f.integer(d["failed"],
-                                                                             f"{field}.failed")
-    if written + sum(skipped.values()) + failed != input_rows:
-        raise ManifestError(
-            f"manifest field {field!r}: written {written} + skipped {sum(skipped.values())} "
-            f"+ failed {failed} != input_rows {input_rows}")
-    return UnitAccounting(input_rows=input_rows, written=written, skipped=skipped, failed=failed)
-
-
-def parse_slots(data: object, field: str, *, spec: CacheSpec, unit: int,
-                attempt: int) -> tuple[SlotRecord, ...]:
-    """Slots of one (unit, attempt): inside its slot range, with one crc32c per array."""
-    lo = first_slot(spec, unit, attempt)
-    names = frozenset(array_layouts(spec))
-    out = []
-    for i, item in enumerate(f.array(data, field, max_len=slots_per_attempt(spec))):
-        d = f.obj(item, f"{field}[{i}]", required=frozenset({"slot", "num_rows", "crc32c"}))
-        crc = f.obj(d["crc32c"], f"{field}[{i}].crc32c", required=names)
-        out.append(SlotRecord(
-            slot=f.integer(d["slot"], f"{field}[{i}].slot", lo=lo,
-                           hi=lo + slots_per_attempt(spec) - 1),
-            num_rows=f.integer(d["num_rows"], f"{field}[{i}].num_rows", lo=1, hi=spec.shard_rows),
-            crc32c={k: f.integer(v, f"{field}[{i}].crc32c.{k}", hi=0xFFFFFFFF)
-                    for k, v in crc.items()}))
-    return tuple(out)
 
 
 def parse_unit_entry(data: object, field: str, spec: CacheSpec) -> UnitEntry:
@@ -303,7 +269,8 @@ def check_cross_fields(m: CacheManifest) -> None:
     rules: list[tuple[bool, str, str, object]] = [
         (len(m.capture.layer_ids) == spec.num_aux_layers, "capture.layer_ids",
          f"{spec.num_aux_layers} ids (storage.spec.num_aux_layers)", list(m.capture.layer_ids)),
-        (m.capture.layer_ids[-1] <= m.target.num_hidden_layers, "capture.layer_ids",
+        (m.capture.layer_ids[-1] <= hidden_states_range(m.target.num_hidden_layers)[1],
+         "capture.layer_ids",
          f"ids <= target.num_hidden_layers = {m.target.num_hidden_layers}",
          list(m.capture.layer_ids)),
         (m.target.hidden_size == spec.hidden_size, "target.hidden_size",

@@ -14,6 +14,7 @@ from sparkforge.manifests.open import read_index, read_manifest
 from sparkforge.manifests.plan import human_bytes
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared import storage
+from sparkforge.shared.layer_ids import hf_to_feature
 from sparkforge.shared.layout import array_layouts, slot_key
 from sparkforge.shared.reader import read_arrays
 
@@ -48,7 +49,7 @@ def summarize_cache(uri: str, *,
                    "num_hidden_layers": t.num_hidden_layers, "vocab_size": t.vocab_size,
                    "dtype": t.dtype},
         "layers": {"layer_ids": list(c.layer_ids),
-                   "dspark_feature_ids": [i - 1 for i in c.layer_ids],
+                   "dspark_feature_ids": list(hf_to_feature(c.layer_ids)),
                    "final_hidden": c.final_hidden},
         "engine": f"{c.engine} {c.engine_version}", "max_seq_len": c.max_seq_len,
         "hidden_dtype": spec.hidden_dtype, "aux_codec": spec.aux_codec, "topk": spec.topk,

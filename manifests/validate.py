@@ -9,8 +9,6 @@ values, token ranges).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
 import json
 import math
 from collections import Counter
@@ -18,17 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import zarr
 from tqdm import tqdm
-from zarr.codecs import BloscCodec, ZstdCodec
 
-from sparkforge.manifests.commits import parse_commit_bytes
 from sparkforge.manifests.contract import EMPTY_TRAIN_SPLIT, RunContract, contract_problems
-from sparkforge.manifests.fields import shorten
-from sparkforge.manifests.finalize import INDEX_SCHEMA, read_run_header
-from sparkforge.manifests.header import parse_header
+from sparkforge.manifests.finalize import read_run_header
+from sparkforge.manifests.index import check_index
 from sparkforge.manifests.objects import (
     MAX_COMMIT_BYTES,
     MAX_PARITY_BYTES,
@@ -42,7 +35,9 @@ from sparkforge.manifests.parity import parse_parity
 from sparkforge.manifests.scan import scan_unit
 from sparkforge.manifests.schema import CacheManifest, UnitEntry
 from sparkforge.shared import storage
-from sparkforge.shared.commit import SampleRow, UnitInfo
+from sparkforge.shared.commit import SampleRow, UnitInfo, committed_units, parse_commit_bytes
+from sparkforge.shared.fields import ManifestError, shorten
+from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
     PARITY_FILE,
     TARGET_PREFIX,
@@ -50,6 +45,7 @@ from sparkforge.shared.layout import (
     array_layouts,
     capacity_rows,
     commit_key,
+    describe_codecs,
     slot_key,
 )
 from sparkforge.shared.writer import diff_json
@@ -141,7 +137,7 @@ def _manifest(loc: storage.Location, report: ValidationReport) -> CacheManifest 
     try:
         return read_manifest(loc)
     except ValueError as exc:
-        commits = len(storage.list_names(loc, "_commits"))
+        commits = len(committed_units(loc))
         report.problems.append(f"manifest: {exc} ({commits} unit commit records present)")
         return None
 
@@ -152,28 +148,27 @@ def _check_header(loc: storage.Location, m: CacheManifest, report: ValidationRep
     except ValueError as exc:
         report.problems.append(f"_meta/header.json: {exc}")
         return
-    stored = {"spec": spec, "header": parse_header(header)}
+    stored = {"spec": spec, "header": header}
     recorded = {"spec": m.storage.spec, "header": m.header}
     for d in diff_json(_plain(stored), _plain(recorded)):
         report.problems.append(f"_meta/header.json vs manifest: {d.replace('got', 'manifest has')}")
     report.problems += _promise_problems(header, m)
 
 
-def _promise_problems(header: Mapping[str, Any], m: CacheManifest) -> list[str]:
+def _promise_problems(header: RunHeader, m: CacheManifest) -> list[str]:
     """The run header's unit and input-row counts against what the manifest lists.
 
     A unit dropped consistently from manifest, index and commit records passes every other
     check; only the header, written once at creation, still knows it existed.
     """
-    resolved = header["producer_config"].get("resolved")
-    if not isinstance(resolved, dict):
-        return []
-    promised = [("num_units", "units", len(m.storage.units)),
-                ("num_rows", "input rows", m.accounting.input_rows)]
-    return [f"_meta/header.json promises producer_config.resolved.{key} = {resolved[key]} "
-            f"{what}, but the manifest has {have} (units lost after the run?)"
-            for key, what, have in promised
-            if isinstance(resolved.get(key), int) and resolved[key] != have]
+    try:
+        promised = [("num_units", "units", header.num_units, len(m.storage.units)),
+                    ("num_rows", "input rows", header.num_rows, m.accounting.input_rows)]
+    except ManifestError:
+        return []  # a header without the producer's resolved counts promises nothing
+    return [f"_meta/header.json promises producer_config.resolved.{key} = {want} {what}, but "
+            f"the manifest has {have} (units lost after the run?)"
+            for key, what, want, have in promised if want != have]
 
 
 def _plain_json(value: Any) -> str:
@@ -204,11 +199,9 @@ def _check_commits(loc: storage.Location, m: CacheManifest,
         units[entry.unit] = info
         report.checked["units"] += 1
     listed = {e.unit for e in m.storage.units}
-    for name in storage.list_names(loc, "_commits"):
-        unit = name[5:13]
-        if name.startswith("unit_") and unit.isdigit() and int(unit) not in listed:
-            report.problems.append(f"unit {int(unit)}: has a commit record but the manifest does "
-                                   "not list it (re-run `sparkforge finalize`)")
+    for unit in sorted(committed_units(loc) - listed):
+        report.problems.append(f"unit {unit}: has a commit record but the manifest does not "
+                               "list it (re-run `sparkforge finalize`)")
     return units
 
 
@@ -235,22 +228,11 @@ def _check_index(loc: storage.Location, m: CacheManifest, units: Mapping[int, Un
     except ValueError as exc:
         report.problems.append(f"index {key}: {exc}")
         return splits
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != m.storage.index_sha256:
-        report.problems.append(f"index {key}: sha256 {digest} != manifest storage.index_sha256 "
-                               f"{m.storage.index_sha256}")
-    try:
-        table = pq.read_table(io.BytesIO(raw))
-    except pa.ArrowException as exc:
-        report.problems.append(f"index {key}: not a readable Parquet file ({exc})")
-        return splits
-    if not table.schema.equals(INDEX_SCHEMA):
-        report.problems.append(f"index {key}: columns {table.schema.names} != {INDEX_SCHEMA.names}")
+    table, problems = check_index(raw, m)
+    report.problems += problems
+    if table is None:
         return splits
     rows = table.to_pylist()
-    if len(rows) != m.storage.totals.samples:
-        report.problems.append(f"index {key}: {len(rows)} rows != manifest storage.totals.samples "
-                               f"{m.storage.totals.samples}")
     ids = [r["sample_id"] for r in rows]
     if ids != sorted(set(ids)):
         report.problems.append(f"index {key}: sample_id not unique and increasing")
@@ -303,18 +285,6 @@ def _row_diff(row: dict[str, Any], committed: tuple[int, SampleRow] | None) -> l
             for k in row if row[k] != have[k]]
 
 
-def _codec_name(arr: zarr.Array[Any]) -> str:
-    parts = []
-    for c in arr.compressors:
-        if isinstance(c, BloscCodec):
-            parts.append(f"blosc {c.cname.value}-{c.clevel} {c.shuffle.value}")
-        elif isinstance(c, ZstdCodec):
-            parts.append(f"zstd-{c.level}")
-        else:
-            parts.append(type(c).__name__)
-    return " ".join((["sharded"] if arr.shards else []) + parts)
-
-
 def _check_arrays(loc: storage.Location, m: CacheManifest,
                   report: ValidationReport) -> dict[str, zarr.Array[Any]] | None:
     """Each array exists with the manifest's dtype, row shape, capacity, chunking and codec."""
@@ -343,7 +313,8 @@ def _check_arrays(loc: storage.Location, m: CacheManifest,
                    arr.shards if layout.blosc else arr.chunks, block),
                   ("dtype_logical attribute", arr.attrs.get("dtype_logical"),
                    layout.dtype_logical),
-                  ("codec", _codec_name(arr), m.storage.codecs[name])]
+                  ("codec", describe_codecs(arr.compressors, sharded=arr.shards is not None),
+                   m.storage.codecs[name])]
         report.problems += [f"array {name}: {what} is {have!r} but the manifest implies {want!r}"
                             for what, have, want in checks if have != want]
         arrays[name] = arr

@@ -36,7 +36,9 @@ class ProducerConfig:
     backend: Literal["vllm", "hf"] = "vllm"
     """Capture engine: vLLM (default) or a transformers forward (targets vLLM cannot run)."""
     layer_ids: list[int] | None = None
-    """DSpark feature ids (output of decoder layer l, 0-based); default: evenly spaced."""
+    """DSpark feature ids (output of decoder layer l, 0-based; the cache records HF
+    ``hidden_states`` indices l + 1, see ``sparkforge.shared.layer_ids``); default: evenly
+    spaced."""
     num_feature_layers: int = 5
     """How many default feature layers to pick when ``layer_ids`` is not given."""
     hidden_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"

@@ -9,6 +9,15 @@ from typing import Any
 from sparkforge.producer.chat import ChatEncoder
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.dataset import DataSource
+from sparkforge.shared.header import (
+    CaptureInfo,
+    DataInfo,
+    RunHeader,
+    SourceInfo,
+    TargetInfo,
+    TokenizerInfo,
+)
+from sparkforge.shared.layer_ids import HfIndices, hf_to_feature
 from sparkforge.shared.provenance import package_version
 
 REGENERATION_KEY = "sparkforge.regenerate"
@@ -23,19 +32,16 @@ def engine_version(backend: str) -> str:
     return "unknown"
 
 
-def data_section(
+def data_info(
     cfg: ProducerConfig, sources: Sequence[DataSource], *, eval_ids: frozenset[int] | None
-) -> dict[str, Any]:
-    """Where the rows come from and how they split."""
-    section: dict[str, Any] = {
-        "sources": [{"uri": s.uri, "content_hash": s.content_hash} for s in sources],
-        "seed": cfg.split_seed,
-    }
-    if eval_ids is not None:
-        section["eval_ids"] = sorted(eval_ids)
-    else:
-        section["eval_fraction"] = cfg.eval_fraction
-    return section
+) -> DataInfo:
+    """Where the rows come from and how they split (an id list replaces the fraction)."""
+    return DataInfo(
+        sources=tuple(SourceInfo(uri=s.uri, content_hash=s.content_hash) for s in sources),
+        eval_fraction=cfg.eval_fraction if eval_ids is None else None,
+        eval_ids=None if eval_ids is None else tuple(sorted(eval_ids)),
+        seed=cfg.split_seed,
+    )
 
 
 def regeneration_of(sources: Sequence[DataSource]) -> list[dict[str, Any]]:
@@ -48,13 +54,13 @@ def regeneration_of(sources: Sequence[DataSource]) -> list[dict[str, Any]]:
 def build_header(
     cfg: ProducerConfig,
     *,
-    target: dict[str, Any],
-    hf_layer_ids: Sequence[int],
+    target: TargetInfo,
+    hf_layer_ids: HfIndices,
     encoder: ChatEncoder,
     sources: Sequence[DataSource],
     num_units: int,
     eval_ids: frozenset[int] | None,
-) -> dict[str, Any]:
+) -> RunHeader:
     """The header the cache writer stores at creation and compares on every reopen.
 
     Facts the header schema has no slot for go under ``producer_config.resolved``: the row and
@@ -66,27 +72,25 @@ def build_header(
         "num_rows": sum(s.num_rows for s in sources),
         "num_units": num_units,
         "source_rows": [s.num_rows for s in sources],
-        "dspark_feature_ids": [k - 1 for k in hf_layer_ids],
+        "dspark_feature_ids": list(hf_to_feature(hf_layer_ids)),
         "masking": "generation_tags" if encoder.uses_generation_tags else "prefix_render",
         "regeneration": regeneration_of(sources),
     }
-    return {
-        "producer_config": {**cfg.identity(), "resolved": resolved},
-        "target": target,
-        "capture": {
-            "layer_ids": list(hf_layer_ids),
-            "layer_id_convention": "hf_hidden_states_index",
-            "final_hidden": "post_norm",
-            "engine": cfg.backend,
-            "engine_version": engine_version(cfg.backend),
-            "tensor_parallel_size": engine.tensor_parallel_size,
-            "expert_parallel": engine.enable_expert_parallel,
-            "data_parallel_size": engine.data_parallel_size,
-            "max_seq_len": cfg.seq_len,
-        },
-        "tokenizer": {
-            "hash": encoder.tokenizer_hash,
-            "chat_template_sha256": encoder.template_sha256,
-        },
-        "data": data_section(cfg, sources, eval_ids=eval_ids),
-    }
+    return RunHeader(
+        producer_config={**cfg.identity(), "resolved": resolved},
+        target=target,
+        capture=CaptureInfo(
+            layer_ids=hf_layer_ids,
+            layer_id_convention="hf_hidden_states_index",
+            final_hidden="post_norm",
+            engine=cfg.backend,
+            engine_version=engine_version(cfg.backend),
+            tensor_parallel_size=engine.tensor_parallel_size,
+            expert_parallel=engine.enable_expert_parallel,
+            data_parallel_size=engine.data_parallel_size,
+            max_seq_len=cfg.seq_len,
+        ),
+        tokenizer=TokenizerInfo(hash=encoder.tokenizer_hash,
+                                chat_template_sha256=encoder.template_sha256),
+        data=data_info(cfg, sources, eval_ids=eval_ids),
+    )

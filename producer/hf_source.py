@@ -14,9 +14,9 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
-from sparkforge.producer.layer_ids import validate_hf_ids
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
+from sparkforge.shared.layer_ids import check_hf_ids
 
 
 class HfSource:
@@ -45,7 +45,7 @@ class HfSource:
         self.model = model.to(device).eval()  # type: ignore[arg-type]  # odd transformers stub
         config = self.model.config.get_text_config()
         self.num_hidden_layers = int(config.num_hidden_layers)
-        self.layer_ids = validate_hf_ids(layer_ids, self.num_hidden_layers)
+        self.layer_ids = check_hf_ids(layer_ids, self.num_hidden_layers)
         self.dtype = getattr(torch, dtype)
         self.topk, self.device, self.max_batch_tokens = topk, device, max_batch_tokens
 

@@ -28,12 +28,6 @@ from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.dataset import DataSource, describe_sources, iter_rows
 from sparkforge.producer.header import build_header
-from sparkforge.producer.layer_ids import (
-    LayerIdError,
-    default_feature_ids,
-    feature_to_hf,
-    validate_feature_ids,
-)
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
 from sparkforge.producer.summary import RunSummary
@@ -45,6 +39,13 @@ from sparkforge.producer.target_files import (
 )
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.shared import storage
+from sparkforge.shared.layer_ids import (
+    HfIndices,
+    LayerIdError,
+    check_feature_ids,
+    default_feature_ids,
+    feature_to_hf,
+)
 from sparkforge.shared.layout import PARITY_FILE, TARGET_PREFIX
 from sparkforge.shared.writer import CacheSpec, CacheWriter
 
@@ -66,7 +67,7 @@ class Prepared:
 
     model_dir: Path
     target_config: dict[str, Any]
-    hf_layer_ids: tuple[int, ...]
+    hf_layer_ids: HfIndices
     encoder: ChatEncoder
     sources: list[DataSource]
     num_rows: int
@@ -82,8 +83,8 @@ def prepare(cfg: ProducerConfig) -> Prepared:
     target_config = read_config(model_dir)
     num_layers = target_config["num_hidden_layers"]
     try:
-        feature_ids = (validate_feature_ids(cfg.layer_ids, num_layers) if cfg.layer_ids
-                       else default_feature_ids(num_layers, cfg.num_feature_layers))
+        feature_ids = check_feature_ids(
+            cfg.layer_ids or default_feature_ids(num_layers, cfg.num_feature_layers), num_layers)
     except LayerIdError as exc:
         raise ValueError(f"--layer_ids / --num_feature_layers for a {num_layers}-layer target: "
                          f"{exc}") from exc

@@ -9,6 +9,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from sparkforge.shared.layer_ids import HfIndices
+
 
 @dataclass(frozen=True, kw_only=True)
 class CaptureRequest:
@@ -38,7 +40,7 @@ class CaptureResult:
 class HiddenStateSource(Protocol):
     """A running target that captures hidden states for batches of requests."""
 
-    layer_ids: tuple[int, ...]
+    layer_ids: HfIndices
     """Captured layers as HF ``hidden_states`` indices (= vLLM aux ids), sorted and unique."""
 
     def capture(self, requests: Sequence[CaptureRequest]) -> Iterator[CaptureResult]:

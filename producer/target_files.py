@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save as save_safetensors
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.header import TargetInfo
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -56,22 +57,22 @@ def content_hash(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def target_identity(engine: EngineOptions, model_dir: Path) -> dict[str, Any]:
+def target_identity(engine: EngineOptions, model_dir: Path) -> TargetInfo:
     """The header's ``target`` section."""
     config = read_config(model_dir)
     quant = config.get("quantization_config") or {}
-    return {
-        "name_or_path": engine.model,
-        "revision": engine.revision,
-        "content_hash": content_hash(model_dir),
-        "model_type": config["model_type"],
-        "architecture": (config.get("architectures") or [config["model_type"]])[0],
-        "vocab_size": config["vocab_size"],
-        "hidden_size": config["hidden_size"],
-        "num_hidden_layers": config["num_hidden_layers"],
-        "dtype": str(config.get("dtype") or config.get("torch_dtype") or engine.dtype),
-        "quantization": engine.quantization or quant.get("quant_method"),
-    }
+    return TargetInfo(
+        name_or_path=engine.model,
+        revision=engine.revision,
+        content_hash=content_hash(model_dir),
+        model_type=config["model_type"],
+        architecture=(config.get("architectures") or [config["model_type"]])[0],
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        num_hidden_layers=config["num_hidden_layers"],
+        dtype=str(config.get("dtype") or config.get("torch_dtype") or engine.dtype),
+        quantization=engine.quantization or quant.get("quant_method"),
+    )
 
 
 def _tensor_locations(model_dir: Path) -> dict[str, Path]:

@@ -33,7 +33,6 @@ from vllm.platforms import current_platform
 from vllm.v1.engine.core_client import InprocClient
 
 from sparkforge.producer.engine_options import EngineOptions
-from sparkforge.producer.layer_ids import validate_hf_ids, vllm_aux_ids
 from sparkforge.producer.payload import (
     PayloadError,
     check_payload,
@@ -43,6 +42,7 @@ from sparkforge.producer.payload import (
 )
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import load_target_head, read_text_config
+from sparkforge.shared.layer_ids import check_hf_ids, vllm_aux_ids
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class VllmSource:
         config = read_text_config(engine.model)
         self.num_hidden_layers = int(config["num_hidden_layers"])
         self.hidden_size = int(config["hidden_size"])
-        self.layer_ids = validate_hf_ids(layer_ids, self.num_hidden_layers)
+        self.layer_ids = check_hf_ids(layer_ids, self.num_hidden_layers)
         self.aux_ids = vllm_aux_ids(self.layer_ids, self.num_hidden_layers)
         self.topk, self.max_retries = topk, max_retries
         self.window = window or engine.max_num_seqs

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -10,6 +12,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
+from sparkforge.shared import fields as f
 from sparkforge.shared.dtypes import STORAGE_DTYPES, HiddenDtype
 
 FORMAT_VERSION: Final = 1
@@ -27,9 +30,19 @@ PARITY_FILE: Final = "parity.json"
 """The producer's parity report under target/; finalize copies it into the manifest."""
 
 
+COMMITS_PREFIX: Final = "_commits"
+_COMMIT_NAME: Final = re.compile(r"unit_(\d{8})\.json")
+
+
 def commit_key(unit: int) -> str:
     """Key of a unit's commit record."""
-    return f"_commits/unit_{unit:08d}.json"
+    return f"{COMMITS_PREFIX}/unit_{unit:08d}.json"
+
+
+def parse_commit_name(name: str) -> int | None:
+    """The unit whose commit record is ``name`` under ``_commits/``; None for any other object."""
+    match = _COMMIT_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
 
 
 def attempt_key(unit: int, attempt: int) -> str:
@@ -82,6 +95,35 @@ class CacheSpec:
     def to_json(self) -> dict[str, Any]:
         """The spec as a JSON object."""
         return dataclasses.asdict(self)
+
+
+SPEC_KEYS: Final = frozenset({"hidden_size", "num_aux_layers", "hidden_dtype", "max_seq_len",
+                             "aux_codec", "topk", "shard_rows", "rows_per_unit"})
+
+
+def parse_spec(data: object, field: str = "storage.spec") -> CacheSpec:
+    """The inverse of :meth:`CacheSpec.to_json`, with absurd sizes rejected."""
+    d = f.obj(data, field, required=SPEC_KEYS)
+    try:
+        return _spec(d, field)
+    except ValueError as exc:
+        if isinstance(exc, f.ManifestError):
+            raise
+        raise f.ManifestError(f"manifest field {field!r}: {exc}") from exc
+
+
+def _spec(d: Mapping[str, Any], field: str) -> CacheSpec:
+    return CacheSpec(
+        hidden_size=f.integer(d["hidden_size"], f"{field}.hidden_size", lo=1, hi=1 << 17),
+        num_aux_layers=f.integer(d["num_aux_layers"], f"{field}.num_aux_layers", lo=1, hi=256),
+        hidden_dtype=f.choice(d["hidden_dtype"], f"{field}.hidden_dtype",
+                              ("bfloat16", "float16", "float32")),
+        max_seq_len=f.integer(d["max_seq_len"], f"{field}.max_seq_len", lo=1, hi=1 << 22),
+        aux_codec=f.choice(d["aux_codec"], f"{field}.aux_codec", ("lossless", "fp8")),
+        topk=f.integer(d["topk"], f"{field}.topk", hi=1024),
+        shard_rows=f.integer(d["shard_rows"], f"{field}.shard_rows", lo=1, hi=1 << 22),
+        rows_per_unit=f.integer(d["rows_per_unit"], f"{field}.rows_per_unit", lo=1, hi=1 << 20),
+    )
 
 
 def slots_per_attempt(spec: CacheSpec) -> int:
@@ -139,6 +181,38 @@ def array_layouts(spec: CacheSpec) -> dict[str, ArrayLayout]:
     return {a.name: a for a in out}
 
 
+Compressor = BloscCodec | ZstdCodec
+
+
+def compressor(a: ArrayLayout, spec: CacheSpec) -> Compressor:
+    """The codec of one array: Blosc-zstd inside shards for hidden states, zstd-3 otherwise."""
+    if not a.blosc:
+        return ZstdCodec(level=3)
+    row_bytes = a.dtype.itemsize * int(np.prod(a.row_shape, dtype=np.int64))
+    chunk = inner_chunk_rows(row_bytes, spec.shard_rows)
+    return BloscCodec(cname="zstd", clevel=1,
+                      shuffle="noshuffle" if a.dtype.itemsize == 1 else "shuffle",
+                      typesize=a.dtype.itemsize,
+                      blocksize=min(chunk * row_bytes, TARGET_INNER_CHUNK_BYTES))
+
+
+def describe_codecs(compressors: Iterable[object], *, sharded: bool) -> str:
+    """The codec chain as the manifest records it, e.g. ``sharded blosc zstd-1 shuffle``.
+
+    Finalize describes the codecs the spec implies; validate describes the stored arrays' and
+    compares the two strings.
+    """
+    parts = ["sharded"] if sharded else []
+    for c in compressors:
+        if isinstance(c, BloscCodec):
+            parts.append(f"blosc {c.cname.value}-{c.clevel} {c.shuffle.value}")
+        elif isinstance(c, ZstdCodec):
+            parts.append(f"zstd-{c.level}")
+        else:
+            parts.append(type(c).__name__)
+    return " ".join(parts)
+
+
 def create_arrays(group: zarr.Group, spec: CacheSpec) -> None:
     """Create each missing array's metadata (huge capacity; unwritten slots cost nothing).
 
@@ -150,23 +224,19 @@ def create_arrays(group: zarr.Group, spec: CacheSpec) -> None:
         if a.name in existing:
             continue
         shape = (rows, *a.row_shape)
-        row_bytes = a.dtype.itemsize * int(np.prod(a.row_shape, dtype=np.int64))
         attrs: dict[str, Any] = {"dtype_logical": a.dtype_logical}
         if a.blosc:
+            row_bytes = a.dtype.itemsize * int(np.prod(a.row_shape, dtype=np.int64))
             chunk = inner_chunk_rows(row_bytes, spec.shard_rows)
-            codec = BloscCodec(cname="zstd", clevel=1,
-                               shuffle="noshuffle" if a.dtype.itemsize == 1 else "shuffle",
-                               typesize=a.dtype.itemsize,
-                               blocksize=min(chunk * row_bytes, TARGET_INNER_CHUNK_BYTES))
             group.create_array(a.name, shape=shape, dtype=a.dtype,
                                chunks=(chunk, *a.row_shape),
-                               shards=(spec.shard_rows, *a.row_shape), compressors=codec,
-                               fill_value=0, attributes=attrs,
+                               shards=(spec.shard_rows, *a.row_shape),
+                               compressors=compressor(a, spec), fill_value=0, attributes=attrs,
                                config={"write_empty_chunks": False})
         else:
             group.create_array(a.name, shape=shape, dtype=a.dtype,
                                chunks=(spec.shard_rows, *a.row_shape),
-                               compressors=ZstdCodec(level=3), fill_value=0, attributes=attrs,
+                               compressors=compressor(a, spec), fill_value=0, attributes=attrs,
                                config={"write_empty_chunks": False})
 
 

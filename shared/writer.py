@@ -11,13 +11,15 @@ import numpy as np
 import zarr
 
 from sparkforge.shared import storage
-from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo, checksum
+from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo, checksum, committed_units
 from sparkforge.shared.dtypes import (
     STORAGE_DTYPES,
     float_to_storage,
     quantize_e4m3,
     storage_to_float32,
 )
+from sparkforge.shared.fields import load_json
+from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
     FORMAT_VERSION,
     HEADER_KEY,
@@ -68,19 +70,24 @@ class CacheWriter:
         self._arrays = open_arrays(group, spec)
 
     @classmethod
-    def open(cls, uri: str, *, spec: CacheSpec, header: Mapping[str, Any],
+    def open(cls, uri: str, *, spec: CacheSpec, header: RunHeader,
              storage_options: Mapping[str, Any] | None = None) -> CacheWriter:
         """Create the store, or reopen it after checking that spec and header are unchanged.
 
+        The header is validated first (it must parse back from its JSON), so a bad header fails
+        before anything is written or captured.
+
         Raises:
+            ManifestError: naming the first header field that would not parse.
             CacheMismatchError: naming each differing field (dotted path) and both values.
         """
-        loc = storage.open_location(uri, storage_options)
         try:
             wanted = json.loads(json.dumps({"format_version": FORMAT_VERSION,
-                                            "spec": spec.to_json(), "header": dict(header)}))
+                                            "spec": spec.to_json(), "header": header.to_json()}))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"header must be JSON-serialisable: {exc}") from exc
+        RunHeader.from_json(wanted["header"])
+        loc = storage.open_location(uri, storage_options)
         group = zarr.open_group(storage.zarr_store(loc, read_only=False), mode="a")
         if not storage.exists(loc, HEADER_KEY):
             create_arrays(group, spec)
@@ -88,7 +95,7 @@ class CacheWriter:
                 storage.exclusive_create(loc, HEADER_KEY, json.dumps(wanted, indent=1).encode())
             except FileExistsError:
                 pass  # a concurrent creator won; compare against its header below
-        stored = json.loads(storage.read_bytes(loc, HEADER_KEY))
+        stored = load_json(storage.read_bytes(loc, HEADER_KEY), HEADER_KEY)
         problems = diff_json(stored, wanted)
         if problems:
             raise CacheMismatchError(f"cache at {uri} was created with a different spec/header: "
@@ -97,8 +104,7 @@ class CacheWriter:
 
     def committed_units(self) -> set[int]:
         """Units whose commit record exists (read fresh from the store)."""
-        names = storage.list_names(self.loc, "_commits")
-        return {int(n[5:13]) for n in names if n.startswith("unit_") and n.endswith(".json")}
+        return committed_units(self.loc)
 
     def write_target_files(self, files: Mapping[str, bytes]) -> None:
         """Store the target pieces the trainer needs (config, tokenizer, weights); idempotent."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import float_to_storage
@@ -24,7 +25,7 @@ def build_cache(path: Path, spec: CacheSpec = SMALL_SPEC, units: int = 3) -> Pat
     from sparkforge.manifests.finalize import finalize_cache
     from sparkforge.shared.writer import CacheWriter
 
-    w = CacheWriter.open(str(path), spec=spec, header=make_header(spec, num_units=units))
+    w = CacheWriter.open(str(path), spec=spec, header=make_run_header(spec, num_units=units))
     for u in range(units):
         w.write_unit(u, *make_unit(spec, u))
     finalize_cache(str(path), expected_units=units)
@@ -54,6 +55,11 @@ def make_header(spec: CacheSpec, *, num_hidden_layers: int = 4,
         "data": {"sources": [{"uri": "memory://chat.jsonl", "content_hash": "01" * 32}],
                  "eval_fraction": 0.25, "seed": 0},
     }
+
+
+def make_run_header(spec: CacheSpec, *, num_units: int | None = None) -> RunHeader:
+    """:func:`make_header`, typed as the writer takes it."""
+    return RunHeader.from_json(make_header(spec, num_units=num_units))
 
 
 def make_unit(spec: CacheSpec, unit: int, *, seed: int = 0,
@@ -128,7 +134,8 @@ def write_tiny_cache(uri: str, target_dir: Path, *, hidden_dtype: str = "bfloat1
         "data": {"sources": [{"uri": "memory://synthetic", "content_hash": "01" * 32}],
                  "eval_fraction": 0.25, "seed": seed},
     }
-    writer = CacheWriter.open(uri, spec=spec, header=header, storage_options=storage_options)
+    writer = CacheWriter.open(uri, spec=spec, header=RunHeader.from_json(header),
+                              storage_options=storage_options)
     state = model.state_dict()
     writer.write_target_files({
         "config.json": (target_dir / "config.json").read_bytes(),

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load as load_safetensors
 from torch.utils.data import DataLoader
 
-from sparkforge.manifests.fields import ManifestError, load_json
 from sparkforge.manifests.open import open_cache
+from sparkforge.shared.fields import ManifestError, load_json
 from sparkforge.trainer.data import CacheStream, ResumableLoader, load_split_index
 from sparkforge.trainer.data_plan import Batching, SplitIndex
 from sparkforge.trainer.run_config import DEFAULT_MAX_SEQ_LEN

@@ -11,7 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sparkforge.manifests.contract import default_target_layer_ids
+from sparkforge.shared.layer_ids import (
+    default_feature_ids,
+    existing_feature_range,
+    portable_feature_range,
+    range_problems,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +123,8 @@ def _collect_problems(cfg: DSparkDraftConfig) -> list[str]:
         problems.append(
             f"mask_token_id={cfg.mask_token_id} must be in [0, vocab_size={cfg.vocab_size})"
         )
-    problems += layer_id_problems(cfg.target_layer_ids, cfg.num_target_layers)
+    problems += range_problems(cfg.target_layer_ids, existing_feature_range(cfg.num_target_layers),
+                               name="target_layer_ids")
     positive = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                 "intermediate_size", "vocab_size", "num_hidden_layers", "block_size",
                 "num_anchors")
@@ -141,30 +147,14 @@ def _collect_problems(cfg: DSparkDraftConfig) -> list[str]:
     return problems
 
 
-def layer_id_problems(layer_ids: Sequence[int], num_target_layers: int) -> list[str]:
-    """Hard errors: non-empty, each id in {-1} U [0, L-1], strictly increasing."""
-    ids = list(layer_ids)
-    if not ids:
-        return ["target_layer_ids must be non-empty"]
-    problems = [
-        f"target_layer_ids: id {i} outside [-1, {num_target_layers - 1}]"
-        for i in ids
-        if not -1 <= i <= num_target_layers - 1
-    ]
-    if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
-        problems.append(f"target_layer_ids={ids} must be strictly increasing")
-    return problems
-
-
 def _warn_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> None:
-    # Ids -1 (embeddings) and L-1 (served pre-norm by vLLM but post-norm from HF) are legal but
-    # make training and serving disagree: dspark-algorithm.md section 3.2 rule "[0, L-2]".
-    for bad in (-1, num_target_layers - 1):
-        if bad in layer_ids:
-            logger.warning(
-                "target_layer_ids contains %d: keep ids in [0, %d] so every engine agrees",
-                bad, num_target_layers - 2,
-            )
+    # Ids -1 (embeddings) and L-1 (served pre-norm by vLLM but post-norm from HF) exist but make
+    # training and serving disagree; see sparkforge.shared.layer_ids for the range rule.
+    lo, hi = portable_feature_range(num_target_layers)
+    for bad in layer_ids:
+        if not lo <= bad <= hi:
+            logger.warning("target_layer_ids contains %d: keep ids in [%d, %d] so every engine "
+                           "agrees", bad, lo, hi)
 
 
 def text_config(target_config: Any) -> Any:
@@ -216,7 +206,7 @@ def from_target_config(
     }
     ids = target_layer_ids
     if ids is None:
-        ids = default_target_layer_ids(base["num_target_layers"], depth)
+        ids = default_feature_ids(base["num_target_layers"], depth)
     return DSparkDraftConfig(
         **{**base, **overrides}, mask_token_id=mask_token_id, target_layer_ids=tuple(ids)
     )

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from sparkforge.manifests.contract import RunContract, default_target_layer_ids
+from sparkforge.manifests.contract import RunContract
+from sparkforge.shared.layer_ids import default_feature_ids
 from sparkforge.trainer.draft_config import DSparkDraftConfig, MarkovHeadType, from_target_config
 
 
@@ -58,7 +59,7 @@ class DraftSpec:
         """The configured ids, or the default rule's."""
         if self.target_layer_ids is not None:
             return tuple(self.target_layer_ids)
-        return default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
+        return default_feature_ids(self.num_target_layers, self.num_hidden_layers)
 
     def contract(self, *, max_seq_len: int, need_eval_split: bool) -> RunContract:
         """What this draft needs from a cache."""

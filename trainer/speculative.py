@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from sparkforge.shared.layer_ids import feature_to_hf
 from sparkforge.trainer.model import DSparkDraftModel
 from sparkforge.trainer.sampling import (
     logits_to_probs,
@@ -50,7 +51,7 @@ def target_features(
     hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]
 ) -> torch.Tensor:
     """Concat HF ``hidden_states[l+1]`` over the DSpark feature ids, in id order -> [B, T, X]."""
-    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+    return torch.cat([hidden_states[k] for k in feature_to_hf(layer_ids)], dim=-1)
 
 
 def verify_draft(

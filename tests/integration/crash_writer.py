@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cache_helpers import make_header, make_unit  # noqa: E402
+from cache_helpers import make_run_header, make_unit  # noqa: E402
 
 from sparkforge.shared import storage  # noqa: E402
 from sparkforge.shared.layout import CacheSpec, commit_key  # noqa: E402
@@ -41,7 +41,7 @@ def main() -> None:
         real_create(loc, key, data)
 
     storage.exclusive_create = stalling_create  # type: ignore[assignment]
-    writer = CacheWriter.open(args.uri, spec=spec, header=make_header(spec),
+    writer = CacheWriter.open(args.uri, spec=spec, header=make_run_header(spec),
                               storage_options=json.loads(args.options))
     done = writer.committed_units()
     for unit in range(args.num_units):

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cache_helpers import make_header, make_unit
+from cache_helpers import make_run_header, make_unit
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
@@ -65,7 +65,7 @@ def _contents(uri: str, options: dict[str, Any]) -> dict[int, dict[str, np.ndarr
 def _crash_and_resume(uri: str, reference: str, options: dict[str, Any]) -> None:
     # 1. killed while parked between its slot writes and the commit record of unit 2
     _kill_when(_start(uri, options, "--stall-before-commit", "2"), "stalled 2")
-    assert CacheWriter.open(uri, spec=SPEC, header=make_header(SPEC),
+    assert CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC),
                             storage_options=options).committed_units() == {0, 1}
     # 2. killed at a racy point: right after committing unit 3, while unit 4 is being written
     _kill_when(_start(uri, options), "committed 3")
@@ -79,7 +79,7 @@ def _crash_and_resume(uri: str, reference: str, options: dict[str, Any]) -> None
 
 
 def _reference(uri: str, options: dict[str, Any]) -> None:
-    writer = CacheWriter.open(uri, spec=SPEC, header=make_header(SPEC), storage_options=options)
+    writer = CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC), storage_options=options)
     for unit in range(NUM_UNITS):
         writer.write_unit(unit, *make_unit(SPEC, unit))
 

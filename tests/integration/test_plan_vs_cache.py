@@ -16,6 +16,7 @@ from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.plan import plan_cache
 from sparkforge.manifests.summary import summarize_cache
 from sparkforge.shared.dtypes import float_to_storage
+from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import CacheWriter
@@ -47,7 +48,7 @@ def activations(tiny_target: Path) -> list[dict[str, np.ndarray]]:
 def _write(path: Path, spec: CacheSpec, acts: list[dict[str, np.ndarray]]) -> None:
     header = make_header(spec)
     header["capture"]["layer_ids"] = list(LAYER_IDS)
-    w = CacheWriter.open(str(path), spec=spec, header=header)
+    w = CacheWriter.open(str(path), spec=spec, header=RunHeader.from_json(header))
     for unit in range(NUM_SAMPLES // ROWS_PER_UNIT):
         samples = []
         for row in range(unit * ROWS_PER_UNIT, (unit + 1) * ROWS_PER_UNIT):

@@ -12,6 +12,7 @@ import torch
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
+from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import CacheWriter
@@ -68,7 +69,8 @@ def _write(uri: str, tiny_target: Path, states: list[dict[str, torch.Tensor]], *
     spec = CacheSpec(hidden_size=128, num_aux_layers=3, hidden_dtype=dtype,  # type: ignore[arg-type]
                      max_seq_len=64, aux_codec=aux_codec,  # type: ignore[arg-type]
                      shard_rows=64, rows_per_unit=3)
-    writer = CacheWriter.open(uri, spec=spec, header=_header(tiny_target, spec))
+    header = RunHeader.from_json(_header(tiny_target, spec))
+    writer = CacheWriter.open(uri, spec=spec, header=header)
     for unit in range(2):
         rows = range(unit * 3, min(unit * 3 + 3, len(states)))
         samples = [SampleRecord(

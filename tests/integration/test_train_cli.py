@@ -255,5 +255,5 @@ def test_index_row_count_mismatch_exits_1_not_abort(tiny_cache: str, tmp_path: P
     for attempt in range(2):
         proc = _train_process(cache, tmp_path / f"run{attempt}")
         assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
-        assert "rows, got" in proc.stderr
+        assert "15 rows != manifest storage.totals.samples 16" in proc.stderr
         assert "Traceback" not in proc.stderr

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import s3fs
-from cache_helpers import make_header, make_unit
+from cache_helpers import make_run_header, make_unit
 
 from sparkforge.app.cli import main
 from sparkforge.manifests.finalize import finalize_cache
@@ -25,7 +25,7 @@ def test_validate_and_inspect_on_s3(moto_server: dict[str, Any],
     """A cache on S3 validates deep (exit 0); deleting one shard object makes it invalid (1)."""
     options = moto_server["storage_options"]
     uri = f"s3://{moto_server['bucket']}/{uuid.uuid4().hex}"
-    writer = CacheWriter.open(uri, spec=SPEC, header=make_header(SPEC), storage_options=options)
+    writer = CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC), storage_options=options)
     for unit in range(2):
         writer.write_unit(unit, *make_unit(SPEC, unit))
     finalize_cache(uri, expected_units=2, storage_options=options)

@@ -17,7 +17,6 @@ from sparkforge.manifests.contract import (
     RunContract,
     check_contract,
     contract_problems,
-    default_target_layer_ids,
 )
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.validate import validate_cache
@@ -127,16 +126,6 @@ def test_loader_reads_the_trainer_yaml_shape(tmp_path: Path) -> None:
     del config["model"]["draft"]["target_layer_ids"]
     config["model"]["draft"].update(num_target_layers=36, num_hidden_layers=5)
     assert contract_from_train_config(config).target_layer_ids == (1, 9, 17, 25, 33)
-
-
-@pytest.mark.parametrize(("num_layers", "depth", "ids"), [
-    (36, 5, (1, 9, 17, 25, 33)), (40, 5, (1, 10, 19, 28, 37)), (36, 1, (33,)), (4, 3, (1,)),
-    (3, 2, (0, 1)), (2, 5, (0,)),
-])
-def test_default_layer_ids_follow_the_dflash_rule(num_layers: int, depth: int,
-                                                  ids: tuple[int, ...]) -> None:
-    """Evenly spaced in [1, L-3] (DeepSpec's released ids), [0, L-2] for tiny targets."""
-    assert default_target_layer_ids(num_layers, depth) == ids
 
 
 @pytest.mark.parametrize(("edit", "match"), [

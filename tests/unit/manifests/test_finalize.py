@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from cache_helpers import make_header, make_unit
+from cache_helpers import make_run_header, make_unit
 
 from sparkforge.manifests.finalize import finalize_cache, read_run_header
 from sparkforge.manifests.open import open_cache
@@ -23,7 +23,7 @@ SPEC = CacheSpec(hidden_size=16, num_aux_layers=1, hidden_dtype="float16", max_s
 
 
 def _cache(path: Path, units: list[int]) -> CacheWriter:
-    w = CacheWriter.open(str(path), spec=SPEC, header=make_header(SPEC))
+    w = CacheWriter.open(str(path), spec=SPEC, header=make_run_header(SPEC))
     for u in units:
         w.write_unit(u, *make_unit(SPEC, u))
     return w

@@ -12,11 +12,11 @@ from cache_helpers import SMALL_SPEC, build_cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkforge.manifests.commits import parse_commit_bytes
-from sparkforge.manifests.fields import ManifestError, load_json
-from sparkforge.manifests.header import parse_header
 from sparkforge.manifests.schema import parse_manifest
 from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
+from sparkforge.shared.commit import parse_commit_bytes
+from sparkforge.shared.fields import ManifestError, load_json
+from sparkforge.shared.header import parse_header
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(1 << 70), max_value=1 << 70)

@@ -11,7 +11,6 @@ import jsonschema
 import pytest
 
 from sparkforge.manifests import jsonschema as manifest_schema
-from sparkforge.manifests.header import parse_header
 from sparkforge.manifests.schema import (
     MANIFEST_KEYS,
     OPTIONAL_MANIFEST_KEYS,
@@ -19,6 +18,7 @@ from sparkforge.manifests.schema import (
     ManifestError,
     UnknownFormatVersionError,
 )
+from sparkforge.shared.header import parse_header
 
 EXAMPLES = sorted(p for p in files("sparkforge.manifests").joinpath("examples").iterdir()
                   if p.name.endswith(".json"))

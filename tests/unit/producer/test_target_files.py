@@ -70,6 +70,6 @@ def test_identity_changes_with_weights(tmp_path: Path) -> None:
     b = checkpoint(tmp_path / "b", {"model.norm.weight": torch.zeros(H)})
     ida = target_identity(EngineOptions(model=str(a)), a)
     idb = target_identity(EngineOptions(model=str(b)), b)
-    assert ida["content_hash"] != idb["content_hash"]
-    assert (ida["hidden_size"], ida["dtype"]) == (H, "auto")
-    assert ida["architecture"] == "Qwen3ForCausalLM"
+    assert ida.content_hash != idb.content_hash
+    assert (ida.hidden_size, ida.dtype) == (H, "auto")
+    assert ida.architecture == "Qwen3ForCausalLM"

@@ -14,7 +14,7 @@ import pytest
         "sparkforge.producer.hf_source",
         "sparkforge.producer.parity",
         "sparkforge.producer.payload",
-        "sparkforge.producer.layer_ids",
+        "sparkforge.shared.layer_ids",
         "sparkforge.producer.target_head",
     ],
 )

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from sparkforge.manifests.header import CaptureInfo, parse_capture
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.source import CaptureRequest
+from sparkforge.shared.header import CaptureInfo, parse_capture
 
 pytestmark = pytest.mark.slow
 LAYER_IDS = (1, 3)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from cache_helpers import forge_rows, make_header, make_unit
+from cache_helpers import forge_rows, make_run_header, make_unit
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import IndexMismatchError, open_cache
@@ -23,7 +23,7 @@ SPEC = CacheSpec(hidden_size=32, num_aux_layers=2, hidden_dtype="bfloat16", max_
 @pytest.fixture
 def cache(tmp_path: Path) -> Path:
     """A finalized two-unit cache."""
-    w = CacheWriter.open(str(tmp_path / "c"), spec=SPEC, header=make_header(SPEC))
+    w = CacheWriter.open(str(tmp_path / "c"), spec=SPEC, header=make_run_header(SPEC))
     for unit in range(2):
         w.write_unit(unit, *make_unit(SPEC, unit))
     finalize_cache(str(tmp_path / "c"), expected_units=2)
@@ -81,7 +81,7 @@ def test_read_sample_matches_read_unit(cache: Path) -> None:
 def test_memory_uri_round_trip() -> None:
     """A memory:// cache (zarr FsspecStore over a sync filesystem) writes, finalizes and reads."""
     uri = "memory://reader-round-trip"
-    w = CacheWriter.open(uri, spec=SPEC, header=make_header(SPEC))
+    w = CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC))
     samples, acc = make_unit(SPEC, 0)
     w.write_unit(0, samples, acc)
     w.write_target_files({"config.json": b"{}"})

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cache_helpers import make_header, make_unit
+from cache_helpers import make_header, make_run_header, make_unit
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
+from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import CacheSpec, first_slot
 from sparkforge.shared.writer import CacheMismatchError, CacheWriter, UnitAlreadyCommitted
 
@@ -19,7 +20,7 @@ SPEC = CacheSpec(hidden_size=32, num_aux_layers=2, hidden_dtype="bfloat16", max_
 
 
 def _writer(path: Path, spec: CacheSpec = SPEC) -> CacheWriter:
-    return CacheWriter.open(str(path), spec=spec, header=make_header(spec))
+    return CacheWriter.open(str(path), spec=spec, header=make_run_header(spec))
 
 
 def test_unit_committed_twice_is_refused(tmp_path: Path) -> None:
@@ -58,7 +59,7 @@ def test_reopen_with_different_spec_names_each_field(tmp_path: Path) -> None:
     header = make_header(spec)
     header["target"]["vocab_size"] = 2048
     with pytest.raises(CacheMismatchError) as err:
-        CacheWriter.open(str(tmp_path / "c"), spec=spec, header=header)
+        CacheWriter.open(str(tmp_path / "c"), spec=spec, header=RunHeader.from_json(header))
     text = str(err.value)
     assert "spec.hidden_size: store has 32, got 64" in text
     assert "header.target.vocab_size: store has 1024, got 2048" in text

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from transformers import Qwen3Config
 
+from sparkforge.shared.layer_ids import default_feature_ids
 from sparkforge.trainer.draft_config import (
     DSparkDraftConfig,
-    default_target_layer_ids,
     draft_tiny,
     from_target_config,
     serving_config,
@@ -38,7 +38,7 @@ def test_from_target_config_copies_sizes() -> None:
     assert cfg.rope_parameters["rope_theta"] == _qwen3().rope_parameters["rope_theta"]
     assert (cfg.num_hidden_layers, cfg.block_size, cfg.num_anchors) == (5, 7, 512)
     assert (cfg.markov_rank, cfg.markov_head_type) == (256, "vanilla")
-    assert cfg.target_layer_ids == default_target_layer_ids(8, 5)
+    assert cfg.target_layer_ids == default_feature_ids(8, 5)
 
 
 def test_nested_text_config_is_used() -> None:
@@ -93,26 +93,6 @@ def test_edge_layer_ids_warn(ids: tuple[int, ...], caplog: pytest.LogCaptureFixt
     with caplog.at_level(logging.WARNING):
         from_target_config(_qwen3(), mask_token_id=1, target_layer_ids=ids)
     assert "keep ids in [0, 6]" in caplog.text
-
-
-@pytest.mark.parametrize(
-    ("num_layers", "n", "expected"),
-    [(36, 5, (1, 9, 17, 25, 33)), (40, 5, (1, 10, 19, 28, 37)), (28, 1, (25,))],
-)
-def test_default_ids_follow_the_dflash_rule(num_layers: int, n: int, expected: tuple[int, ...]
-                                            ) -> None:
-    """Default ids are round(1 + i*(L-4)/(n-1)) in [1, L-3] (DeepSpec's Qwen3 ids)."""
-    assert default_target_layer_ids(num_layers, n) == expected
-
-
-@pytest.mark.parametrize("num_layers", [2, 3, 4, 5, 8, 28, 61])
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
-def test_default_ids_sorted_in_range_sized(num_layers: int, n: int) -> None:
-    """Default ids are strictly increasing, in [0, L-2], and n of them when L allows."""
-    ids = default_target_layer_ids(num_layers, n)
-    assert list(ids) == sorted(set(ids))
-    assert all(0 <= i <= num_layers - 2 for i in ids)
-    assert len(ids) == min(n, max(1, num_layers - 3)) or num_layers < 4
 
 
 def test_json_round_trip(tmp_path: Path) -> None:

@@ -1,13 +1,17 @@
-"""Parse the run header the producer supplies: cache spec, target, capture, tokenizer, data."""
+"""The run header: written by the producer, stored at cache creation, parsed by the manifest.
+
+``RunHeader.to_json`` and :func:`parse_header` are each other's inverse; the cache writer checks
+the round trip when it opens a store, so a bad header fails before any capture.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sparkforge.manifests import fields as f
-from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared import fields as f
+from sparkforge.shared.layer_ids import HfIndices
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +35,7 @@ class TargetInfo:
 class CaptureInfo:
     """How hidden states were captured."""
 
-    layer_ids: tuple[int, ...]
+    layer_ids: HfIndices
     """HF ``hidden_states`` indices: id k is the residual stream after k decoder layers."""
     layer_id_convention: Literal["hf_hidden_states_index"]
     final_hidden: Literal["post_norm"]
@@ -52,7 +56,7 @@ class TokenizerInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataSource:
+class SourceInfo:
     """One input dataset."""
 
     uri: str
@@ -63,7 +67,7 @@ class DataSource:
 class DataInfo:
     """Input data identity and the train/eval split rule."""
 
-    sources: tuple[DataSource, ...]
+    sources: tuple[SourceInfo, ...]
     eval_fraction: float | None
     eval_ids: tuple[int, ...] | None
     seed: int
@@ -74,41 +78,58 @@ class RunHeader:
     """The producer-supplied sections of the manifest (stored in ``_meta/header.json``)."""
 
     producer_config: dict[str, Any]
+    """The producer config; its ``resolved`` entry holds facts the schema has no slot for."""
     target: TargetInfo
     capture: CaptureInfo
     tokenizer: TokenizerInfo
     data: DataInfo
 
+    @classmethod
+    def from_json(cls, data: object) -> RunHeader:
+        """Parse untrusted JSON (see :func:`parse_header`)."""
+        return parse_header(data)
+
+    def to_json(self) -> dict[str, Any]:
+        """The header as stored in ``_meta/header.json`` (unset split rules are left out)."""
+        data = dataclasses.asdict(self.data)
+        data["sources"] = [dataclasses.asdict(s) for s in self.data.sources]
+        for key in ("eval_fraction", "eval_ids"):
+            if data[key] is None:
+                del data[key]
+            elif key == "eval_ids":
+                data[key] = list(data[key])
+        capture = dataclasses.asdict(self.capture)
+        capture["layer_ids"] = list(self.capture.layer_ids)
+        return {"producer_config": self.producer_config,
+                "target": dataclasses.asdict(self.target), "capture": capture,
+                "tokenizer": dataclasses.asdict(self.tokenizer), "data": data}
+
+    @property
+    def num_units(self) -> int:
+        """Commit units of the whole cache (``producer_config.resolved.num_units``).
+
+        Raises:
+            ManifestError: if the producer did not record it.
+        """
+        return self._resolved_count("num_units")
+
+    @property
+    def num_rows(self) -> int:
+        """Input rows of all sources together (``producer_config.resolved.num_rows``).
+
+        Raises:
+            ManifestError: if the producer did not record it.
+        """
+        return self._resolved_count("num_rows")
+
+    def _resolved_count(self, name: str) -> int:
+        field = "producer_config.resolved"
+        count = f.mapping(self.producer_config.get("resolved"), field).get(name)
+        return f.integer(count, f"{field}.{name}")
+
 
 def _keys(*names: str) -> frozenset[str]:
     return frozenset(names)
-
-
-def parse_spec(data: object, field: str = "storage.spec") -> CacheSpec:
-    """The cache spec, with absurd sizes rejected."""
-    d = f.obj(data, field, required=_keys("hidden_size", "num_aux_layers", "hidden_dtype",
-                                          "max_seq_len", "aux_codec", "topk", "shard_rows",
-                                          "rows_per_unit"))
-    try:
-        return _spec(d, field)
-    except ValueError as exc:
-        if isinstance(exc, f.ManifestError):
-            raise
-        raise f.ManifestError(f"manifest field {field!r}: {exc}") from exc
-
-
-def _spec(d: Mapping[str, Any], field: str) -> CacheSpec:
-    return CacheSpec(
-        hidden_size=f.integer(d["hidden_size"], f"{field}.hidden_size", lo=1, hi=1 << 17),
-        num_aux_layers=f.integer(d["num_aux_layers"], f"{field}.num_aux_layers", lo=1, hi=256),
-        hidden_dtype=f.choice(d["hidden_dtype"], f"{field}.hidden_dtype",
-                              ("bfloat16", "float16", "float32")),
-        max_seq_len=f.integer(d["max_seq_len"], f"{field}.max_seq_len", lo=1, hi=1 << 22),
-        aux_codec=f.choice(d["aux_codec"], f"{field}.aux_codec", ("lossless", "fp8")),
-        topk=f.integer(d["topk"], f"{field}.topk", hi=1024),
-        shard_rows=f.integer(d["shard_rows"], f"{field}.shard_rows", lo=1, hi=1 << 22),
-        rows_per_unit=f.integer(d["rows_per_unit"], f"{field}.rows_per_unit", lo=1, hi=1 << 20),
-    )
 
 
 def parse_target(data: object) -> TargetInfo:
@@ -131,13 +152,13 @@ def parse_target(data: object) -> TargetInfo:
     )
 
 
-def parse_layer_ids(data: object, field: str = "capture.layer_ids") -> tuple[int, ...]:
+def parse_layer_ids(data: object, field: str = "capture.layer_ids") -> HfIndices:
     """Strictly increasing, non-negative HF hidden_states indices."""
     ids = tuple(f.integer(x, f"{field}[{i}]", hi=1024)
                 for i, x in enumerate(f.array(data, field, max_len=256)))
     if not ids or any(a >= b for a, b in zip(ids, ids[1:], strict=False)):
         raise f.fail(field, "a non-empty strictly increasing list", list(ids))
-    return ids
+    return HfIndices(ids)
 
 
 def parse_capture(data: object) -> CaptureInfo:
@@ -178,7 +199,7 @@ def parse_data(data: object) -> DataInfo:
     sources = []
     for i, item in enumerate(f.array(d["sources"], "data.sources", max_len=10_000)):
         s = f.obj(item, f"data.sources[{i}]", required=_keys("uri", "content_hash"))
-        sources.append(DataSource(uri=f.string(s["uri"], f"data.sources[{i}].uri"),
+        sources.append(SourceInfo(uri=f.string(s["uri"], f"data.sources[{i}].uri"),
                                   content_hash=f.hexdigest(s["content_hash"],
                                                            f"data.sources[{i}].content_hash")))
     eval_ids = d.get("eval_ids")

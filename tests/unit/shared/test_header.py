@@ -1,0 +1,44 @@
+"""The run header: its JSON and its parser are inverses, and the writer refuses a bad one."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from cache_helpers import make_header, make_run_header
+
+from sparkforge.shared.fields import ManifestError
+from sparkforge.shared.header import RunHeader
+from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.writer import CacheWriter
+
+SPEC = CacheSpec(hidden_size=32, num_aux_layers=2, hidden_dtype="float32", max_seq_len=16,
+                 shard_rows=64, rows_per_unit=4)
+
+
+@pytest.mark.parametrize("split", [{"eval_fraction": 0.25}, {"eval_ids": [3, 7]}, {}])
+def test_header_json_round_trips(split: dict) -> None:
+    """to_json(from_json(x)) == x, with an unset split rule left out as the producer writes it."""
+    raw = make_header(SPEC)
+    del raw["data"]["eval_fraction"]
+    raw["data"].update(split)
+    assert RunHeader.from_json(raw).to_json() == raw
+
+
+def test_num_units_is_read_typed() -> None:
+    """num_units comes from producer_config.resolved and names the field when it is absent."""
+    raw = make_header(SPEC)
+    raw["producer_config"]["resolved"] = {"num_units": 12}
+    assert RunHeader.from_json(raw).num_units == 12
+    with pytest.raises(ManifestError, match=r"producer_config\.resolved"):
+        _ = make_run_header(SPEC).num_units
+
+
+def test_writer_refuses_a_bad_header_before_creating_the_store(tmp_path: Path) -> None:
+    """A header that would not parse back fails at open, naming the field; nothing is written."""
+    header = make_run_header(SPEC)
+    bad = dataclasses.replace(header, capture=dataclasses.replace(header.capture, layer_ids=()))
+    with pytest.raises(ManifestError, match=r"capture\.layer_ids"):
+        CacheWriter.open(str(tmp_path / "c"), spec=SPEC, header=bad)
+    assert not (tmp_path / "c").exists()
