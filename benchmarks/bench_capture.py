@@ -1,19 +1,22 @@
-"""Capture throughput of VllmSource vs plain vLLM prefill of the same prompts, in one run.
+"""Capture throughput: plain vLLM prefill vs capture-only vs capture + cache write, in one run.
 
 Reproduce:
     VLLM_CPU_KVCACHE_SPACE=2 .venv/bin/python -P benchmarks/bench_capture.py \
-        --num-prompts 64 --prompt-len 512 --hidden-size 512 --num-layers 8
+        --num-prompts 32 --prompt-len 512 --hidden-size 1024 --num-layers 8
 
 Both engines run the same token-id prompts with prefix caching off and ``max_tokens=1``; the
-baseline has no speculative config and no connector. The capture side reports where its wall time
-goes (engine steps incl. the in-worker gather, file load, checks, final norm, the rest of the loop).
-Both engines stay up and run interleaved repeats; the best of each is compared.
+baseline has no speculative config and no connector. "capture + write" also converts every result
+to its stored form and writes units of ``--rows-per-unit`` prompts into a fresh cache, either
+through the producer's background write queue (overlapped with the next unit's capture) or inline
+(the write waits for nothing else: the old sequential producer). The capture side reports where its
+wall time goes. Both engines stay up and run interleaved repeats; the best of each is compared.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,16 +26,18 @@ import numpy as np
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=512)
-    parser.add_argument("--hidden-size", type=int, default=512)
+    parser.add_argument("--hidden-size", type=int, default=1024)
     parser.add_argument("--num-layers", type=int, default=8)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--window", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
     parser.add_argument("--verify-every", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rows-per-unit", type=int, default=8)
+    parser.add_argument("--aux-codec", default="lossless", choices=["lossless", "fp8"])
     parser.add_argument(
         "--in-process", action="store_true", help="VLLM_ENABLE_V1_MULTIPROCESSING=0"
     )
@@ -80,6 +85,56 @@ def start_capture(engine, prompts, args):
     return source, run
 
 
+def capture_and_write(source, prompts, args, *, overlap: bool):
+    """A timed capture that also converts and writes every unit into a fresh cache."""
+    from sparkforge.producer.capture import to_storage
+    from sparkforge.producer.source import CaptureRequest
+    from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue
+    from sparkforge.shared.layout import CacheSpec
+    from sparkforge.shared.records import SampleRecord, UnitAccounting
+    from sparkforge.shared.writer import CacheWriter
+
+    per_unit = args.rows_per_unit
+    spec = CacheSpec(hidden_size=args.hidden_size, num_aux_layers=len(source.layer_ids),
+                     hidden_dtype="bfloat16", max_seq_len=args.prompt_len, aux_codec=args.aux_codec,
+                     shard_rows=per_unit * args.prompt_len, rows_per_unit=per_unit)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_trainer_data import synthetic_header
+
+    writer = CacheWriter.open(tempfile.mkdtemp(prefix="bench-cache-"), spec=spec,
+                              header=synthetic_header(args.hidden_size, len(source.layer_ids),
+                                                      args.prompt_len))
+
+    def unit_records(unit: int) -> CapturedUnit:
+        rows = range(unit * per_unit, min(len(prompts), (unit + 1) * per_unit))
+        requests = [CaptureRequest(sample_id=i, input_ids=prompts[i]) for i in rows]
+        records = []
+        for r in sorted(source.capture(requests), key=lambda r: r.sample_id):
+            aux, scale, final = to_storage(r, "bfloat16", args.aux_codec)
+            ids = prompts[r.sample_id]
+            records.append(SampleRecord(
+                sample_id=r.sample_id, source_row=r.sample_id, source_hash="ab", split="train",
+                input_ids=ids, loss_mask=np.ones_like(ids, dtype=np.uint8), aux_hidden=aux,
+                aux_scale=scale, final_hidden=final))
+        return CapturedUnit(unit, records, UnitAccounting(input_rows=len(rows),
+                                                          written=len(records)))
+
+    num_units = -(-len(prompts) // per_unit)
+    start = time.perf_counter()
+    if overlap:
+        with UnitWriteQueue(writer, queue_units=2, num_threads=1) as writes:
+            for unit in range(num_units):
+                writes.submit(unit_records(unit))
+            writes.close()
+    else:
+        for unit in range(num_units):
+            item = unit_records(unit)
+            writer.write_unit(item.unit, item.records, item.accounting)
+    elapsed = time.perf_counter() - start
+    assert writer.committed_units() == set(range(num_units))
+    return elapsed
+
+
 def main() -> None:
     args = parse_args()
     if args.in_process:
@@ -107,33 +162,44 @@ def main() -> None:
         enforce_eager=True,
     )
     tokens = args.num_prompts * args.prompt_len
+    from sparkforge.producer.write_queue import default_writer_threads
+    from sparkforge.shared.storage import set_codec_threads
+
+    writer_threads = default_writer_threads(cpus=len(os.sched_getaffinity(0)), engine_processes=2)
+    set_codec_threads(writer_threads)
     llm, baseline = start_baseline(engine, prompts)
     source, capture = start_capture(engine, prompts, args)
     baseline(), capture()  # warm-up both engines
     # Interleaved repeats, best of each: the host is shared and noisy.
-    base_runs, cap_runs = [], []
+    runs: dict[str, list[float]] = {"plain prefill": [], "capture only": [],
+                                     "capture + write, inline": [],
+                                     "capture + write, overlapped": []}
+    cap_runs = []
     for _ in range(args.repeats):
-        base_runs.append(baseline())
+        runs["plain prefill"].append(baseline())
         cap_runs.append(capture())
+        runs["capture only"].append(cap_runs[-1][0])
+        runs["capture + write, inline"].append(
+            capture_and_write(source, prompts, args, overlap=False))
+        runs["capture + write, overlapped"].append(
+            capture_and_write(source, prompts, args, overlap=True))
     llm.llm_engine.engine_core.shutdown()
     source.close()
-    base_s = min(base_runs)
+    base_s = min(runs["plain prefill"])
     cap_s, timings = min(cap_runs, key=lambda run: run[0])
-    rows = [("plain prefill", base_s), ("capture", cap_s)]
     print(
         f"\n{tokens} tokens: {args.num_prompts} x {args.prompt_len}, H={args.hidden_size}, "
         f"L={args.num_layers}, {args.dtype}, window={args.window}, "
-        f"{'in-process' if args.in_process else 'multiprocess'}"
+        f"{'in-process' if args.in_process else 'multiprocess'}, aux {args.aux_codec}, "
+        f"writer threads {writer_threads}, {os.cpu_count()} CPUs"
     )
-    print(f"{'run':<16}{'wall s':>10}{'tok/s':>12}")
-    for name, secs in rows:
-        print(f"{name:<16}{secs:>10.3f}{tokens / secs:>12.0f}")
-    print(
-        f"capture / plain wall time: {cap_s / base_s:.3f} (best of {args.repeats}; all plain "
-        f"{[round(b, 2) for b in base_runs]}, capture {[round(c, 2) for c, _ in cap_runs]})"
-    )
-    other = cap_s - sum(timings.values())
+    print(f"{'run':<30}{'wall s':>10}{'tok/s':>10}{'vs plain':>10}  all runs")
+    for name, secs in runs.items():
+        best = min(secs)
+        print(f"{name:<30}{best:>10.3f}{tokens / best:>10.0f}{base_s / best:>10.2f}  "
+              f"{[round(x, 2) for x in secs]}")
     print(f"{'capture part':<16}{'s':>10}{'share':>12}")
+    other = cap_s - sum(timings.values())
     for name, secs in [*timings.items(), ("loop other", other)]:
         print(f"{name:<16}{secs:>10.3f}{secs / cap_s:>12.1%}")
     print(

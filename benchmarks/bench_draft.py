@@ -25,9 +25,10 @@ from sparkforge.trainer.loss import chunked_row_terms, compute_dspark_loss, l1_d
 from sparkforge.trainer.model import DSparkDraftModel
 
 
-def _throughput(cfg: DSparkDraftConfig, seq_len: int, steps: int, **loss_kw: float) -> float:
+def _throughput(cfg: DSparkDraftConfig, seq_len: int, steps: int, device: str = "cpu",
+                attn: str = "sdpa", **loss_kw: float) -> float:
     torch.manual_seed(0)
-    model = DSparkDraftModel(cfg)
+    model = DSparkDraftModel(cfg, attn_implementation=attn).to(device)
     h, f = cfg.hidden_size, cfg.num_features
     batch = {
         "input_ids": torch.randint(0, cfg.vocab_size, (1, seq_len)),
@@ -35,12 +36,18 @@ def _throughput(cfg: DSparkDraftConfig, seq_len: int, steps: int, **loss_kw: flo
         "target_hidden_states": torch.randn(1, seq_len, f * h),
         "target_last_hidden_states": torch.randn(1, seq_len, h),
     }
+    batch = {k: v.to(device) for k, v in batch.items()}
+    cuda = device.startswith("cuda")
     if loss_kw.get("l1_alpha", 0.9) == 0 and not cfg.enable_confidence_head:
         batch.pop("target_last_hidden_states")
     times = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
-        compute_dspark_loss(model(**batch), **loss_kw).loss.backward()  # type: ignore[arg-type]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            loss = compute_dspark_loss(model(**batch), **loss_kw).loss  # type: ignore[arg-type]
+        loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return seq_len / (sum(times[1:]) / steps)  # first step is warm-up
 
@@ -102,10 +109,13 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--num-anchors", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--mem-cases", nargs="+", default=[
+    parser.add_argument("--mem-cases", nargs="*", default=[
         "8192x512", "32768x512", "131072x512", "131072x256", "131072x1024", "131072x2048"],
         help="VOCABxROWS loss-memory cases")
     parser.add_argument("--mem-case", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast on cuda)")
+    parser.add_argument("--attn", default="sdpa", choices=["sdpa", "flex"],
+                        help="draft attention (flex needs CUDA for its backward)")
     args = parser.parse_args()
     if args.mem_case:
         _mem_case(args.mem_case[0], int(args.mem_case[1]), int(args.mem_case[2]))
@@ -114,16 +124,18 @@ def main() -> None:
     dspark = dataclasses.replace(draft_qwen3_small(), num_anchors=args.num_anchors)
     dflash = dataclasses.replace(dspark, markov_rank=0, enable_confidence_head=False,
                                  confidence_head_with_markov=False)
-    tps_dspark = _throughput(dspark, args.seq_len, args.steps)
-    tps_dflash = _throughput(dflash, args.seq_len, args.steps, ce_alpha=1.0, l1_alpha=0.0,
-                             confidence_alpha=0.0)
-    print(f"threads={torch.get_num_threads()} H=1024 layers=2 V=151936 K=7 "
-          f"A={args.num_anchors} S={args.seq_len}")
+    tps_dspark = _throughput(dspark, args.seq_len, args.steps, args.device, args.attn)
+    tps_dflash = _throughput(dflash, args.seq_len, args.steps, args.device, args.attn,
+                             ce_alpha=1.0, l1_alpha=0.0, confidence_alpha=0.0)
+    print(f"device={args.device} attn={args.attn} threads={torch.get_num_threads()} H=1024 "
+          f"layers=2 V=151936 K=7 A={args.num_anchors} S={args.seq_len}")
     print("| config | fwd+bwd context tokens/s |")
     print("|---|---|")
     print(f"| DSpark (r=256, confidence, CE+L1+BCE) | {tps_dspark:.1f} |")
     print(f"| DFlash ablation (CE only) baseline | {tps_dflash:.1f} |")
     print(f"| ratio DSpark / baseline | {tps_dspark / tps_dflash:.2f} |")
+    if args.device.startswith("cuda"):
+        print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     print("\nCE+L1 loss fwd+bwd: extra peak RSS over the bf16 logits (MiB)")
     print("| vocab | rows | unchunked | chunked (128 rows) | ratio |")
     print("|---|---|---|---|---|")
@@ -131,7 +143,9 @@ def main() -> None:
         vocab, rows = (int(x) for x in case.split("x"))
         plain, chunk = _run_mem("plain", vocab, rows), _run_mem("chunked", vocab, rows)
         print(f"| {vocab} | {rows} | {plain:.0f} | {chunk:.0f} | {plain / chunk:.1f}x |")
-    print("\nreproduce: .venv/bin/python -P benchmarks/bench_draft.py")
+    print(f"\nreproduce: .venv/bin/python -P benchmarks/bench_draft.py --device {args.device} "
+          f"--attn {args.attn} --seq-len {args.seq_len} --steps {args.steps} --mem-cases "
+          + " ".join(args.mem_cases))
 
 
 if __name__ == "__main__":

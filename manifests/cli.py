@@ -69,6 +69,7 @@ class PlanConfig:
     topk: int = 0
     shard_rows: int = 8192
     rows_per_unit: int = 64
+    tokens_per_s: float | None = None
     json: bool = False
 
 
@@ -131,6 +132,9 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
         p.add_argument("--shard_rows", type=int, default=8192)
         p.add_argument("--rows_per_unit", type=int, default=64,
                        help="input rows per unit (default 64, as sparkforge produce)")
+        p.add_argument("--tokens_per_s", type=float,
+                       help="capture speed of one producer (e.g. a GPU's prefill tokens/s): "
+                            "also print the writer cores needed to keep up")
         p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -216,9 +220,12 @@ def run_plan(cfg: PlanConfig) -> int:
         raise UsageError(str(exc)) from exc
     bad = [f"--num_tokens must be >= 0, got {cfg.num_tokens}"] if cfg.num_tokens < 0 else []
     bad += [f"--mean_seq_len must be >= 1, got {cfg.mean_seq_len}"] if cfg.mean_seq_len < 1 else []
+    if cfg.tokens_per_s is not None and cfg.tokens_per_s <= 0:
+        bad.append(f"--tokens_per_s must be > 0, got {cfg.tokens_per_s}")
     if bad:
         raise UsageError("; ".join(bad))
-    plan = plan_cache(spec, num_tokens=cfg.num_tokens, mean_seq_len=cfg.mean_seq_len)
+    plan = plan_cache(spec, num_tokens=cfg.num_tokens, mean_seq_len=cfg.mean_seq_len,
+                      tokens_per_s=cfg.tokens_per_s)
     print(json.dumps(plan, indent=1) if cfg.json else plan_table(plan))
     return 0
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared.layer_ids import feature_to_hf
+from sparkforge.shared.target_families import FeatureSemantics, FinalSemantics
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,12 @@ class RunContract:
     """Longest sample the run is sized for (the cache's capture.max_seq_len must not exceed it)."""
     target_model_type: str | None = None
     """Expected target ``model_type``; None accepts any."""
+    features: FeatureSemantics = "residual"
+    """What the draft expects a feature to be (``hc_mean`` for hyper-connection targets)."""
+    final_hidden: FinalSemantics = "post_norm"
+    """What the draft expects the final state to be (``lm_head_input`` for DeepSeek-V4)."""
     need_eval_split: bool = False
+
 
 
 def contract_problems(manifest: CacheManifest, run: RunContract, *,
@@ -68,7 +74,9 @@ def contract_problems(manifest: CacheManifest, run: RunContract, *,
             f"{list(capture.layer_ids)}")
     differ("capture.layer_id_convention", "hf_hidden_states_index",
            "capture.layer_id_convention", capture.layer_id_convention)
-    differ("capture.final_hidden", "post_norm", "capture.final_hidden", capture.final_hidden)
+    differ("model.draft.target_features", run.features, "capture.features", capture.features)
+    differ("model.draft.target_final", run.final_hidden, "capture.final_hidden",
+           capture.final_hidden)
     differ("model.hidden_size", run.hidden_size, "target.hidden_size", target.hidden_size)
     differ("model.hidden_size", run.hidden_size, "storage.spec.hidden_size", spec.hidden_size)
     differ("model.vocab_size", run.vocab_size, "target.vocab_size", target.vocab_size)

@@ -29,9 +29,11 @@ def _schema(tp: Any) -> dict[str, Any]:
             "type": "object", "additionalProperties": _schema(value)}
     if dataclasses.is_dataclass(tp):
         hints = get_type_hints(tp)
-        fields = [f.name for f in dataclasses.fields(tp)]
-        return {"type": "object", "properties": {n: _schema(hints[n]) for n in fields},
-                "required": fields, "additionalProperties": False}
+        fields = dataclasses.fields(tp)
+        # Fields added after format version 1 may be absent from older manifests.
+        required = [f.name for f in fields if not f.metadata.get("optional_in_json")]
+        return {"type": "object", "properties": {f.name: _schema(hints[f.name]) for f in fields},
+                "required": required, "additionalProperties": False}
     simple = {int: "integer", str: "string", bool: "boolean", float: "number",
               type(None): "null"}
     return {"type": simple[tp]}

@@ -26,6 +26,11 @@ SMALL_ARRAY_RATIO: Final[dict[str, float]] = {"input_ids": 3.4, "loss_mask": 100
                                               "aux_scale": 1.0, "topk_ids": 1.0,
                                               "topk_logprobs": 1.0}
 """zstd-3 on the per-token arrays: token ids 3.4x and loss masks >100x measured; the rest 1.0."""
+WRITER_MB_S_PER_CORE: Final = 165.0
+"""Raw hidden-state MB one writer core compresses and writes per CPU second through zarr (Blosc
+zstd-1 + byte shuffle, bf16, local disk, crc32c included): 164-171 MB per CPU-s measured by
+benchmarks/bench_writer.py on a shared 2-vCPU x86_64 host; fp8 codes are assumed to cost the same
+per stored byte."""
 FIXED_OBJECTS: Final = 4
 """zarr.json of the group, _meta/header.json, index.parquet, manifest.json (plus target files)."""
 
@@ -78,13 +83,31 @@ def slots_per_unit(unit_tokens: float, mean_seq_len: float, shard_rows: int) -> 
     return math.ceil(unit_tokens / max(shard_rows - mean_seq_len / 2, 1.0))
 
 
-def plan_cache(spec: CacheSpec, *, num_tokens: int, mean_seq_len: float) -> dict[str, Any]:
+def writer_cores(spec: CacheSpec, tokens_per_s: float) -> dict[str, float]:
+    """Writer cores needed to keep up with ``tokens_per_s`` captured tokens per second.
+
+    The writer compresses the stored hidden states (aux codes or values, and final) at
+    ``WRITER_MB_S_PER_CORE`` raw MB/s per core; the per-token arrays are negligible.
+    """
+    layouts = array_layouts(spec)
+    raw = sum(a.dtype.itemsize * math.prod(a.row_shape) for name, a in layouts.items()
+              if name in ("aux_hidden", "final_hidden"))
+    mb_per_s = raw * tokens_per_s / 1e6
+    return {"tokens_per_s": tokens_per_s, "hidden_mb_per_s": mb_per_s,
+            "mb_per_s_per_core": WRITER_MB_S_PER_CORE,
+            "cores": math.ceil(mb_per_s / WRITER_MB_S_PER_CORE)}
+
+
+def plan_cache(spec: CacheSpec, *, num_tokens: int, mean_seq_len: float,
+               tokens_per_s: float | None = None) -> dict[str, Any]:
     """The size estimate of a cache with ``spec`` holding ``num_tokens`` tokens.
 
     Args:
         spec: The cache spec the producer will use.
         num_tokens: Tokens to capture.
         mean_seq_len: Mean sample length in tokens (sets samples, units and packing waste).
+        tokens_per_s: Capture speed of one producer (e.g. one GPU's prefill tokens/s); adds the
+            writer cores it needs.
     """
     layouts = array_layouts(spec)
     arrays = {}
@@ -111,6 +134,7 @@ def plan_cache(spec: CacheSpec, *, num_tokens: int, mean_seq_len: float) -> dict
         "mean_shard_bytes": int(per_token * num_tokens / slots) if slots else 0,
         "objects": slots * len(layouts) + 2 * units + len(layouts) + FIXED_OBJECTS,
         "arrays": arrays,
+        "writer": None if tokens_per_s is None else writer_cores(spec, tokens_per_s),
     }
 
 
@@ -130,6 +154,11 @@ def plan_table(plan: Mapping[str, Any]) -> str:
               f"units / shards  {plan['num_units']:,} / {plan['num_shards']:,} "
               f"(~{human_bytes(plan['mean_shard_bytes'])} per shard, all arrays)",
               f"objects         {plan['objects']:,} (+ target files)"]
+    if plan.get("writer"):
+        w = plan["writer"]
+        lines.append(f"writer cores    {w['cores']:.0f} to keep up with {w['tokens_per_s']:,.0f} "
+                     f"tok/s ({w['hidden_mb_per_s']:,.0f} MB/s of hidden states at "
+                     f"{w['mb_per_s_per_core']:.0f} MB/s per core, measured on a 2-vCPU host)")
     return "\n".join(lines)
 
 

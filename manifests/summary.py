@@ -50,7 +50,7 @@ def summarize_cache(uri: str, *,
                    "dtype": t.dtype},
         "layers": {"layer_ids": list(c.layer_ids),
                    "dspark_feature_ids": list(hf_to_feature(c.layer_ids)),
-                   "final_hidden": c.final_hidden},
+                   "features": c.features, "final_hidden": c.final_hidden},
         "engine": f"{c.engine} {c.engine_version}", "max_seq_len": c.max_seq_len,
         "hidden_dtype": spec.hidden_dtype, "aux_codec": spec.aux_codec, "topk": spec.topk,
         "units": len(m.storage.units),
@@ -118,7 +118,8 @@ def summary_table(s: Mapping[str, Any]) -> str:
         f"target          {t['name_or_path']} ({t['model_type']}, {t['architecture']}, "
         f"H={t['hidden_size']}, {t['num_hidden_layers']} layers, vocab {t['vocab_size']:,})",
         f"layers          hidden_states {layers['layer_ids']} (DSpark ids "
-        f"{layers['dspark_feature_ids']}) + final {layers['final_hidden']}",
+        f"{layers['dspark_feature_ids']}, {layers['features']}) + final "
+        f"{layers['final_hidden']}",
         f"engine          {s['engine']}, max_seq_len {s['max_seq_len']:,}",
         f"samples         {s['samples']:,} in {s['units']:,} units / {s['shards']:,} shards",
         f"tokens          {s['tokens']:,}",

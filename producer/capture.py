@@ -1,7 +1,8 @@
 """Capture one commit unit: tokenize its rows, run them through a source, build sample records.
 
-Results are checked at the source boundary (shapes), converted to the cache's storage dtype and
-sorted by sample id, so a unit's records do not depend on the order requests finished in.
+Results are checked at the source boundary (shapes), converted to the cache's stored form where
+they were captured (storage dtype, fp8 codes) and moved to the host once, and sorted by sample id,
+so a unit's records do not depend on the order requests finished in.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.dataset import RawRow
+from sparkforge.producer.fp8 import quantize_e4m3
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
 from sparkforge.producer.splits import SplitRule
 from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
@@ -61,12 +63,46 @@ class FailureRun:
         self.count = 0
 
 
-def to_storage(tensor: torch.Tensor, hidden_dtype: str) -> np.ndarray:
-    """A CPU tensor in the cache's storage dtype (bf16 as its uint16 bit pattern)."""
-    if hidden_dtype == "bfloat16":
-        bits = tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy()
-        return bits.view(np.uint16)
-    return tensor.to(getattr(torch, hidden_dtype)).contiguous().numpy()
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the host: itself when it is there already (a no-op ``contiguous``), else
+    one device-to-host copy into pinned memory (torch's caching host allocator reuses it)."""
+    if tensor.device.type == "cpu":
+        return tensor.contiguous()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor)
+
+
+def host_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a host tensor (bf16 as its uint16 bit pattern)."""
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16)
+    return tensor.numpy()
+
+
+def to_storage(
+    result: CaptureResult, hidden_dtype: str, aux_codec: str
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """A result's activations in the cache's stored form, moved to the host once.
+
+    Conversion to the storage dtype and fp8 quantisation run in torch where the activations are
+    (the GPU on inference nodes), so only stored bytes cross to the host.
+
+    Returns:
+        ``(aux_hidden, aux_scale, final_hidden)``; ``aux_scale`` is None unless ``aux_codec`` is
+        fp8, when ``aux_hidden`` holds the e4m3 codes.
+    """
+    assert result.aux_hidden is not None
+    assert result.final_hidden is not None
+    dtype = _TORCH_DTYPES[hidden_dtype]
+    aux = result.aux_hidden.to(dtype)
+    final = host_numpy(to_host(result.final_hidden.to(dtype)))
+    if aux_codec == "fp8":
+        codes, scale = quantize_e4m3(aux)
+        return to_host(codes).numpy(), to_host(scale).numpy(), final
+    return host_numpy(to_host(aux)), None, final
 
 
 def _check_result(
@@ -84,10 +120,9 @@ def _check_result(
 
 
 def _record(
-    result: CaptureResult, pending: _Pending, hidden_dtype: str, topk: int
+    result: CaptureResult, pending: _Pending, hidden_dtype: str, aux_codec: str, topk: int
 ) -> SampleRecord:
-    assert result.aux_hidden is not None
-    assert result.final_hidden is not None
+    aux, aux_scale, final = to_storage(result, hidden_dtype, aux_codec)
     topk_ids = result.topk_ids if topk else None  # a source may return more than was asked
     topk_lp = result.topk_logprobs if topk else None
     return SampleRecord(
@@ -97,10 +132,11 @@ def _record(
         split=pending.split,
         input_ids=pending.input_ids,
         loss_mask=pending.loss_mask,
-        aux_hidden=to_storage(result.aux_hidden, hidden_dtype),
-        final_hidden=to_storage(result.final_hidden, hidden_dtype),
-        topk_ids=None if topk_ids is None else topk_ids.to(torch.int32).numpy(),
-        topk_logprobs=None if topk_lp is None else topk_lp.float().numpy(),
+        aux_hidden=aux,
+        aux_scale=aux_scale,
+        final_hidden=final,
+        topk_ids=None if topk_ids is None else to_host(topk_ids.to(torch.int32)).numpy(),
+        topk_logprobs=None if topk_lp is None else to_host(topk_lp.float()).numpy(),
     )
 
 
@@ -114,6 +150,7 @@ class UnitCapturer:
     hidden_dtype: str
     topk: int
     failures: FailureRun
+    aux_codec: str = "lossless"
 
     def encode(self, rows: Sequence[RawRow]) -> tuple[list[_Pending], Counter[str]]:
         """Tokenize rows; bad ones are counted by reason."""
@@ -147,7 +184,7 @@ class UnitCapturer:
                 self.failures.failed(result.sample_id, error)
                 continue
             self.failures.succeeded()
-            records.append(_record(result, item, self.hidden_dtype, self.topk))
+            records.append(_record(result, item, self.hidden_dtype, self.aux_codec, self.topk))
         for sample_id in by_id:  # requests the backend never answered
             failed += 1
             self.failures.failed(sample_id, "the capture backend returned no result")

@@ -13,7 +13,7 @@ from sparkforge.producer.engine_options import EngineOptions
 RUN_LOCAL_FIELDS = frozenset({
     "storage_options", "output", "worker_index", "num_workers", "window", "max_retries",
     "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
-    "finalize", "progress",
+    "finalize", "progress", "writer_queue_units", "writer_threads",
 })
 RUN_LOCAL_ENGINE_FIELDS = frozenset({
     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -66,6 +66,12 @@ class ProducerConfig:
     until it commits: about rows_per_unit x mean tokens x (F + 1) x H x 2 bytes."""
     shard_rows: int = 8192
     """Token rows per shard (>= max_seq_len)."""
+    writer_queue_units: int = 2
+    """Captured units waiting for the writer at most, while the engine captures the next one. At
+    most writer_queue_units + 2 units are in memory (queued, being written, being captured)."""
+    writer_threads: int = 0
+    """Compression threads of the writer; 0: the CPUs left after the engine (available CPUs minus
+    one per engine GPU process, one for vLLM's scheduler and one for the capture loop; >= 1)."""
     data_format: Literal["auto", "jsonl", "parquet"] = "auto"
     """Input format; auto reads it from the file suffix."""
     worker_index: int | None = None
@@ -94,11 +100,11 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         problems = []
         positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
-                    "max_consecutive_failures", "read_batch_rows")
+                    "max_consecutive_failures", "read_batch_rows", "writer_queue_units")
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("topk", "max_retries", "parity_samples"):
+        for name in ("topk", "max_retries", "parity_samples", "writer_threads"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} must be >= 0, got {getattr(self, name)}")
         for name in ("data", "output"):

@@ -19,6 +19,7 @@ from sparkforge.shared.header import (
 )
 from sparkforge.shared.layer_ids import HfIndices, hf_to_feature
 from sparkforge.shared.provenance import package_version
+from sparkforge.shared.target_families import family_of
 
 REGENERATION_KEY = "sparkforge.regenerate"
 
@@ -68,6 +69,7 @@ def build_header(
     and the regeneration parameters of a regenerated dataset.
     """
     engine = cfg.engine
+    family = family_of(target.model_type)
     resolved = {
         "num_rows": sum(s.num_rows for s in sources),
         "num_units": num_units,
@@ -82,7 +84,8 @@ def build_header(
         capture=CaptureInfo(
             layer_ids=hf_layer_ids,
             layer_id_convention="hf_hidden_states_index",
-            final_hidden="post_norm",
+            features=family.features,
+            final_hidden=family.final_state,
             engine=cfg.backend,
             engine_version=engine_version(cfg.backend),
             tensor_parallel_size=engine.tensor_parallel_size,

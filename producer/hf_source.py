@@ -1,8 +1,10 @@
 """The transformers capture backend: same outputs as the vLLM backend, from a plain HF forward.
 
 It serves targets vLLM cannot run and is the reference for the parity check. ``hidden_states[k]``
-is the residual after k decoder layers and HF's ``hidden_states[L]`` is already post-final-norm,
-which is exactly the lm_head input the cache stores as ``final_hidden``.
+is the output of the first k decoder layers and HF's ``hidden_states[L]`` is the lm_head input,
+which the cache stores as ``final_hidden``: post-final-norm for Llama/Qwen-style targets, and
+``norm(hc_head(streams))`` for DeepSeek-V4. A V4 layer output is ``[B, S, hc_mult, H]``; its
+feature is the mean over the hc streams, what vLLM's aux capture feeds a V4 draft.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from transformers import AutoModelForCausalLM
 
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
+from sparkforge.shared.hidden_features import layer_feature
 from sparkforge.shared.layer_ids import check_hf_ids
+from sparkforge.shared.target_families import family_of
 
 
 class HfSource:
@@ -44,6 +48,7 @@ class HfSource:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
         self.model = model.to(device).eval()  # type: ignore[arg-type]  # odd transformers stub
         config = self.model.config.get_text_config()
+        self.family = family_of(self.model.config.model_type)
         self.num_hidden_layers = int(config.num_hidden_layers)
         self.layer_ids = check_hf_ids(layer_ids, self.num_hidden_layers)
         self.dtype = getattr(torch, dtype)
@@ -59,7 +64,8 @@ class HfSource:
             "data_parallel_size": 1,
             "layer_ids": list(self.layer_ids),
             "layer_id_convention": "hf_hidden_states_index",
-            "final_hidden": "post_norm",
+            "features": self.family.features,
+            "final_hidden": self.family.final_state,
             "dtype": str(self.dtype).removeprefix("torch."),
         }
 
@@ -97,16 +103,20 @@ class HfSource:
             attention_mask=mask_BT.to(self.device),
             output_hidden_states=True,
         )
-        aux_BTFH = torch.stack([out.hidden_states[k_] for k_ in self.layer_ids], dim=2).cpu()
-        final_BTH = out.hidden_states[self.num_hidden_layers].cpu()
+        # Left on the device: the capturer converts (and quantises) there and copies each sample
+        # to the host once.
+        aux_BTFH = torch.stack(
+            [layer_feature(out.hidden_states[k_], self.family) for k_ in self.layer_ids], dim=2
+        )
+        final_BTH = out.hidden_states[self.num_hidden_layers]
         if k:
             topk_lps, topk_ids = torch.log_softmax(out.logits.float(), dim=-1).topk(k, dim=-1)
         for i, r in enumerate(batch):
             t = lengths[i]
             yield CaptureResult(
                 sample_id=r.sample_id,
-                aux_hidden=aux_BTFH[i, :t].clone(),
-                final_hidden=final_BTH[i, :t].clone(),
+                aux_hidden=aux_BTFH[i, :t],
+                final_hidden=final_BTH[i, :t],
                 topk_ids=topk_ids[i, :t].int().cpu() if k else None,
                 topk_logprobs=topk_lps[i, :t].cpu() if k else None,
             )

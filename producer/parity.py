@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 import torch
 
-from sparkforge.producer.hf_source import HfSource
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
 
@@ -36,6 +35,12 @@ class ParitySource(Protocol):
     ) -> Iterator[CaptureResult]: ...
 
     def engine_info(self) -> dict[str, Any]: ...
+
+
+class ParityReference(ParitySource, Protocol):
+    """The reference side: a capture backend that also knows the target's lm_head."""
+
+    def target_head(self) -> TargetHead: ...
 
 
 @dataclass(frozen=True)
@@ -81,14 +86,14 @@ class ParityReport:
 
 def run_parity(
     vllm_source: ParitySource,
-    hf_source: HfSource,
+    hf_source: ParityReference,
     requests: Sequence[CaptureRequest],
 ) -> ParityReport:
     """Capture ``requests`` with both backends and compare them.
 
     Args:
         vllm_source: The engine under test (asked for ``PARITY_TOPK`` prompt logprobs).
-        hf_source: The transformers reference, ideally in fp32.
+        hf_source: The reference (``HfSource``, ideally in fp32), which also supplies lm_head.
         requests: A few samples (token ids).
 
     Raises:
@@ -111,8 +116,8 @@ def run_parity(
         assert a.final_hidden is not None
         assert b.final_hidden is not None
         for f, name in enumerate(names[:-1]):
-            diffs[name].append((a.aux_hidden[:, f].float(), b.aux_hidden[:, f].float()))
-        diffs["final"].append((a.final_hidden.float(), b.final_hidden.float()))
+            diffs[name].append((a.aux_hidden[:, f].float().cpu(), b.aux_hidden[:, f].float().cpu()))
+        diffs["final"].append((a.final_hidden.float().cpu(), b.final_hidden.float().cpu()))
         logit_rows.append(_logit_parity(a, head))
     layers = tuple(_layer_error(name, pairs) for name, pairs in diffs.items())
     top1 = float(torch.cat([row[0] for row in logit_rows]).mean())
@@ -156,7 +161,7 @@ def _logit_parity(
     assert result.topk_ids is not None
     assert result.topk_logprobs is not None
     assert result.final_hidden is not None
-    recomputed_TV = head.log_probs(result.final_hidden)
+    recomputed_TV = head.log_probs(result.final_hidden.cpu())
     ids_TK = result.topk_ids.long()
     engine_TK = result.topk_logprobs.float()
     ours_TK = recomputed_TV.gather(1, ids_TK)

@@ -1,7 +1,8 @@
 """Run one producer worker: read its uncommitted units, capture them, commit them, finalize.
 
 Each unit is all-or-nothing: its rows are tokenized, captured and handed to the cache writer in one
-``write_unit`` call, which commits atomically. A crash anywhere loses at most the units in flight;
+``write_unit`` call, which commits atomically; the write runs on a background thread while the
+engine captures the next unit. A crash anywhere loses at most the units in flight;
 re-running the same command skips committed units, and samples are written in sample-id order, so a
 resumed cache has the same bytes as an uninterrupted one.
 """
@@ -38,6 +39,7 @@ from sparkforge.producer.target_files import (
     target_identity,
 )
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
+from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
 from sparkforge.shared import storage
 from sparkforge.shared.layer_ids import (
     HfIndices,
@@ -190,6 +192,7 @@ def run(
     """
     share = resolve_share(cfg.worker_index, cfg.num_workers, os.environ if env is None else env)
     prep = prepare(cfg)
+    storage.set_codec_threads(writer_threads(cfg))  # before the first store opens
     writer = _open_writer(cfg, prep)
     mine = owned_units(prep.num_units, share)
     todo = sorted(set(mine) - writer.committed_units())
@@ -217,22 +220,40 @@ def _capture_units(
     cfg: ProducerConfig, prep: Prepared, writer: CacheWriter, source: HiddenStateSource,
     todo: list[int], summary: RunSummary,
 ) -> None:
+    """Capture the units in ``todo``; each is written and committed on a writer thread while the
+    engine captures the next ones (``writer_queue_units`` bounds the units waiting)."""
     capturer = UnitCapturer(prep.encoder, SplitRule(cfg.eval_fraction, prep.eval_ids,
                                                     cfg.split_seed),
                             len(prep.hf_layer_ids), cfg.hidden_dtype, cfg.topk,
-                            FailureRun(cfg.max_consecutive_failures))
+                            FailureRun(cfg.max_consecutive_failures), aux_codec=cfg.aux_codec)
     todo_set = set(todo)
     rows = iter_rows(prep.sources, wanted=lambda i: i // cfg.rows_per_unit in todo_set,
                      batch_rows=cfg.read_batch_rows, storage_options=cfg.storage_options)
     start = time.monotonic()
-    with tqdm(total=len(todo), unit="unit", disable=not cfg.progress) as bar:
+    with tqdm(total=len(todo), unit="unit", disable=not cfg.progress) as bar, \
+            UnitWriteQueue(writer, queue_units=cfg.writer_queue_units, num_threads=1) as writes:
+
+        def count(done: list[CapturedUnit]) -> None:
+            for item in done:
+                summary.add_unit(item.records, item.accounting)
+                bar.update(1)
+            summary.seconds = time.monotonic() - start
+            bar.set_postfix_str(summary.progress(summary.seconds), refresh=False)
+
         for unit, unit_rows in rows_by_unit(rows, cfg.rows_per_unit):
             records, accounting = capturer.capture(source, unit_rows)
-            writer.write_unit(unit, records, accounting)
-            summary.add_unit(records, accounting)
-            summary.seconds = time.monotonic() - start
-            bar.update(1)
-            bar.set_postfix_str(summary.progress(summary.seconds), refresh=False)
+            count(writes.submit(CapturedUnit(unit, records, accounting)))
+        count(writes.close())
+
+
+def writer_threads(cfg: ProducerConfig) -> int:
+    """``cfg.writer_threads``, or the CPUs this process may use minus the engine's."""
+    if cfg.writer_threads:
+        return cfg.writer_threads
+    engine = cfg.engine
+    processes = (engine.tensor_parallel_size * engine.data_parallel_size + 1
+                 if cfg.backend == "vllm" else 0)
+    return default_writer_threads(cpus=len(os.sched_getaffinity(0)), engine_processes=processes)
 
 
 def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> list[CaptureRequest]:

@@ -27,9 +27,12 @@ class CaptureResult:
 
     sample_id: int
     aux_hidden: torch.Tensor | None = None
-    """[T, F, H] model dtype, CPU: residual after each captured layer, ids ascending."""
+    """[T, F, H] model dtype, on the capture device (host or GPU; the capturer converts it there
+    and copies it to the host once): feature of each captured layer, ids ascending (the residual
+    after it, or a hyper-connection target's mean over streams)."""
     final_hidden: torch.Tensor | None = None
-    """[T, H] model dtype, CPU: post-final-norm state (lm_head input)."""
+    """[T, H] model dtype, device as ``aux_hidden``: the lm_head input (post-final-norm for
+    Llama/Qwen-style targets; after ``hc_head`` and the norm for DeepSeek-V4)."""
     topk_ids: torch.Tensor | None = None
     """[T, k] int32: top-k of the distribution computed from row t (it predicts token t+1)."""
     topk_logprobs: torch.Tensor | None = None

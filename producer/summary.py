@@ -17,8 +17,8 @@ def format_table(rows: Sequence[tuple[str, str]]) -> str:
 
 
 def _nbytes(record: SampleRecord) -> int:
-    arrays = (record.input_ids, record.loss_mask, record.aux_hidden, record.final_hidden,
-              record.topk_ids, record.topk_logprobs)
+    arrays = (record.input_ids, record.loss_mask, record.aux_hidden, record.aux_scale,
+              record.final_hidden, record.topk_ids, record.topk_logprobs)
     return sum(a.nbytes for a in arrays if a is not None)
 
 

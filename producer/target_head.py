@@ -15,15 +15,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+
+from sparkforge.producer.target_files import (
+    fp8_block_size,
+    load_tensor,
+    locate_pieces,
+    tensor_locations,
+)
+from sparkforge.shared.target_families import family_of
 
 logger = logging.getLogger(__name__)
 
-# Families whose lm_head input is not RMSNorm(h_L) * w (offset norms, hyper-connection heads,
-# softcaps): the vLLM backend cannot finish their final state offline (vllm-capture.md 5-6).
-UNSUPPORTED_MODEL_TYPES = frozenset(
-    {"gemma", "gemma2", "gemma3", "gemma4", "deepseek_v4", "kimi_k3"}
-)
 CHECK_ROWS = 64
 """Rows per checked request whose recomputed logprobs are compared with the engine's."""
 # Mean |delta logprob| by dtype: above it a warning, above 10x the run stops. A wrong layer or a
@@ -35,48 +37,11 @@ class FinalStateMismatch(ValueError):
     """Raised when logits recomputed from the captured final state contradict the engine's."""
 
 
-_NORM_NAMES = (
-    "model.norm.weight",
-    "model.language_model.norm.weight",
-    "language_model.model.norm.weight",
-)
-_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
-_EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
-
-
 def read_text_config(model_dir: str | Path) -> dict[str, Any]:
     """The text model's ``config.json`` section (``text_config`` for multimodal checkpoints)."""
     config: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
     text: dict[str, Any] = config.get("text_config", config)
     return text | {"model_type": config.get("model_type")}
-
-
-def _tensor_files(model_dir: Path) -> dict[str, Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: model_dir / file for name, file in weight_map.items()}
-    files = sorted(model_dir.glob("*.safetensors"))
-    names: dict[str, Path] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            names.update(dict.fromkeys(f.keys(), file))
-    return names
-
-
-def load_checkpoint_tensor(model_dir: str | Path, candidates: tuple[str, ...]) -> torch.Tensor:
-    """Load the first of ``candidates`` found in the checkpoint's safetensors files.
-
-    Raises:
-        ValueError: If none of the names is in the checkpoint.
-    """
-    files = _tensor_files(Path(model_dir))
-    for name in candidates:
-        if name in files:
-            with safe_open(str(files[name]), framework="pt") as f:
-                tensor: torch.Tensor = f.get_tensor(name)
-                return tensor
-    raise ValueError(f"checkpoint {model_dir} has none of the tensors {list(candidates)}")
 
 
 @dataclass(frozen=True)
@@ -137,19 +102,20 @@ def load_target_head(model_dir: str | Path, *, with_lm_head: bool) -> TargetHead
     """Read the final norm (and lm_head, or the tied embedding) from a local checkpoint.
 
     Raises:
-        ValueError: For architectures whose lm_head input is not ``RMSNorm(h_L) * w``.
+        ValueError: For families whose lm_head input is not ``RMSNorm(h_L) * w``.
     """
     config = read_text_config(model_dir)
-    if config["model_type"] in UNSUPPORTED_MODEL_TYPES:
+    family = family_of(config["model_type"])
+    if not family.final_from_residual:
         raise ValueError(
-            f"model_type {config['model_type']!r}: the final state is not RMSNorm(h_L) * w, so "
-            "the vllm backend cannot finish it offline; use backend 'hf'"
+            f"model_type {config['model_type']!r} ({family.name} family): the final state is not "
+            "RMSNorm(h_L) * w, so the vllm backend cannot finish it offline; use backend 'hf'"
         )
-    norm = load_checkpoint_tensor(model_dir, _NORM_NAMES).float()
-    head = None
-    if with_lm_head:
-        names = _EMBED_NAMES if config.get("tie_word_embeddings") else _HEAD_NAMES + _EMBED_NAMES
-        head = load_checkpoint_tensor(model_dir, names).float()
+    locations = tensor_locations(Path(model_dir))
+    pieces = locate_pieces(Path(model_dir), locations)
+    block = fp8_block_size(config)
+    head = load_tensor(locations, pieces["lm_head.weight"], block) if with_lm_head else None
     return TargetHead(
-        norm_weight=norm, eps=float(config.get("rms_norm_eps", 1e-6)), lm_head_weight=head
+        norm_weight=load_tensor(locations, pieces["norm.weight"], block),
+        eps=float(config.get("rms_norm_eps", 1e-6)), lm_head_weight=head,
     )

@@ -167,6 +167,7 @@ class VllmSource:
             "layer_ids": list(self.layer_ids),
             "layer_id_convention": "hf_hidden_states_index",
             "vllm_aux_ids": list(self.aux_ids),
+            "features": "residual",
             "final_hidden": "post_norm",
             "final_norm": "offline RMSNorm(aux id L) in fp32",
             "dtype": str(self.dtype).removeprefix("torch."),

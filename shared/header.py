@@ -12,6 +12,12 @@ from typing import Any, Literal
 
 from sparkforge.shared import fields as f
 from sparkforge.shared.layer_ids import HfIndices
+from sparkforge.shared.target_families import (
+    FEATURE_SEMANTICS,
+    FINAL_SEMANTICS,
+    FeatureSemantics,
+    FinalSemantics,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,13 +44,19 @@ class CaptureInfo:
     layer_ids: HfIndices
     """HF ``hidden_states`` indices: id k is the residual stream after k decoder layers."""
     layer_id_convention: Literal["hf_hidden_states_index"]
-    final_hidden: Literal["post_norm"]
+    final_hidden: FinalSemantics
+    """``post_norm`` (RMSNorm of the last residual) or ``lm_head_input`` (the exact tensor lm_head
+    consumed, for targets such as DeepSeek-V4 whose lm_head input is not a norm of one residual)."""
     engine: Literal["vllm", "hf"]
     engine_version: str
     tensor_parallel_size: int
     expert_parallel: bool
     data_parallel_size: int
     max_seq_len: int
+    features: FeatureSemantics = dataclasses.field(
+        default="residual", metadata={"optional_in_json": True})
+    """``residual`` (the residual stream after a layer) or ``hc_mean`` (the mean over a
+    hyper-connection target's streams); manifests written before this field are ``residual``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,12 +177,14 @@ def parse_capture(data: object) -> CaptureInfo:
     """The ``capture`` section."""
     d = f.obj(data, "capture", required=_keys(
         "layer_ids", "layer_id_convention", "final_hidden", "engine", "engine_version",
-        "tensor_parallel_size", "expert_parallel", "data_parallel_size", "max_seq_len"))
+        "tensor_parallel_size", "expert_parallel", "data_parallel_size", "max_seq_len"),
+        optional=_keys("features"))
     return CaptureInfo(
         layer_ids=parse_layer_ids(d["layer_ids"]),
         layer_id_convention=f.choice(d["layer_id_convention"], "capture.layer_id_convention",
                                      ("hf_hidden_states_index",)),
-        final_hidden=f.choice(d["final_hidden"], "capture.final_hidden", ("post_norm",)),
+        final_hidden=f.choice(d["final_hidden"], "capture.final_hidden", FINAL_SEMANTICS),
+        features=f.choice(d.get("features", "residual"), "capture.features", FEATURE_SEMANTICS),
         engine=f.choice(d["engine"], "capture.engine", ("vllm", "hf")),
         engine_version=f.string(d["engine_version"], "capture.engine_version", max_len=64),
         tensor_parallel_size=f.integer(d["tensor_parallel_size"], "capture.tensor_parallel_size",

@@ -26,9 +26,12 @@ class SampleRecord:
     loss_mask: np.ndarray
     """[T] uint8, 1 on assistant tokens."""
     aux_hidden: np.ndarray
-    """[T, F, H] residual stream after each captured layer (bf16 bits, float16 or float32)."""
+    """[T, F, H] residual stream after each captured layer (bf16 bits, float16 or float32), or,
+    with ``aux_scale``, its uint8 fp8 e4m3 codes (an fp8 cache, quantised where it was captured)."""
     final_hidden: np.ndarray
     """[T, H] post-final-norm hidden state (what lm_head consumes), same dtype rule."""
+    aux_scale: np.ndarray | None = None
+    """[T, F] float32 per-token, per-layer fp8 scales when ``aux_hidden`` holds e4m3 codes."""
     topk_ids: np.ndarray | None = None
     """Optional [T, k] int32: top-k ids of the distribution computed from row t (predicting t+1)."""
     topk_logprobs: np.ndarray | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
@@ -11,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import zarr
 from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
+logger = logging.getLogger(__name__)
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 
 
@@ -186,3 +189,19 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def set_codec_threads(num_threads: int) -> None:
+    """Size zarr's codec thread pool, where every chunk is compressed and decompressed.
+
+    Zarr builds the pool on its first I/O in a process and keeps it, so this must run before
+    anything opens a store; later it only warns.
+    """
+    import zarr.core.sync as zarr_sync
+
+    zarr.config.set({"threading.max_workers": num_threads})
+    pool = getattr(zarr_sync, "_executor", None)
+    if pool is not None and getattr(pool, "_max_workers", num_threads) != num_threads:
+        logger.warning("zarr's codec pool already runs with %s threads in this process; "
+                       "%d requested (set it before the first store is opened)",
+                       getattr(pool, "_max_workers", "?"), num_threads)

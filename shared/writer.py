@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -62,12 +63,14 @@ def diff_json(old: object, new: object, path: str = "") -> list[str]:
 
 
 class CacheWriter:
-    """Writes units into one cache store; safe to run as several processes on disjoint units."""
+    """Writes units into one cache store; safe to run as several processes or threads on disjoint
+    units (each thread fills its own shard buffers)."""
 
     def __init__(self, loc: storage.Location, spec: CacheSpec, group: zarr.Group) -> None:
         self.loc, self.spec = loc, spec
         self._layouts = array_layouts(spec)
         self._arrays = open_arrays(group, spec)
+        self._local = threading.local()
 
     @classmethod
     def open(cls, uri: str, *, spec: CacheSpec, header: RunHeader,
@@ -156,27 +159,48 @@ class CacheWriter:
         raise ValueError(f"unit {unit} has used all {MAX_ATTEMPTS} write attempts")
 
     def _write_slot(self, slot: int, members: Sequence[SampleRecord]) -> SlotRecord:
-        """One setitem per array covering the whole shard, so each shard object lands whole."""
-        sr, used = self.spec.shard_rows, sum(s.num_tokens for s in members)
+        """One setitem per array covering the whole shard, so each shard object lands whole.
+
+        Each sample is copied once, into shard buffers reused from slot to slot (one set per
+        writing thread), and the buffers go to zarr as they are.
+        """
+        sr = self.spec.shard_rows
+        buffers = self._shard_buffers()
+        # Rows past this slot's that the previous slot filled are cleared below; a failed write
+        # leaves the larger count, so nothing stale ever reaches the next slot.
+        total = sum(s.num_tokens for s in members)
+        stale, self._local.dirty_rows = self._local.dirty_rows, max(self._local.dirty_rows, total)
+        used = 0
+        for s in members:
+            rows = slice(used, used + s.num_tokens)
+            quantize = self.spec.aux_codec == "fp8" and s.aux_scale is None
+            for name, buf in buffers.items():
+                if not (quantize and name in ("aux_hidden", "aux_scale")):
+                    buf[rows] = getattr(s, name)
+            if quantize:
+                # A record in the hidden dtype: quantised with the numpy reference (the
+                # producer hands codes and scales quantised in torch where the activations were).
+                wide = storage_to_float32(s.aux_hidden, self.spec.hidden_dtype)
+                buffers["aux_hidden"][rows], buffers["aux_scale"][rows] = quantize_e4m3(wide)
+            used += s.num_tokens
         crcs = {}
-        for name, data in self._slot_arrays(members).items():
-            layout = self._layouts[name]
-            buf = np.zeros((sr, *layout.row_shape), dtype=layout.dtype)
-            buf[:used] = data
+        for name, buf in buffers.items():
+            buf[used:stale] = 0
             self._arrays[name][slot * sr:(slot + 1) * sr] = buf
             crcs[name] = checksum(buf[:used])
+        self._local.dirty_rows = used
         return SlotRecord(slot=slot, num_rows=used, crc32c=crcs)
 
-    def _slot_arrays(self, members: Sequence[SampleRecord]) -> dict[str, np.ndarray]:
-        out = {name: np.concatenate([getattr(s, name) for s in members])
-               for name in ("input_ids", "loss_mask", "aux_hidden", "final_hidden")}
-        if self.spec.aux_codec == "fp8":
-            wide = storage_to_float32(out["aux_hidden"], self.spec.hidden_dtype)
-            out["aux_hidden"], out["aux_scale"] = quantize_e4m3(wide)
-        if self.spec.topk:
-            for name in ("topk_ids", "topk_logprobs"):
-                out[name] = np.concatenate([getattr(s, name) for s in members])
-        return out
+    def _shard_buffers(self) -> dict[str, np.ndarray]:
+        """This thread's shard buffers, one per array (zeroed when first allocated)."""
+        local = self._local
+        if not hasattr(local, "buffers"):
+            sr = self.spec.shard_rows
+            local.buffers = {name: np.zeros((sr, *a.row_shape), dtype=a.dtype)
+                             for name, a in self._layouts.items()}
+            local.dirty_rows = 0
+        buffers: dict[str, np.ndarray] = local.buffers
+        return buffers
 
     def _check_unit(self, unit: int, samples: Sequence[SampleRecord],
                     accounting: UnitAccounting) -> None:
@@ -203,6 +227,9 @@ class CacheWriter:
         expected: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {
             "input_ids": ((t,), np.dtype(np.int32)), "loss_mask": ((t,), np.dtype(np.uint8)),
             "aux_hidden": ((t, f, h), hidden), "final_hidden": ((t, h), hidden)}
+        if s.aux_scale is not None:  # already quantised: e4m3 codes and their scales
+            expected |= {"aux_hidden": ((t, f, h), np.dtype(np.uint8)),
+                         "aux_scale": ((t, f), np.dtype(np.float32))}
         if k:
             expected |= {"topk_ids": ((t, k), np.dtype(np.int32)),
                          "topk_logprobs": ((t, k), np.dtype(np.float32))}
@@ -213,6 +240,9 @@ class CacheWriter:
                     or arr.dtype != dtype]
         if not 1 <= t <= spec.max_seq_len:
             problems.append(f"length {t} must be in [1, max_seq_len={spec.max_seq_len}]")
+        if s.aux_scale is not None and spec.aux_codec != "fp8":
+            problems.append("has fp8 aux_scale but the cache spec has aux_codec="
+                            f"{spec.aux_codec!r}")
         if not k and (s.topk_ids is not None or s.topk_logprobs is not None):
             problems.append("has topk arrays but the cache spec has topk=0")
         if not s.source_hash or s.source_hash.strip("0123456789abcdef"):

@@ -28,6 +28,14 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_v4_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer, H=64, hc_mult=2, vocab-1024 DeepSeek-V4 target (head.weight, hc_head)."""
+    from sparkforge.app.tiny_target import build_tiny_deepseek_v4
+
+    return build_tiny_deepseek_v4(tmp_path_factory.mktemp("tiny_v4"))
+
+
+@pytest.fixture(scope="session")
 def tiny_target_plain_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same target whose chat template has no {% generation %} markers."""
     from sparkforge.app.tiny_target import build_tiny_target

@@ -116,3 +116,65 @@ def assert_same_samples(a: dict[int, dict], b: dict[int, dict]) -> None:
                 assert value.tobytes() == other.tobytes(), (sample_id, key)
             else:
                 assert value == other, (sample_id, key)
+
+
+class HookSource:
+    """An independent capture through module hooks, for parity against ``HfSource``.
+
+    Feature HF index k is the output of decoder layer k - 1, read by a forward hook on that layer
+    (a hyper-connection target's ``[B, S, hc, H]`` streams reduced by ``reduce``); the final state
+    is the tensor ``lm_head`` received, read by a pre-hook. ``final="before_hc_head"`` instead
+    takes ``norm(mean over streams of the last layer)``, the state a capture that skips
+    ``hc_head`` would store. One request per forward, no padding.
+    """
+
+    def __init__(self, model_path: Path, *, layer_ids: Sequence[int], reduce: str = "mean",
+                 final: str = "lm_head_input") -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        self.model.eval()
+        self.layer_ids = tuple(layer_ids)
+        self.reduce, self.final = reduce, final
+
+    def engine_info(self) -> dict[str, Any]:
+        """Only the dtype, which parity reads."""
+        return {"dtype": "float32"}
+
+    def _streams(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.dim() == 3:
+            return hidden
+        return hidden.sum(2) if self.reduce == "sum" else hidden.mean(2)
+
+    @torch.no_grad()
+    def capture(self, requests: Sequence[CaptureRequest], *,
+                topk: int | None = None) -> Iterator[CaptureResult]:
+        """One forward per request; features and final from hooks, top-k from the logits."""
+        layers = self.model.model.layers
+        seen: dict[str, torch.Tensor] = {}
+
+        def keep(name: str):  # type: ignore[no-untyped-def]
+            def hook(module, args, output):  # type: ignore[no-untyped-def]
+                seen[name] = output[0] if isinstance(output, tuple) else output
+            return hook
+
+        handles = [layers[k - 1].register_forward_hook(keep(f"layer{k}")) for k in self.layer_ids]
+        handles.append(layers[-1].register_forward_hook(keep("last")))
+        handles.append(self.model.lm_head.register_forward_pre_hook(
+            lambda module, args: seen.__setitem__("lm_head_input", args[0])))
+        try:
+            for r in requests:
+                ids = torch.from_numpy(r.input_ids.astype(np.int64))[None]
+                logits = self.model(input_ids=ids, use_cache=False).logits[0]
+                aux = torch.stack([self._streams(seen[f"layer{k}"])[0] for k in self.layer_ids], 1)
+                if self.final == "before_hc_head":
+                    final = self.model.model.norm(self._streams(seen["last"]))[0]
+                else:
+                    final = seen["lm_head_input"][0]
+                lps = torch.log_softmax(logits.float(), -1).topk(topk, -1) if topk else None
+                yield CaptureResult(sample_id=r.sample_id, aux_hidden=aux, final_hidden=final,
+                                    topk_ids=lps.indices.int() if lps else None,
+                                    topk_logprobs=lps.values if lps else None)
+        finally:
+            for handle in handles:
+                handle.remove()

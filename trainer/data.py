@@ -10,14 +10,16 @@ resumed run recomputes the plan and skips those batches without reading them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Protocol
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from sparkforge.shared.reader import CachedSample
 from sparkforge.trainer.data_plan import (
     Batching,
     EpochPlan,
@@ -33,7 +35,19 @@ BATCH_KEYS = ("input_ids", "loss_mask", "target_hidden_states", "target_last_hid
               "attention_mask", "sample_ids")
 
 
-def load_split_index(reader: Any, split: str, *, min_loss_tokens: int = 2) -> SplitIndex:
+class UnitReader(Protocol):
+    """What the stream reads from a cache: its sample index and whole units (``CacheReader``)."""
+
+    def sample_index(self) -> pa.Table:
+        """index.parquet: one row per sample."""
+        ...
+
+    def read_unit(self, unit: int) -> list[CachedSample]:
+        """All samples of a committed unit, in storage order."""
+        ...
+
+
+def load_split_index(reader: UnitReader, split: str, *, min_loss_tokens: int = 2) -> SplitIndex:
     """The split's samples from ``index.parquet``, minus those too short to hold one anchor."""
     table = reader.sample_index()
     col = {name: table.column(name).to_numpy(zero_copy_only=False)
@@ -47,45 +61,38 @@ def load_split_index(reader: Any, split: str, *, min_loss_tokens: int = 2) -> Sp
                                    length=col["length"][keep])
 
 
-def _as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a CPU tensor (bf16 through its int16 bits)."""
-    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+def _hidden_tensor(values: np.ndarray, hidden_dtype: str) -> torch.Tensor:
+    """A tensor sharing ``values``' memory (bf16 bits viewed as bfloat16)."""
+    t = torch.from_numpy(values)
+    return t.view(torch.bfloat16) if hidden_dtype == "bfloat16" else t
 
 
-def _to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    t = torch.from_numpy(a)
-    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+def collate(samples: Sequence[CachedSample], sample_ids: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Right-pad samples (numpy, as read) to the longest one; tensors are made once, at the end.
 
-
-def collate(samples: Sequence[Mapping[str, torch.Tensor]],
-            sample_ids: Sequence[int]) -> dict[str, torch.Tensor]:
-    """Right-pad a list of ``CachedSample.to_torch()`` dicts to the longest sample.
-
-    Padding has ``loss_mask = 0`` and ``attention_mask = 0``, so no anchor or label falls in it.
-    Copies go through numpy: torch's CPU slice assignment of large bf16 blocks measured ~50x
-    slower here (benchmarks/bench_trainer_data.py).
+    Each value is copied once, from the read sample into the batch array, and every batch array
+    becomes a tensor without a copy. Padding has ``loss_mask = 0`` and ``attention_mask = 0``, so
+    no anchor or label falls in it.
     """
-    lengths = [int(s["input_ids"].shape[0]) for s in samples]
+    lengths = [int(s.input_ids.shape[0]) for s in samples]
     batch, seq = len(samples), max(lengths)
     first = samples[0]
-    aux_dtype, fin_dtype = first["aux_hidden"].dtype, first["final_hidden"].dtype
-    num_feat = first["aux_hidden"].shape[1] * first["aux_hidden"].shape[2]
-    hid = first["final_hidden"].shape[1]
+    num_feat = first.aux_hidden.shape[1] * first.aux_hidden.shape[2]
     ids = np.zeros((batch, seq), dtype=np.int64)
     mask = np.zeros((batch, seq), dtype=np.uint8)
     attn = np.zeros((batch, seq), dtype=np.uint8)
-    aux = np.zeros((batch, seq, num_feat), dtype=_as_numpy(first["aux_hidden"][:0]).dtype)
-    fin = np.zeros((batch, seq, hid), dtype=_as_numpy(first["final_hidden"][:0]).dtype)
+    aux = np.zeros((batch, seq, num_feat), dtype=first.aux_hidden.dtype)
+    fin = np.zeros((batch, seq, first.final_hidden.shape[1]), dtype=first.final_hidden.dtype)
     for b, (s, n) in enumerate(zip(samples, lengths, strict=True)):
-        ids[b, :n] = _as_numpy(s["input_ids"])
-        mask[b, :n] = _as_numpy(s["loss_mask"])
+        ids[b, :n] = s.input_ids
+        mask[b, :n] = s.loss_mask
         attn[b, :n] = 1
-        aux[b, :n] = _as_numpy(s["aux_hidden"]).reshape(n, num_feat)
-        fin[b, :n] = _as_numpy(s["final_hidden"])
+        aux[b, :n] = s.aux_hidden.reshape(n, num_feat)
+        fin[b, :n] = s.final_hidden
     return {
         "input_ids": torch.from_numpy(ids), "loss_mask": torch.from_numpy(mask),
-        "target_hidden_states": _to_torch(aux, aux_dtype),
-        "target_last_hidden_states": _to_torch(fin, fin_dtype),
+        "target_hidden_states": _hidden_tensor(aux, first.hidden_dtype),
+        "target_last_hidden_states": _hidden_tensor(fin, first.hidden_dtype),
         "attention_mask": torch.from_numpy(attn),
         "sample_ids": torch.tensor(list(sample_ids), dtype=torch.long),
     }
@@ -110,7 +117,8 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
         read_ahead_units: Units read concurrently ahead of the one being consumed.
     """
 
-    def __init__(self, open_reader: Any, index: SplitIndex, *, rank: int, world_size: int,
+    def __init__(self, open_reader: Callable[[], UnitReader], index: SplitIndex, *, rank: int,
+                 world_size: int,
                  num_workers: int, batch_size: int, batching: Batching, shuffle: bool,
                  shuffle_buffer: int, pool_batches: int, seed: int, read_ahead_units: int) -> None:
         self.open_reader, self.index = open_reader, index
@@ -121,7 +129,7 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
         self.epoch = 0
         self.skip_batches = 0
         """Batches of this epoch the rank already consumed (set by the loader before iterating)."""
-        self._reader: Any = None
+        self._reader: UnitReader | None = None
 
     @property
     def num_shares(self) -> int:
@@ -166,7 +174,7 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
         needed = set(self.index.sample_id[positions].tolist())
         wanted = set(self.index.unit[positions].tolist())
         units = [u for u in plan.unit_order.tolist() if u in wanted]
-        held: dict[int, Any] = {}
+        held: dict[int, CachedSample] = {}
         reads = self._read_ahead(units)
         for batch in remaining:
             ids = self.index.sample_id[batch].tolist()
@@ -174,16 +182,18 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
                 for sample in next(reads):
                     if sample.sample_id in needed:
                         held[sample.sample_id] = sample
-            yield collate([held.pop(i).to_torch() for i in ids], ids)
+            yield collate([held.pop(i) for i in ids], ids)
         reads.close()
 
-    def _read_ahead(self, units: list[int]) -> Generator[list[Any], None, None]:
+    def _read_ahead(self, units: list[int]) -> Generator[list[CachedSample], None, None]:
         """Yield whole units in order, keeping ``read_ahead_units`` reads in flight."""
         depth = max(1, self.read_ahead_units)
+        reader = self._reader
+        assert reader is not None, "opened in __iter__"
         with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="cache-read") as pool:
-            pending: list[Future[list[Any]]] = []
+            pending: list[Future[list[CachedSample]]] = []
             for unit in units:
-                pending.append(pool.submit(self._reader.read_unit, unit))
+                pending.append(pool.submit(reader.read_unit, unit))
                 if len(pending) > depth:
                     yield pending.pop(0).result()
             while pending:

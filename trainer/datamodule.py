@@ -13,7 +13,9 @@ from safetensors.torch import load as load_safetensors
 from torch.utils.data import DataLoader
 
 from sparkforge.manifests.open import open_cache
+from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared.fields import ManifestError, load_json
+from sparkforge.shared.reader import CacheReader
 from sparkforge.trainer.data import CacheStream, ResumableLoader, load_split_index
 from sparkforge.trainer.data_plan import Batching, SplitIndex
 from sparkforge.trainer.run_config import DEFAULT_MAX_SEQ_LEN
@@ -82,18 +84,18 @@ class CacheDataModule(L.LightningDataModule):
         self.read_ahead_units, self.min_loss_tokens = read_ahead_units, min_loss_tokens
         self.verify_checksums = verify_checksums
         self.val_batch_size = val_batch_size or batch_size
-        self._reader: Any = None
+        self._reader: CacheReader[CacheManifest] | None = None
         self._indexes: dict[str, SplitIndex] = {}
 
     # ---- cache access -----------------------------------------------------------------------
     @property
-    def open_reader(self) -> functools.partial[Any]:
+    def open_reader(self) -> functools.partial[CacheReader[CacheManifest]]:
         """A picklable callable opening the cache (each worker process opens its own reader)."""
         return functools.partial(open_cache, self.uri, storage_options=self.storage_options,
                                  verify=self.verify_checksums)
 
     @property
-    def reader(self) -> Any:
+    def reader(self) -> CacheReader[CacheManifest]:
         """This process's ``CacheReader`` (opened on first use)."""
         if self._reader is None:
             self._reader = self.open_reader()

@@ -17,6 +17,7 @@ from sparkforge.shared.layer_ids import (
     portable_feature_range,
     range_problems,
 )
+from sparkforge.shared.target_families import family_of
 
 logger = logging.getLogger(__name__)
 
@@ -180,13 +181,18 @@ def from_target_config(
     """
     tc = text_config(target_config)
     model_type = str(getattr(tc, "model_type", "") or getattr(target_config, "model_type", ""))
+    family = family_of(model_type)
     heads = int(tc.num_attention_heads)
     hidden = int(tc.hidden_size)
     depth = int(overrides.get("num_hidden_layers", 5))
     rope = getattr(tc, "rope_parameters", None) or {
         "rope_type": "default", "rope_theta": float(getattr(tc, "rope_theta", 10_000.0))
     }
-    is_gemma = model_type.startswith("gemma")
+    if family.rope_section is not None:
+        # Per-layer-type RoPE (DeepSeek-V4): the draft's full RoPE uses the main section's base.
+        section = rope[family.rope_section]
+        rope = {"rope_type": section.get("rope_type", "default"),
+                "rope_theta": float(section["rope_theta"])}
     base: dict[str, Any] = {
         "hidden_size": hidden,
         "num_attention_heads": heads,
@@ -200,7 +206,7 @@ def from_target_config(
         "attention_bias": bool(getattr(tc, "attention_bias", False)),
         "initializer_range": float(getattr(tc, "initializer_range", 0.02)),
         "num_target_layers": int(tc.num_hidden_layers),
-        "embedding_scale": math.sqrt(hidden) if is_gemma else 1.0,
+        "embedding_scale": math.sqrt(hidden) if family.embedding_scale_sqrt_hidden else 1.0,
         "final_logit_softcapping": getattr(tc, "final_logit_softcapping", None),
         "target_model_type": model_type,
     }

@@ -211,7 +211,11 @@ class DSparkLitModule(L.LightningModule):
             raise NonFiniteLossError(nonfinite_message(batch, loss, step=self.global_step,
                                                        rank=self.global_rank))
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The window logger (see :class:`WindowLogger`)."""
+        return [WindowLogger()]
+
+    def end_train_batch(self, batch_idx: int) -> None:
         """Every ``log_every_n_steps`` optimizer steps: reduce the window over ranks and log it.
 
         Only a micro-batch that ends an accumulation window has stepped, so each logged row has
@@ -302,3 +306,18 @@ def window_metrics(sums: MetricSums, *, elapsed_s: float, world_size: int) -> di
     if "data_wait_s" in sums and elapsed_s > 0:
         metrics["data_wait_frac"] = float(sums["data_wait_s"]) / (elapsed_s * world_size)
     return metrics
+
+
+class WindowLogger(L.Callback):
+    """Logs (and flushes) the training window at each batch end, before any checkpoint is saved.
+
+    Lightning runs callbacks' batch-end hooks before the module's, and checkpoint callbacks after
+    every other callback; logged from here, a step's metrics are on disk before a checkpoint of
+    that step exists, so a run killed after a checkpoint keeps the metrics of every step in it.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        """Hand the batch end to the module."""
+        assert isinstance(pl_module, DSparkLitModule)
+        pl_module.end_train_batch(batch_idx)

@@ -9,12 +9,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from sparkforge.manifests.contract import RunContract
 from sparkforge.shared.layer_ids import default_feature_ids
+from sparkforge.shared.target_families import (
+    FEATURE_SEMANTICS,
+    FINAL_SEMANTICS,
+    FeatureSemantics,
+    FinalSemantics,
+    family_of,
+)
 from sparkforge.trainer.draft_config import DSparkDraftConfig, MarkovHeadType, from_target_config
 
 
@@ -52,6 +59,10 @@ class DraftSpec:
     """Confidence features [h ; W1[prev]] (needs markov_rank > 0); h alone when false."""
     target_model_type: str | None = None
     """Expected target model_type (checked against the cache when set)."""
+    target_features: FeatureSemantics | None = None
+    """What a feature is (``residual`` or ``hc_mean``); None: the target family's."""
+    target_final: FinalSemantics | None = None
+    """What the final state is (``post_norm`` or ``lm_head_input``); None: the target family's."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Other DSparkDraftConfig fields to change (e.g. {"intermediate_size": 2048})."""
 
@@ -63,11 +74,15 @@ class DraftSpec:
 
     def contract(self, *, max_seq_len: int, need_eval_split: bool) -> RunContract:
         """What this draft needs from a cache."""
+        family = family_of(self.target_model_type)
         return RunContract(
             target_layer_ids=self.layer_ids(), hidden_size=self.hidden_size,
             vocab_size=self.vocab_size, num_target_layers=self.num_target_layers,
             mask_token_id=self.mask_token_id, max_seq_len=max_seq_len,
-            target_model_type=self.target_model_type, need_eval_split=need_eval_split,
+            target_model_type=self.target_model_type,
+            features=self.target_features or family.features,
+            final_hidden=self.target_final or family.final_state,
+            need_eval_split=need_eval_split,
         )
 
     def draft_config(self, target_config: Mapping[str, Any]) -> DSparkDraftConfig:
@@ -117,6 +132,9 @@ DEFAULT_LIMIT_VAL_BATCHES = 1.0
 """Lightning's ``trainer.limit_val_batches`` default: validate on the whole eval split."""
 
 
+T = TypeVar("T")
+
+
 class TrainConfigError(ValueError):
     """Raised when a training config lacks or mistypes a field the contract needs."""
 
@@ -135,7 +153,8 @@ def contract_from_train_config(config: str | Path | Mapping[str, Any]) -> RunCon
     """The contract of a ``sparkforge train`` YAML config (or its already-loaded mapping).
 
     Reads ``model.draft.{target_layer_ids, hidden_size, vocab_size, num_target_layers,
-    mask_token_id, target_model_type, num_hidden_layers}``, ``data.max_seq_len`` and the
+    mask_token_id, target_model_type, target_features, target_final, num_hidden_layers}``,
+    ``data.max_seq_len`` and the
     ``trainer.limit_val_batches``; everything unset takes the value ``sparkforge train`` gives it.
 
     Raises:
@@ -166,15 +185,29 @@ def contract_from_train_config(config: str | Path | Mapping[str, Any]) -> RunCon
     model_type = draft.get("target_model_type")
     if model_type is not None and not isinstance(model_type, str):
         problems.append(f"model.draft.target_model_type must be a string, got {model_type!r}")
+    features = _choice(draft, "target_features", FEATURE_SEMANTICS, problems)
+    final = _choice(draft, "target_final", FINAL_SEMANTICS, problems)
     if problems:
         raise TrainConfigError("train config: " + "; ".join(problems))
     spec = DraftSpec(hidden_size=sizes["hidden_size"], vocab_size=sizes["vocab_size"],
                      num_target_layers=sizes["num_target_layers"],
                      mask_token_id=sizes["mask_token_id"], num_hidden_layers=depth,
-                     target_model_type=model_type,
-                     target_layer_ids=None if ids is None else tuple(ids))
+                     target_model_type=model_type, target_features=features,
+                     target_final=final, target_layer_ids=None if ids is None else tuple(ids))
     need_eval = validation_on(trainer.get("limit_val_batches"))
     return spec.contract(max_seq_len=max_seq_len, need_eval_split=need_eval)
+
+
+def _choice(section: Mapping[str, Any], name: str, options: tuple[T, ...],
+            problems: list[str]) -> T | None:
+    """``model.draft.<name>``: None when unset, else one of ``options`` (a problem otherwise)."""
+    value = section.get(name)
+    if value is None:
+        return None
+    found = next((o for o in options if o == value), None)
+    if found is None:
+        problems.append(f"model.draft.{name}={value!r} not in {list(options)}")
+    return found
 
 
 def _load_yaml(path: str | Path) -> Mapping[str, Any]:

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
+from sparkforge.shared.hidden_features import layer_feature
 from sparkforge.shared.layer_ids import feature_to_hf
+from sparkforge.shared.target_families import STANDARD, TargetFamily, family_of
 from sparkforge.trainer.model import DSparkDraftModel
 from sparkforge.trainer.sampling import (
     logits_to_probs,
@@ -48,10 +50,16 @@ class SpecDecodeResult:
 
 
 def target_features(
-    hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]
+    hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int],
+    family: TargetFamily = STANDARD,
 ) -> torch.Tensor:
-    """Concat HF ``hidden_states[l+1]`` over the DSpark feature ids, in id order -> [B, T, X]."""
-    return torch.cat([hidden_states[k] for k in feature_to_hf(layer_ids)], dim=-1)
+    """Concat the features of HF ``hidden_states[l+1]`` over the DSpark ids, in id order.
+
+    Returns:
+        [B, T, X]; a hyper-connection target's streams are averaged first (see ``family``).
+    """
+    return torch.cat([layer_feature(hidden_states[k], family) for k in feature_to_hf(layer_ids)],
+                     dim=-1)
 
 
 def verify_draft(
@@ -102,8 +110,8 @@ def speculative_generate(
     """Prefill, then draft / verify / accept rounds until ``max_new_tokens`` (or eos).
 
     Args:
-        target: A transformers causal LM (returns ``logits``, ``hidden_states``, a croppable
-            ``past_key_values``).
+        target: A transformers causal LM (returns ``logits``, ``hidden_states`` and a croppable
+            ``past_key_values``, or is ``_is_stateful`` and is re-run over the whole sequence).
         draft: The DSpark draft; its ``target_layer_ids`` select the features.
         prompt_ids: [T] or [1, T] prompt.
         max_new_tokens: Tokens to generate.
@@ -116,13 +124,18 @@ def speculative_generate(
     ids = prompt_ids.view(1, -1)
     k = draft.config.block_size
     layer_ids = draft.config.target_layer_ids
+    family = family_of(getattr(target.config, "model_type", None))
+    # A target whose cache cannot be rewound (DeepSeek-V4's compressor state) re-runs the whole
+    # sequence each round instead of cropping the rejected tokens' K/V.
+    rewindable = not getattr(target, "_is_stateful", False)
     res = SpecDecodeResult(tokens=[], position_accepted=[0] * k, position_trials=[0] * k)
-    out = target(ids, use_cache=True, output_hidden_states=True)
+    out = target(ids, use_cache=rewindable, output_hidden_states=True)
     cache_t = out.past_key_values
     cache_d = draft.extend_context(draft.empty_cache(),
-                                   target_features(out.hidden_states, layer_ids))
+                                   target_features(out.hidden_states, layer_ids, family))
     x0 = int(sample_token(out.logits[0, -1], temperature, generator))
     res.tokens.append(x0)
+    context = ids
     while len(res.tokens) < max_new_tokens and eos_token_id not in res.tokens:
         anchor = torch.tensor([x0], device=ids.device)
         hidden, base = draft.draft_block(anchor, cache_d)
@@ -130,15 +143,25 @@ def speculative_generate(
                                                temperature, generator)
         prev = torch.cat([anchor[:, None], drafts[:, :-1]], dim=1)
         m = _verify_length(draft, hidden, prev, confidence_threshold)
-        ver = target(torch.cat([anchor[:, None], drafts[:, :m]], dim=1), past_key_values=cache_t,
-                     use_cache=True, output_hidden_states=True)
-        p = logits_to_probs(ver.logits[0], temperature)
+        block = torch.cat([anchor[:, None], drafts[:, :m]], dim=1)
+        if rewindable:
+            ver = target(block, past_key_values=cache_t, use_cache=True,
+                         output_hidden_states=True)
+            logits, states = ver.logits, ver.hidden_states
+        else:
+            ver = target(torch.cat([context, block], dim=1), use_cache=False,
+                         output_hidden_states=True)
+            logits = ver.logits[:, -(m + 1):]
+            states = [h[:, -(m + 1):] for h in ver.hidden_states]
+        p = logits_to_probs(logits[0], temperature)
         q = logits_to_probs(q_logits[0, :m], temperature)
         n, nxt = verify_draft(drafts[0, :m], q, p, generator)
-        cache_t = ver.past_key_values
-        if m > n:  # drop the target K/V of the rejected draft tokens
-            cache_t.crop(n - m)
-        feats = target_features(ver.hidden_states, layer_ids)[:, : n + 1]
+        if rewindable:
+            cache_t = ver.past_key_values
+            if m > n:  # drop the target K/V of the rejected draft tokens
+                cache_t.crop(n - m)
+        context = torch.cat([context, block[:, : n + 1]], dim=1)
+        feats = target_features(states, layer_ids, family)[:, : n + 1]
         cache_d = draft.extend_context(cache_d, feats)
         for j in range(min(m, n + 1)):
             res.position_trials[j] += 1

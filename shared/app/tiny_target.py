@@ -126,6 +126,45 @@ def build_tiny_target(
     return out
 
 
+def build_tiny_deepseek_v4(
+    out_dir: str | Path,
+    *,
+    num_hidden_layers: int = 4,
+    hidden_size: int = 64,
+    hc_mult: int = 2,
+    vocab_size: int = 1024,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny DeepSeek-V4 (hyper-connection streams, MoE, ``hc_head``) + tokenizer.
+
+    Sliding-window attention only (no compressed attention), no MTP layers; fp32 weights.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out, vocab_size=vocab_size)
+    config = AutoConfig.for_model(
+        "deepseek_v4", vocab_size=vocab_size, hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=32, q_lora_rank=32, o_groups=2, o_lora_rank=32,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        layer_types=["sliding_attention"] * num_hidden_layers,
+        mlp_layer_types=["moe"] * num_hidden_layers, sliding_window=8,
+        index_n_heads=2, index_head_dim=16, index_topk=8, hc_mult=hc_mult,
+        num_nextn_predict_layers=0, max_position_embeddings=4096, initializer_range=0.08,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=2, pad_token_id=0,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).float()
+    with torch.no_grad():  # uneven stream weights, so hc_head is not a plain mean
+        model.model.hc_head.hc_base.normal_(0.0, 2.0)
+    model.save_pretrained(str(out))
+    return out
+
+
 def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object]]:
     """Chat rows in OpenAI ``messages`` form (system, user, assistant) from the synthetic corpus."""
     rng = random.Random(seed)
@@ -147,7 +186,8 @@ def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sparkforge.app.tiny_target OUT [--rows N]``: target + demo chat JSONL."""
+    """``python -m sparkforge.app.tiny_target OUT [--rows N] [--model_type T]``: a tiny target
+    (Qwen3 or DeepSeek-V4) + demo chat JSONL."""
     import argparse
     import json
 
@@ -156,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=0, help="also write OUT/chat.jsonl")
     parser.add_argument("--num_hidden_layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model_type", choices=("qwen3", "deepseek_v4"), default="qwen3")
     args = parser.parse_args(argv)
-    build_tiny_target(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed)
+    build = build_tiny_deepseek_v4 if args.model_type == "deepseek_v4" else build_tiny_target
+    build(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed)
     if args.rows:
         with (args.out_dir / "chat.jsonl").open("w") as f:
             for row in demo_conversations(args.rows, seed=args.seed):

@@ -1,8 +1,11 @@
 """Writer process for the crash tests: writes every uncommitted unit, optionally stalls mid-unit.
 
 Usage: crash_writer.py URI NUM_UNITS SPEC_JSON [--stall-before-commit UNIT] [--options JSON]
+    [--queue_units Q]
 Prints "committed <u>" after each commit and "stalled <u>" when it parks before a commit record,
-so the parent can SIGKILL it at a known point (or at a racy one, right after a commit line).
+so the parent can SIGKILL it at a known point (or at a racy one, right after a commit line). With
+``--queue_units`` the units go through the producer's background write queue, as in a real run,
+and "queued <u>" is printed once ``submit`` of unit u returned.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cache_helpers import make_run_header, make_unit  # noqa: E402
 
+from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue  # noqa: E402
 from sparkforge.shared import storage  # noqa: E402
 from sparkforge.shared.layout import CacheSpec, commit_key  # noqa: E402
 from sparkforge.shared.writer import CacheWriter  # noqa: E402
@@ -30,6 +34,7 @@ def main() -> None:
     parser.add_argument("spec")
     parser.add_argument("--stall-before-commit", type=int, default=-1)
     parser.add_argument("--options", default="{}")
+    parser.add_argument("--queue_units", type=int, default=0)
     args = parser.parse_args()
     spec = CacheSpec(**json.loads(args.spec))
     real_create = storage.exclusive_create
@@ -43,11 +48,25 @@ def main() -> None:
     storage.exclusive_create = stalling_create  # type: ignore[assignment]
     writer = CacheWriter.open(args.uri, spec=spec, header=make_run_header(spec),
                               storage_options=json.loads(args.options))
-    done = writer.committed_units()
-    for unit in range(args.num_units):
-        if unit not in done:
-            writer.write_unit(unit, *make_unit(spec, unit))
-            print(f"committed {unit}", flush=True)
+    todo = [u for u in range(args.num_units) if u not in writer.committed_units()]
+    if args.queue_units:
+        _write_queued(writer, spec, todo, args.queue_units)
+        return
+    for unit in todo:
+        writer.write_unit(unit, *make_unit(spec, unit))
+        print(f"committed {unit}", flush=True)
+
+
+def _write_queued(writer: CacheWriter, spec: CacheSpec, todo: list[int], queue_units: int) -> None:
+    def report(done: list[CapturedUnit]) -> None:
+        for item in done:
+            print(f"committed {item.unit}", flush=True)
+
+    with UnitWriteQueue(writer, queue_units=queue_units, num_threads=1) as writes:
+        for unit in todo:
+            report(writes.submit(CapturedUnit(unit, *make_unit(spec, unit))))
+            print(f"queued {unit}", flush=True)
+        report(writes.close())
 
 
 if __name__ == "__main__":

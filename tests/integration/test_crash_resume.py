@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,10 @@ def _crash_and_resume(uri: str, reference: str, options: dict[str, Any]) -> None
     _kill_when(_start(uri, options), "committed 3")
     # 3. resumed to the end
     _finish(uri, options)
+    _assert_same(uri, reference, options)
+
+
+def _assert_same(uri: str, reference: str, options: dict[str, Any]) -> None:
     got, want = _contents(uri, options), _contents(reference, options)
     assert sorted(got) == sorted(want)
     for sid, arrays in want.items():
@@ -89,6 +95,32 @@ def test_sigkill_then_resume_local(tmp_path: Path) -> None:
     """Killed twice mid-run on local disk, resumed: every sample exactly once, identical bytes."""
     _reference(str(tmp_path / "ref"), {})
     _crash_and_resume(str(tmp_path / "cache"), str(tmp_path / "ref"), {})
+
+
+@pytest.mark.slow
+def test_sigkill_with_full_write_queue_loses_only_units_in_flight(tmp_path: Path) -> None:
+    """Killed with the write queue full: only units in flight are lost, the resume is exact."""
+    uri, queue_units = str(tmp_path / "cache"), 2
+    _reference(str(tmp_path / "ref"), {})
+    proc = _start(uri, {}, "--queue_units", str(queue_units), "--stall-before-commit", "1")
+    assert proc.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(x.strip() for x in proc.stdout),
+                              daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    full = {"stalled 1", f"queued {1 + queue_units}"}  # unit 1 parked; units 2, 3 queued
+    deadline = time.monotonic() + 60
+    while not full <= set(lines) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert full <= set(lines), lines
+    time.sleep(1.0)  # submitting the next unit must block on the full queue
+    assert f"queued {2 + queue_units}" not in lines, lines
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    writer = CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC))
+    assert writer.committed_units() == {0}  # lost: unit 1 (writing) + 2, 3 (queued)
+    _finish(uri, {})
+    _assert_same(uri, str(tmp_path / "ref"), {})
 
 
 @pytest.mark.slow

@@ -53,7 +53,7 @@ def _replay(cache: str, out: Path, ranks: list[list[dict]]) -> dict[str, torch.T
         numerators, denominators = [], []
         for rank, steps in enumerate(ranks):
             rec = steps[step]
-            samples = [data.reader.read_sample(i).to_torch() for i in rec["sample_ids"]]
+            samples = [data.reader.read_sample(i) for i in rec["sample_ids"]]
             gen = anchor_generator(module.seed, rank, 0, 0, rec["batch_idx"])
             _, res = module(collate(samples, rec["sample_ids"]), gen)
             numerators.append(res.loss * (res.local_denominator + EPS))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from cache_helpers import write_tiny_cache
 from safetensors.torch import load as load_safetensors
 from torch.utils.data import DataLoader
 
+from sparkforge.shared.reader import CachedSample
 from sparkforge.trainer.data import collate
 from sparkforge.trainer.datamodule import CacheDataModule
 from sparkforge.trainer.lit_module import DSparkLitModule
@@ -54,15 +56,16 @@ class _OnlineData(L.LightningDataModule):
         return {"embed_tokens.weight": state["model.embed_tokens.weight"],
                 "lm_head.weight": state["lm_head.weight"]}
 
-    def _sample(self, sample_id: int) -> dict[str, torch.Tensor]:
+    def _sample(self, sample_id: int) -> CachedSample:
         cached = self.reader.read_sample(sample_id)   # tokens only; hidden states are recomputed
         ids = torch.from_numpy(cached.input_ids).long()
         with torch.no_grad():
             hs = self.target(ids[None], output_hidden_states=True).hidden_states
         layer_ids = SPEC.layer_ids()
-        return {"input_ids": ids, "loss_mask": torch.from_numpy(cached.loss_mask),
-                "aux_hidden": torch.stack([hs[i + 1][0] for i in layer_ids], dim=1),
-                "final_hidden": hs[-1][0]}
+        return dataclasses.replace(
+            cached, hidden_dtype="float32",
+            aux_hidden=torch.stack([hs[i + 1][0] for i in layer_ids], dim=1).numpy(),
+            final_hidden=hs[-1][0].numpy())
 
     def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
         batches = [collate([self._sample(i) for i in ids], ids) for ids in self.batches]

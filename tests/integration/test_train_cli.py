@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from cache_helpers import forge_rows
+from export_helpers import load_in_vllm
 
 from sparkforge.app.cli import main
 
@@ -144,12 +145,7 @@ def test_export_loads_in_vllm_and_eval_reports(tiny_run: Path, tiny_target: Path
     assert info["global_step"] == 30
     assert info["capture_layer_ids"] == [1, 3]
     assert "torch" in info["versions"]
-    script = Path(__file__).with_name("vllm_dspark_load.py")
-    out = subprocess.run([sys.executable, "-P", str(script), str(tiny_target), str(draft)],
-                         capture_output=True, text=True, timeout=300, check=False)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line is not None, out.stderr[-3000:]
-    res = json.loads(line.removeprefix("RESULT "))
+    res = load_in_vllm(tiny_target, draft, timeout=300)
     assert res["method"] == "dspark"
     assert res["draft_architecture"] == ["Qwen3DSparkModel"]
     assert res["aux_layer_ids"] == [1, 3]   # feature ids [0, 2] + 1

@@ -43,7 +43,30 @@ MISMATCHES = [
                             r"\[0, target.vocab_size=1024\)$"),
     ("target_model_type", "llama", r"^model.target_model_type='llama' but the cache's "
                                    r"target.model_type='qwen3'$"),
+    ("target_features", "hc_mean", r"^model.draft.target_features='hc_mean' but the cache's "
+                                   r"capture.features='residual'$"),
+    ("target_final", "lm_head_input", r"^model.draft.target_final='lm_head_input' but the "
+                                      r"cache's capture.final_hidden='post_norm'$"),
 ]
+
+
+def test_v4_draft_config_expects_v4_semantics(cache: Path, tmp_path: Path) -> None:
+    """A draft for a DeepSeek-V4 target expects hc-mean features and the lm_head input."""
+    config = copy.deepcopy(FITS)
+    config["model"]["draft"]["target_model_type"] = "deepseek_v4"
+    run = contract_from_train_config(_write(tmp_path, config))
+    assert (run.features, run.final_hidden) == ("hc_mean", "lm_head_input")
+    problems = validate_cache(str(cache), against=run).problems
+    assert any("target_features='hc_mean'" in p for p in problems), problems
+    assert any("target_final='lm_head_input'" in p for p in problems), problems
+
+
+def test_unknown_semantics_are_refused(tmp_path: Path) -> None:
+    """A target_features value outside the known set is a config error naming it."""
+    config = copy.deepcopy(FITS)
+    config["model"]["draft"]["target_features"] = "hc_sum"
+    with pytest.raises(TrainConfigError, match=r"model.draft.target_features='hc_sum' not in"):
+        contract_from_train_config(_write(tmp_path, config))
 
 
 def _write(tmp_path: Path, config: dict[str, Any]) -> Path:

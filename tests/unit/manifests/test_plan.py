@@ -98,3 +98,28 @@ def tiny_config(tmp_path: Path) -> Path:
 def test_human_bytes_uses_decimal_units_up_to_tb(n: float, text: str) -> None:
     """Whole bytes below 1 KB, one decimal in KB..TB, and TB is the largest unit."""
     assert human_bytes(n) == text
+
+
+def test_writer_cores_follow_hidden_bytes_per_second() -> None:
+    """Cores = ceil((F+1) x 2H bytes x tokens/s / per-core MB/s); fp8 aux halves the aux part."""
+    from sparkforge.manifests.plan import WRITER_MB_S_PER_CORE
+
+    spec = CacheSpec(hidden_size=4096, num_aux_layers=5, hidden_dtype="bfloat16",
+                     max_seq_len=4096)
+    writer = plan_cache(spec, num_tokens=1, mean_seq_len=1, tokens_per_s=50_000)["writer"]
+    mb_per_s = 6 * 2 * 4096 * 50_000 / 1e6
+    assert writer["hidden_mb_per_s"] == pytest.approx(mb_per_s)
+    assert writer["cores"] == -(-mb_per_s // WRITER_MB_S_PER_CORE)
+    fp8 = CacheSpec(hidden_size=4096, num_aux_layers=5, hidden_dtype="bfloat16",
+                    max_seq_len=4096, aux_codec="fp8")
+    fp8_mb = plan_cache(fp8, num_tokens=1, mean_seq_len=1, tokens_per_s=50_000)["writer"]
+    assert fp8_mb["hidden_mb_per_s"] == pytest.approx((5 * 4096 + 2 * 4096) * 50_000 / 1e6)
+
+
+def test_plan_prints_writer_cores_and_refuses_bad_speed(capsys: pytest.CaptureFixture[str]) -> None:
+    """--tokens_per_s adds a writer-cores line; a non-positive speed is a usage error (2)."""
+    args = ["plan", "--hidden_size", "4096", "--num_aux_layers", "5", "--num_tokens", "1000"]
+    assert main([*args, "--tokens_per_s", "50000"]) == 0
+    assert "writer cores" in capsys.readouterr().out
+    assert main([*args, "--tokens_per_s", "0"]) == 2
+    assert "--tokens_per_s must be > 0" in capsys.readouterr().err

@@ -87,6 +87,8 @@ INVALID = [
     ("capture.layer_ids", [1, 2], ManifestError, r"'capture.layer_ids': expected 3 ids"),
     ("capture.layer_id_convention", "vllm", ManifestError, "'capture.layer_id_convention'"),
     ("capture.final_hidden", "pre_norm", ManifestError, "'capture.final_hidden'"),
+    ("capture.features", "hc_sum", ManifestError, r"'capture.features': expected one of "
+                                                  r"\['residual', 'hc_mean'\]"),
     ("capture.max_seq_len", 32, ManifestError, "'capture.max_seq_len': expected storage.spec"),
     ("tokenizer.chat_template_sha256", "ab", ManifestError, "of 64 characters"),
     ("data.eval_fraction", 1.5, ManifestError, "'data.eval_fraction'"),
@@ -117,6 +119,15 @@ def test_invalid_manifest_is_named(path: str, value: Any, error: type, match: st
     _set(path, value)(data)
     with pytest.raises(error, match=match):
         CacheManifest.from_json(data)
+
+
+def test_manifest_without_features_reads_as_residual() -> None:
+    """A manifest written before capture.features existed parses as plain residual features."""
+    data = copy.deepcopy(_example())
+    del data["capture"]["features"]
+    manifest = CacheManifest.from_json(data)
+    assert manifest.capture.features == "residual"
+    jsonschema.validate(data, manifest_schema.manifest_json_schema())
 
 
 @pytest.mark.parametrize("data", [None, [], "manifest", 3])

@@ -50,7 +50,7 @@ def test_inspect_numbers_match_a_hand_count(tmp_path: Path, spec: CacheSpec,
     assert s["accounting"] == {"input_rows": 15, "written": 12, "skipped": {"too_long": 3},
                                "failed": 0}
     assert s["layers"] == {"layer_ids": [1, 2], "dspark_feature_ids": [0, 1],
-                           "final_hidden": "post_norm"}
+                           "features": "residual", "final_hidden": "post_norm"}
     assert s["unreferenced_bytes"] == 0
 
     assert main(["inspect", str(cache), "--json"]) == 0

@@ -60,7 +60,33 @@ def test_fp8_block_scaled_head_is_dequantized(tmp_path: Path) -> None:
 def test_missing_weights_are_named(tmp_path: Path) -> None:
     """A checkpoint without lm_head (untied) or final norm is refused, naming what is missing."""
     model = checkpoint(tmp_path / "m", {"model.embed_tokens.weight": torch.randn(V, H)})
-    with pytest.raises(ValueError, match=r"\['lm_head', 'norm'\]"):
+    with pytest.raises(ValueError, match=r"\(qwen3 family\) has no lm_head \(a name ending in "
+                                         r"lm_head.weight\); norm \(a name ending in "
+                                         r"norm.weight\)$"):
+        target_files(model, hidden_dtype="float32")
+
+
+def test_v4_pieces_are_found_by_their_released_names(tmp_path: Path) -> None:
+    """A V4 checkpoint's head.weight / embed.weight / hc_head_* are found; MTP copies are not."""
+    tensors = {"embed.weight": torch.randn(V, H), "head.weight": torch.randn(V, H),
+               "norm.weight": torch.randn(H), "mtp.0.norm.weight": torch.randn(H),
+               "hc_head_fn": torch.randn(2, 2 * H), "hc_head_base": torch.randn(2),
+               "hc_head_scale": torch.randn(1)}
+    model = checkpoint(tmp_path / "m", tensors, model_type="deepseek_v4")
+    weights = load_safetensors(target_files(model, hidden_dtype="float32")["weights.safetensors"])
+    for ours, theirs in (("lm_head.weight", "head.weight"), ("embed_tokens.weight", "embed.weight"),
+                         ("norm.weight", "norm.weight"), ("hc_head.hc_fn", "hc_head_fn")):
+        assert torch.equal(weights[ours], tensors[theirs]), ours
+
+
+def test_v4_missing_hc_head_is_named(tmp_path: Path) -> None:
+    """A V4 checkpoint without hc_head weights is refused, naming them."""
+    model = checkpoint(tmp_path / "m", {"model.embed_tokens.weight": torch.randn(V, H),
+                                        "head.weight": torch.randn(V, H),
+                                        "model.norm.weight": torch.randn(H)},
+                       model_type="deepseek_v4")
+    with pytest.raises(ValueError, match=r"deepseek_v4 family\) has no hc_head.hc_fn \(a name "
+                                         r"ending in hc_head.hc_fn or hc_head_fn\)"):
         target_files(model, hidden_dtype="float32")
 
 
@@ -73,3 +99,22 @@ def test_identity_changes_with_weights(tmp_path: Path) -> None:
     assert ida.content_hash != idb.content_hash
     assert (ida.hidden_size, ida.dtype) == (H, "auto")
     assert ida.architecture == "Qwen3ForCausalLM"
+
+
+def test_v4_fp8_head_with_e8m0_scale_and_config_blocks(tmp_path: Path) -> None:
+    """A V4 e4m3 head.weight with an e8m0 head.scale uses the config's weight_block_size."""
+    head = torch.randn(V, H).to(torch.float8_e4m3fn)
+    exps = torch.tensor([[126], [129]], dtype=torch.uint8)  # 2**-1, 2**2 per 12x12 block
+    model = checkpoint(tmp_path / "m", {
+        "model.embed_tokens.weight": torch.randn(V, H), "model.norm.weight": torch.ones(H),
+        "head.weight": head, "head.scale": exps.view(torch.float8_e8m0fnu),
+        "model.hc_head.hc_fn": torch.randn(2, 2 * H), "model.hc_head.hc_base": torch.randn(2),
+        "model.hc_head.hc_scale": torch.randn(1),
+    }, model_type="deepseek_v4",
+        quantization_config={"quant_method": "fp8", "weight_block_size": [12, 12]})
+    weights = load_safetensors(target_files(model, hidden_dtype="float32")["weights.safetensors"])
+    expected = torch.empty(V, H)
+    for i in range(V):
+        for j in range(H):
+            expected[i, j] = head[i, j].float() * (0.5 if i < 12 else 4.0)
+    torch.testing.assert_close(weights["lm_head.weight"], expected, rtol=0, atol=0)

@@ -16,6 +16,8 @@ import pytest
         "sparkforge.producer.payload",
         "sparkforge.shared.layer_ids",
         "sparkforge.producer.target_head",
+        "sparkforge.producer.dequant",
+        "sparkforge.producer.target_files",
     ],
 )
 def test_module_does_not_import_vllm(module: str) -> None:
@@ -25,3 +27,13 @@ def test_module_does_not_import_vllm(module: str) -> None:
         [sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_quantization_passes_through_to_vllm() -> None:
+    """An FP8/FP4 checkpoint runs as-is: the engine's quantization reaches vllm.LLM unchanged."""
+    from sparkforge.producer.engine_options import EngineOptions
+    from sparkforge.producer.vllm_source import engine_kwargs
+
+    for quantization in ("fp8", "modelopt_fp4", None):
+        kwargs = engine_kwargs(EngineOptions(model="m", quantization=quantization))
+        assert kwargs["quantization"] == quantization

@@ -2,31 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 
+from sparkforge.shared.dtypes import float_to_storage
+from sparkforge.shared.reader import CachedSample
 from sparkforge.trainer.data import CacheStream, ResumableLoader, collate, load_split_index
 
 F, H = 2, 4
 
 
-@dataclass
-class _Sample:
-    sample_id: int
-    length: int
-
-    def to_torch(self) -> dict[str, torch.Tensor]:
-        n = self.length
-        return {
-            "input_ids": torch.full((n,), self.sample_id, dtype=torch.int32),
-            "loss_mask": torch.ones(n, dtype=torch.uint8),
-            "aux_hidden": torch.full((n, F, H), float(self.sample_id)).to(torch.bfloat16),
-            "final_hidden": torch.full((n, H), -float(self.sample_id)).to(torch.bfloat16),
-        }
+def _sample(sample_id: int, length: int) -> CachedSample:
+    """A sample as the reader returns it: numpy arrays, bf16 as uint16 bits."""
+    return CachedSample(
+        sample_id=sample_id, split="train",
+        input_ids=np.full(length, sample_id, dtype=np.int32),
+        loss_mask=np.ones(length, dtype=np.uint8),
+        aux_hidden=float_to_storage(np.full((length, F, H), sample_id, np.float32), "bfloat16"),
+        final_hidden=float_to_storage(np.full((length, H), -sample_id, np.float32), "bfloat16"),
+        topk_ids=None, topk_logprobs=None)
 
 
 class _Reader:
@@ -34,7 +30,7 @@ class _Reader:
 
     def __init__(self, num_units: int = 6, per_unit: int = 7) -> None:
         rng = np.random.default_rng(0)
-        self.units = {u: [_Sample(u * 100 + i, int(rng.integers(3, 20))) for i in range(per_unit)]
+        self.units = {u: [_sample(u * 100 + i, int(rng.integers(3, 20))) for i in range(per_unit)]
                       for u in range(num_units)}
         self.reads: list[int] = []
 
@@ -42,12 +38,12 @@ class _Reader:
         rows = [(s, u) for u, ss in self.units.items() for s in ss]
         return pa.table({
             "sample_id": [s.sample_id for s, _ in rows], "unit": [u for _, u in rows],
-            "length": [s.length for s, _ in rows],
-            "num_loss_tokens": [s.length for s, _ in rows],
+            "length": [len(s.input_ids) for s, _ in rows],
+            "num_loss_tokens": [len(s.input_ids) for s, _ in rows],
             "split": ["eval" if s.sample_id % 10 == 9 else "train" for s, _ in rows],
         })
 
-    def read_unit(self, unit: int) -> list[_Sample]:
+    def read_unit(self, unit: int) -> list[CachedSample]:
         self.reads.append(unit)
         return list(self.units[unit])
 
@@ -66,7 +62,7 @@ def _ids(batches: list[dict[str, torch.Tensor]]) -> list[list[int]]:
 
 def test_collate_pads_right_with_masked_padding() -> None:
     """Padding rows carry loss_mask 0 and attention_mask 0; features keep their values."""
-    batch = collate([_Sample(5, 3).to_torch(), _Sample(7, 1).to_torch()], [5, 7])
+    batch = collate([_sample(5, 3), _sample(7, 1)], [5, 7])
     assert batch["input_ids"].tolist() == [[5, 5, 5], [7, 0, 0]]
     assert batch["loss_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]

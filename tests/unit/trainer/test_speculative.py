@@ -61,6 +61,16 @@ def test_greedy_speculative_equals_target_greedy(tiny_target: Path,
     assert res.wall_time_s > 0
 
 
+def test_greedy_speculative_on_a_v4_target_equals_its_greedy(tiny_v4_target: Path) -> None:
+    """A DeepSeek-V4 target (stream-mean features, cache not rewindable) stays greedy-exact."""
+    target = AutoModelForCausalLM.from_pretrained(tiny_v4_target).eval()
+    draft = _draft_for(target)
+    prompt = torch.tensor([5, 17, 99, 4, 250, 31, 7])
+    res = speculative_generate(target, draft, prompt, max_new_tokens=12)
+    assert res.tokens == _greedy_reference(target, prompt, 12)
+    assert max(res.verified_per_round) > 0
+
+
 def test_greedy_lossless_with_accepted_drafts() -> None:
     """On a tiny vocabulary drafts do get accepted, and the output is still greedy-identical."""
     target = _small_target()

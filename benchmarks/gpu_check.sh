@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# One-GPU check of the trainer, in under 10 minutes: the GPU tests (flex-attention backward vs
+# SDPA, bf16-mixed fit, FSDP on one GPU, device-side fp8 capture copies), then the draft-step and
+# loader benchmarks on the GPU. Needs python3 with torch (CUDA), lightning, transformers, pyarrow,
+# fsspec, safetensors, pytest; no vLLM. The project's other small dependencies (zarr, numcodecs,
+# crc32c, jsonargparse and theirs) are installed from wheels in .whl/ when that folder exists.
+#
+#   benchmarks/gpu_check.sh --fetch-wheels   # on a machine with PyPI: Python 3.12 wheels -> .whl/
+#   benchmarks/gpu_check.sh                  # on the GPU machine, from the repository root
+#   benchmarks/gpu_check.sh --dry-run        # anywhere: same steps on CPU with tiny sizes
+#
+# Output goes to stdout and, when $OUT is set, to $OUT/gpu_check.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+MODE=gpu
+case "${1:-}" in
+  --dry-run) MODE=dry ;;
+  --fetch-wheels) MODE=fetch ;;
+  "") ;;
+  *) echo "usage: $0 [--dry-run | --fetch-wheels]" >&2; exit 2 ;;
+esac
+
+# Pinned to the versions the CPU suite runs with; Python 3.12 manylinux wheels.
+WHEELS="zarr==3.1.6 donfig==0.8.1.post1 google-crc32c==1.9.0 numcodecs==0.16.6
+crc32c==2.9.post0 jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0"
+
+if [ "$MODE" = fetch ]; then
+  mkdir -p .whl
+  exclude=$(git rev-parse --git-path info/exclude)  # keeps .whl/ out of commits
+  mkdir -p "$(dirname "$exclude")"
+  grep -qxF '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
+  # shellcheck disable=SC2086
+  "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .whl $WHEELS
+  ls -l .whl
+  exit 0
+fi
+
+LOG=/dev/null
+if [ -n "${OUT:-}" ]; then LOG="$OUT/gpu_check.log"; fi
+exec > >(tee -a "$LOG") 2>&1
+
+# The wheels are for the GPU machine's Python 3.12; a dry run uses the local environment as it is.
+if [ "$MODE" = gpu ] && compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/sparkforge-site .whl/*.whl
+  export PYTHONPATH="/tmp/sparkforge-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# The repository folders become the sparkforge.* packages without installing anything.
+PKG=$(mktemp -d)
+mkdir -p "$PKG/sparkforge"
+for part in shared manifests producer trainer; do ln -s "$PWD/$part" "$PKG/sparkforge/$part"; done
+export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+"$PY" - "$MODE" <<'PYEOF'
+import sys
+import torch
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
+      f"cuda {torch.cuda.is_available()} "
+      f"{torch.cuda.get_device_name() if torch.cuda.is_available() else ''}")
+import lightning, transformers, zarr, numcodecs, crc32c, jsonargparse  # noqa: E401,F401
+import sparkforge.trainer.datamodule  # noqa: F401
+if sys.argv[1] == "gpu" and not torch.cuda.is_available():
+    sys.exit("no CUDA device: run with --dry-run on a CPU machine")
+PYEOF
+
+step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
+START=$SECONDS
+if [ "$MODE" = gpu ]; then
+  step "GPU tests"
+  # -o addopts= drops the CPU default "-m 'not gpu'"; every GPU test has a 300 s limit.
+  timeout 420 "$PY" -P -m pytest -o addopts= -p no:cacheprovider -m gpu -q -rA \
+    --timeout 300 tests/gpu || echo "GPU TESTS FAILED (exit $?)"
+  step "draft step: sdpa vs flex, bf16 autocast"
+  timeout 120 "$PY" -P benchmarks/bench_draft.py --device cuda --attn sdpa --seq-len 2048 \
+    --steps 5 --mem-cases || echo "bench_draft sdpa FAILED"
+  timeout 120 "$PY" -P benchmarks/bench_draft.py --device cuda --attn flex --seq-len 2048 \
+    --steps 5 --mem-cases || echo "bench_draft flex FAILED"
+  step "loader vs raw reads vs draft step on the GPU"
+  timeout 240 "$PY" -P benchmarks/bench_trainer_data.py --samples 160 --hidden 1024 \
+    --batch_size 8 --steps 10 --device cuda || echo "bench_trainer_data FAILED"
+  step "fp8 quantisation: numpy vs torch CPU vs torch GPU"
+  timeout 120 "$PY" -P benchmarks/bench_writer.py --max_cores 2 --tokens 8192 \
+    || echo "bench_writer FAILED"
+else
+  step "GPU tests (collected only: no CUDA here)"
+  "$PY" -P -m pytest -o addopts= -p no:cacheprovider -m gpu -q --collect-only tests/gpu
+  step "draft step (CPU, tiny)"
+  "$PY" -P benchmarks/bench_draft.py --device cpu --attn sdpa --seq-len 64 --steps 1 \
+    --num-anchors 8 --mem-cases
+  step "loader vs raw reads vs draft step (CPU, tiny)"
+  "$PY" -P benchmarks/bench_trainer_data.py --samples 16 --hidden 128 --batch_size 2 \
+    --steps 1 --device cpu
+fi
+echo; echo "gpu_check.sh ($MODE) done in $((SECONDS - START)) s"

@@ -1,0 +1,108 @@
+"""What each target family means to the pipeline, in one torch-free table keyed by ``model_type``.
+
+A family says where its pieces live in the checkpoint (the names the architecture itself uses),
+what a captured feature and the final state are, and how vLLM numbers its DSpark layer ids. The
+producer's target-file code, its capture backends and the trainer's draft-config builder all read
+this table, so adding a family is one entry here rather than branches spread over modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FeatureSemantics = Literal["residual", "hc_mean"]
+"""``residual``: the residual stream after a layer. ``hc_mean``: the mean over hyper-connection
+streams of a layer's output (HF ``hidden_states[l + 1]`` is ``[B, S, hc_mult, H]``)."""
+FinalSemantics = Literal["post_norm", "lm_head_input"]
+"""``post_norm``: ``RMSNorm(h_L) * w`` of the last residual, which is what lm_head consumes.
+``lm_head_input``: the exact tensor lm_head consumed, for families where it is not a norm of one
+residual (DeepSeek-V4 collapses its streams with ``hc_head`` before the norm)."""
+FEATURE_SEMANTICS: tuple[FeatureSemantics, ...] = ("residual", "hc_mean")
+FINAL_SEMANTICS: tuple[FinalSemantics, ...] = ("post_norm", "lm_head_input")
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetFamily:
+    """One family of target architectures."""
+
+    name: str
+    """Short name shown in errors and the README's family table."""
+    model_types: tuple[str, ...]
+    """HF ``model_type`` values of the family (the top-level one for multimodal checkpoints)."""
+    pieces: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {
+        "embed_tokens.weight": ("embed_tokens.weight",), "lm_head.weight": ("lm_head.weight",),
+        "norm.weight": ("norm.weight",)})
+    """Cache name of each target weight the trainer needs -> the checkpoint name endings that
+    hold it, in preference order. An ending matches a whole dotted name or its tail after a dot
+    (``norm.weight`` matches ``model.language_model.norm.weight``, never ``q_norm.weight``);
+    per-layer and MTP weights never match, and the shortest match wins. ``embed_tokens.weight``,
+    ``lm_head.weight`` and ``norm.weight`` are always present."""
+    features: FeatureSemantics = "residual"
+    final_state: FinalSemantics = "post_norm"
+    final_from_residual: bool = True
+    """True when ``RMSNorm(h_L) * w`` is the lm_head input, so the vLLM backend can finish its
+    pre-norm aux id ``L`` offline (false for offset norms, softcaps and hyper-connection heads)."""
+    vllm_dspark_id_offset: int = 1
+    """vLLM aux id of DSpark feature id ``l`` when read from ``dspark_target_layer_ids``:
+    ``l + 1`` for every family except DeepSeek-V4.1, whose ids vLLM uses as they are."""
+    embedding_scale_sqrt_hidden: bool = False
+    """The target scales embed_tokens output by sqrt(hidden_size) (Gemma); the draft does too."""
+    rope_section: str | None = None
+    """Key of the RoPE settings the draft copies when ``rope_parameters`` is nested per layer
+    type (DeepSeek-V4: ``main``); None when it is flat."""
+
+    def builtin_dspark_ids(self, feature_ids: Sequence[int]) -> tuple[int, ...]:
+        """The ``dspark_target_layer_ids`` that make vLLM capture each feature layer's output.
+
+        Feature id ``l`` is vLLM aux id ``l + 1``; vLLM adds ``vllm_dspark_id_offset`` to the
+        config ids, so V4 writes ``l`` and V4.1 (ids used as-is) writes ``l + 1``.
+        """
+        return tuple(int(i) + 1 - self.vllm_dspark_id_offset for i in feature_ids)
+
+
+# DeepSeek-V4 names its output projection ``head.weight`` and its embedding ``embed.weight`` in
+# the released checkpoints (transformers 5.19 saves ``head.weight``, ``model.embed_tokens.weight``
+# and ``model.hc_head.hc_*``); its lm_head input is ``norm(hc_head(streams))``, so the final state
+# needs the hc_head weights too.
+_V4_PIECES = {
+    "embed_tokens.weight": ("embed_tokens.weight", "embed.weight"),
+    "lm_head.weight": ("head.weight", "lm_head.weight"),
+    "norm.weight": ("norm.weight",),
+    "hc_head.hc_fn": ("hc_head.hc_fn", "hc_head_fn"),
+    "hc_head.hc_base": ("hc_head.hc_base", "hc_head_base"),
+    "hc_head.hc_scale": ("hc_head.hc_scale", "hc_head_scale"),
+}
+
+STANDARD = TargetFamily(name="standard", model_types=())
+"""Llama/Qwen-style targets (and any model_type not listed): plain residual, post-norm final."""
+FAMILIES: tuple[TargetFamily, ...] = (
+    TargetFamily(name="qwen3", model_types=("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5",
+                                            "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")),
+    TargetFamily(name="gemma", model_types=("gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
+                                            "gemma4_text"),
+                 final_from_residual=False, embedding_scale_sqrt_hidden=True),
+    TargetFamily(name="deepseek_v4", model_types=("deepseek_v4",), pieces=_V4_PIECES,
+                 features="hc_mean", final_state="lm_head_input", final_from_residual=False,
+                 rope_section="main"),
+    TargetFamily(name="deepseek_v41", model_types=("deepseek_v41",), pieces=_V4_PIECES,
+                 features="hc_mean", final_state="lm_head_input", final_from_residual=False,
+                 vllm_dspark_id_offset=0, rope_section="main"),
+    TargetFamily(name="kimi_k3", model_types=("kimi_k3", "kimi_linear"),
+                 final_from_residual=False),
+)
+
+
+def family_of(model_type: str | None) -> TargetFamily:
+    """The family of an HF ``model_type``; unknown types get the standard Llama/Qwen family."""
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    return STANDARD
+
+
+def family_of_config(config: Mapping[str, Any]) -> TargetFamily:
+    """The family of a ``config.json`` mapping (its top-level ``model_type``)."""
+    return family_of(config.get("model_type"))

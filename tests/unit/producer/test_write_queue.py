@@ -1,0 +1,107 @@
+"""The background write queue: bounded memory, commits as units finish, errors surface."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cache_helpers import SMALL_SPEC, make_run_header, make_unit
+
+from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
+from sparkforge.shared.records import SampleRecord, UnitAccounting
+from sparkforge.shared.writer import CacheWriter
+
+
+class GatedWriter(CacheWriter):
+    """A real cache writer whose ``write_unit`` waits for a gate (and can be told to fail)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.gate = threading.Event()
+        self.started: list[int] = []
+        self.fail_unit = -1
+
+    def write_unit(self, unit: int, samples: Sequence[SampleRecord],
+                   accounting: UnitAccounting) -> None:
+        """Announce the unit, wait for the gate, then write it for real (or fail)."""
+        self.started.append(unit)
+        assert self.gate.wait(timeout=30)
+        if unit == self.fail_unit:
+            raise OSError(f"disk full while writing unit {unit}")
+        super().write_unit(unit, samples, accounting)
+
+
+def _writer(path: Path) -> GatedWriter:
+    writer = GatedWriter.open(str(path), spec=SMALL_SPEC, header=make_run_header(SMALL_SPEC))
+    assert isinstance(writer, GatedWriter)
+    return writer
+
+
+def _unit(u: int) -> CapturedUnit:
+    samples, accounting = make_unit(SMALL_SPEC, u)
+    return CapturedUnit(u, samples, accounting)
+
+
+def _submit_in_thread(writes: UnitWriteQueue, item: CapturedUnit,
+                      reported: list[CapturedUnit]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: reported.extend(writes.submit(item)), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_submit_blocks_while_the_queue_holds_queue_units(tmp_path: Path) -> None:
+    """With the writer busy, the queue takes queue_units units and the next submit waits."""
+    writer = _writer(tmp_path / "c")
+    writes = UnitWriteQueue(writer, queue_units=1, num_threads=1)
+    writes.submit(_unit(0))  # taken by the writer thread, which waits at the gate
+    while writer.started != [0]:
+        threading.Event().wait(0.01)
+    writes.submit(_unit(1))  # fills the queue
+    reported: list[CapturedUnit] = []
+    blocked = _submit_in_thread(writes, _unit(2), reported)
+    blocked.join(timeout=0.5)
+    assert blocked.is_alive(), "submit returned although the queue was full"
+    assert writes._queue.qsize() == 1  # never more than queue_units waiting
+    writer.gate.set()
+    blocked.join(timeout=30)
+    reported += writes.close()
+    assert not blocked.is_alive()
+    assert writer.committed_units() == {0, 1, 2}
+    assert [d.unit for d in reported] == [0, 1, 2]  # reported once each, in commit order
+
+
+def test_a_writer_error_is_raised_to_the_capture_loop(tmp_path: Path) -> None:
+    """A failed write surfaces on the next submit or on close; later units are not written."""
+    writer = _writer(tmp_path / "c")
+    writer.fail_unit = 1
+    writer.gate.set()
+    writes = UnitWriteQueue(writer, queue_units=1, num_threads=1)
+    with pytest.raises(OSError, match="disk full while writing unit 1"):  # noqa: PT012
+        for u in range(3):
+            writes.submit(_unit(u))
+        writes.close()
+    with pytest.raises(OSError, match="unit 1"):
+        writes.close()
+    assert writer.committed_units() == {0}
+
+
+def test_units_captured_before_a_capture_error_are_still_committed(tmp_path: Path) -> None:
+    """Leaving the context on a capture error writes the queued units, then re-raises."""
+    writer = _writer(tmp_path / "c")
+    writer.gate.set()
+    with pytest.raises(RuntimeError, match="engine died"), UnitWriteQueue(  # noqa: PT012
+            writer, queue_units=2, num_threads=1) as writes:
+        writes.submit(_unit(0))
+        writes.submit(_unit(1))
+        raise RuntimeError("engine died")
+    assert writer.committed_units() == {0, 1}
+
+
+@pytest.mark.parametrize(("cpus", "engine", "expected"), [(16, 2, 13), (2, 2, 1), (8, 0, 7)])
+def test_default_writer_threads_leave_the_engine_its_cores(cpus: int, engine: int,
+                                                           expected: int) -> None:
+    """Writer threads are the CPUs minus engine processes minus the capture loop, at least 1."""
+    assert default_writer_threads(cpus=cpus, engine_processes=engine) == expected

@@ -1,0 +1,43 @@
+"""Target families: lookup by model_type, and V4/V4.1 DSpark ids checked against vLLM's reader."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sparkforge.shared.target_families import STANDARD, family_of
+
+FEATURE_IDS = (40, 41, 42)
+
+
+@pytest.mark.parametrize(("model_type", "family", "features", "final"), [
+    ("qwen3", "qwen3", "residual", "post_norm"),
+    ("llama", "standard", "residual", "post_norm"),
+    ("gemma4_text", "gemma", "residual", "post_norm"),
+    ("deepseek_v4", "deepseek_v4", "hc_mean", "lm_head_input"),
+    ("deepseek_v41", "deepseek_v41", "hc_mean", "lm_head_input"),
+])
+def test_family_semantics(model_type: str, family: str, features: str, final: str) -> None:
+    """Each model_type maps to its family's feature and final-state semantics."""
+    found = family_of(model_type)
+    assert (found.name, found.features, found.final_state) == (family, features, final)
+
+
+def test_unknown_model_type_is_standard() -> None:
+    """An unlisted model_type gets the Llama/Qwen-style family."""
+    assert family_of("some_future_llm") is STANDARD
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v4", "deepseek_v41"])
+def test_builtin_dspark_ids_capture_feature_outputs_in_vllm(model_type: str) -> None:
+    """vLLM's own id reader turns the written ids into aux ids l + 1 (V4.1 reads them as-is)."""
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+        get_eagle3_aux_layers_from_config,
+    )
+
+    written = family_of(model_type).builtin_dspark_ids(FEATURE_IDS)
+    hf_config = SimpleNamespace(model_type=model_type, dspark_target_layer_ids=list(written))
+    spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf_config))
+    assert tuple(get_eagle3_aux_layers_from_config(spec)) == tuple(i + 1 for i in FEATURE_IDS)
+    assert written == (FEATURE_IDS if model_type == "deepseek_v4" else (41, 42, 43))
