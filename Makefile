@@ -22,7 +22,8 @@ install:
 	  mv $(VENV)/modules.new $(VENV)/modules.txt; \
 	fi
 
-# python -P keeps the repo root off sys.path, so `shared` never imports twice (style.md 2.2).
+# python -P keeps the repo root off sys.path, so `shared` never imports twice (as `shared` and as
+# `sparkforge.shared`, two module objects whose classes compare unequal).
 # hadolint (from the dev extra) fails on any finding in the Dockerfiles, info level included.
 lint: install
 	$(BIN)/python -P -m ruff check $(PACKAGES) tests benchmarks

@@ -2,8 +2,8 @@
 
 Activations: a tiny Qwen3 target (built locally, nothing downloaded) runs a plain HF forward; its
 bf16 sign+exponent bytes are spread to a realistic hidden size by concatenating channel-permuted
-vectors of different tokens, with fresh random mantissa bytes (storage-notes section 2: the
-mantissa byte is incompressible, so this keeps the exponent statistics without fake repeats).
+vectors of different tokens, with fresh random mantissa bytes (the mantissa byte of real bf16
+activations is incompressible, so this keeps the exponent statistics without fake repeats).
 
     .venv/bin/python benchmarks/bench_cache.py [--hidden_size 2048] [--num_tokens 32768]
 """
@@ -116,6 +116,17 @@ def bench_memmap(root: Path, samples: list[SampleRecord]) -> dict[str, float]:
     return {"write_s": write_s, "read_s": time.perf_counter() - start}
 
 
+def bench_finite_check(samples: list[SampleRecord]) -> float:
+    """Seconds the producer spends proving every stored hidden value finite."""
+    from sparkforge.producer.capture import non_finite_problem
+
+    start = time.perf_counter()
+    problems = [non_finite_problem(s, "bfloat16") for s in samples]
+    elapsed = time.perf_counter() - start
+    assert problems == [None] * len(samples)
+    return elapsed
+
+
 def main() -> int:
     """Run both codecs and print the table and the command to reproduce it."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -133,6 +144,7 @@ def main() -> int:
                       + s.loss_mask.nbytes for s in samples) / 1e6
         base = bench_memmap(root, samples)
         rows = [(codec, bench_cache(root, samples, codec)) for codec in ("lossless", "fp8")]
+        finite_s = bench_finite_check(samples)
         shutil.rmtree(root / "target", ignore_errors=True)
     print(f"H={args.hidden_size}, 3 aux layers + final, bf16, {n:,} tokens, "
           f"{logical:.0f} MB logical (bf16 in memory); memmap baseline in the same run:")
@@ -149,6 +161,8 @@ def main() -> int:
               f"{logical / r['write_s']:>11.0f} {base['write_s'] / r['write_s']:>10.3f} "
               f"{logical / r['read_s']:>10.0f} {base['read_s'] / r['read_s']:>10.3f} "
               f"{logical / r['read_verify_s']:>14.0f} {n / r['read_s'] / 1e3:>12.1f}")
+    print(f"NaN/inf check before commit: {logical / finite_s:.0f} MB/s, "
+          f"{finite_s / rows[0][1]['write_s']:.1%} of the lossless write time")
     print("reproduce: .venv/bin/python benchmarks/bench_cache.py "
           f"--hidden_size {args.hidden_size} --num_tokens {args.num_tokens}")
     return 0

@@ -23,10 +23,11 @@ import torch.nn.functional as F  # noqa: N812
 from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_qwen3_small
 from sparkforge.trainer.loss import chunked_row_terms, compute_dspark_loss, l1_distance
 from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.run_config import LossSpec
 
 
 def _throughput(cfg: DSparkDraftConfig, seq_len: int, steps: int, device: str = "cpu",
-                attn: str = "sdpa", **loss_kw: float) -> float:
+                attn: str = "sdpa", loss: LossSpec = LossSpec()) -> float:  # noqa: B008
     torch.manual_seed(0)
     model = DSparkDraftModel(cfg, attn_implementation=attn).to(device)
     h, f = cfg.hidden_size, cfg.num_features
@@ -38,14 +39,14 @@ def _throughput(cfg: DSparkDraftConfig, seq_len: int, steps: int, device: str = 
     }
     batch = {k: v.to(device) for k, v in batch.items()}
     cuda = device.startswith("cuda")
-    if loss_kw.get("l1_alpha", 0.9) == 0 and not cfg.enable_confidence_head:
+    if loss.l1_loss_alpha == 0 and not cfg.enable_confidence_head:
         batch.pop("target_last_hidden_states")
     times = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-            loss = compute_dspark_loss(model(**batch), **loss_kw).loss  # type: ignore[arg-type]
-        loss.backward()
+            value = compute_dspark_loss(model(**batch), loss).loss
+        value.backward()
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -125,8 +126,8 @@ def main() -> None:
     dflash = dataclasses.replace(dspark, markov_rank=0, enable_confidence_head=False,
                                  confidence_head_with_markov=False)
     tps_dspark = _throughput(dspark, args.seq_len, args.steps, args.device, args.attn)
-    tps_dflash = _throughput(dflash, args.seq_len, args.steps, args.device, args.attn,
-                             ce_alpha=1.0, l1_alpha=0.0, confidence_alpha=0.0)
+    tps_dflash = _throughput(dflash, args.seq_len, args.steps, args.device, args.attn, LossSpec(
+        ce_loss_alpha=1.0, l1_loss_alpha=0.0, confidence_head_alpha=0.0))
     print(f"device={args.device} attn={args.attn} threads={torch.get_num_threads()} H=1024 "
           f"layers=2 V=151936 K=7 A={args.num_anchors} S={args.seq_len}")
     print("| config | fwd+bwd context tokens/s |")

@@ -152,6 +152,7 @@ def phase_step(uri: str, batch_size: int, steps: int, device: str) -> dict[str, 
     from sparkforge.trainer.draft_config import DSparkDraftConfig
     from sparkforge.trainer.loss import compute_dspark_loss
     from sparkforge.trainer.model import DSparkDraftModel
+    from sparkforge.trainer.run_config import LossSpec
 
     dm = CacheDataModule(uri, batch_size=batch_size, num_workers=0, shuffle_buffer=64)
     spec = dm.reader.manifest.storage.spec
@@ -180,7 +181,7 @@ def phase_step(uri: str, batch_size: int, steps: int, device: str) -> dict[str, 
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
             out = model(b["input_ids"], b["loss_mask"], b["target_hidden_states"],
                         b["target_last_hidden_states"], attention_mask=b["attention_mask"])
-            loss = compute_dspark_loss(out).loss
+            loss = compute_dspark_loss(out, LossSpec()).loss
         loss.backward()
         opt.step()
         opt.zero_grad()

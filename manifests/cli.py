@@ -20,6 +20,7 @@ from typing import Any, Literal, cast
 
 from sparkforge.manifests.contract import RunContract
 from sparkforge.manifests.finalize import finalize_run
+from sparkforge.manifests.no_samples import require_samples
 from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.plan import plan_cache, plan_table, target_shape_from_config
 from sparkforge.manifests.status import DEFAULT_WINDOW_S, StatusReader, status_table
@@ -272,4 +273,5 @@ def run_finalize(cfg: FinalizeConfig) -> int:
     skipped = ", ".join(f"{k} {v:,}" for k, v in sorted(acc.skipped.items())) or "none"
     print(f"finalized {cfg.output}: {acc.input_rows:,} input rows: {acc.written:,} written, "
           f"skipped {skipped}, failed {acc.failed:,}")
+    require_samples(acc, f"the cache {cfg.output}")
     return 0

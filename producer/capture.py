@@ -1,8 +1,9 @@
 """Capture one commit unit: tokenize its rows, run them through a source, build sample records.
 
 Results are checked at the source boundary (shapes), converted to the cache's stored form where
-they were captured (storage dtype, fp8 codes) and moved to the host once, and sorted by sample id,
-so a unit's records do not depend on the order requests finished in.
+they were captured (storage dtype, fp8 codes) and moved to the host once, checked for NaN/inf in
+what will be stored (whatever the backend, and including an overflow of the dtype conversion) and
+sorted by sample id, so a unit's records do not depend on the order requests finished in.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -20,13 +22,23 @@ from sparkforge.producer.dataset import RawRow
 from sparkforge.producer.fp8 import quantize_e4m3
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
 from sparkforge.producer.splits import SplitRule
+from sparkforge.shared.dtypes import non_finite
 from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
 
 logger = logging.getLogger(__name__)
 
 
+NonFinitePolicy = Literal["skip", "fail"]
+_SCAN_ELEMENTS = 1 << 24
+"""Hidden values checked per block (bounds the NaN/inf scan's temporaries to ~50 MB)."""
+
+
 class CaptureAborted(RuntimeError):
     """Raised after ``max_consecutive_failures`` requests failed in a row."""
+
+
+class NonFiniteActivations(RuntimeError):
+    """Raised under ``non_finite: fail`` when the target produced NaN or inf for a row."""
 
 
 @dataclass
@@ -119,6 +131,28 @@ def _check_result(
     return None
 
 
+def non_finite_problem(record: SampleRecord, hidden_dtype: str) -> str | None:
+    """Where a record's hidden states hold NaN or inf, as a message (None: all finite).
+
+    Scanned in row blocks, so the temporaries stay small whatever the sequence length.
+    """
+    for name in ("aux_hidden", "final_hidden"):
+        values = getattr(record, name)
+        step = max(1, _SCAN_ELEMENTS // values[0].size)
+        count, tokens = 0, []
+        for start in range(0, values.shape[0], step):
+            bad = non_finite(values[start:start + step], hidden_dtype)
+            if bad.any():
+                count += int(bad.sum())
+                tokens.append(start + np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1)))
+        if count:
+            bad_tokens = np.concatenate(tokens)
+            return (f"sample {record.sample_id}: {name} holds {count} non-finite values in "
+                    f"{bad_tokens.size} of {values.shape[0]} tokens, first at token "
+                    f"{bad_tokens[0]}")
+    return None
+
+
 def _record(
     result: CaptureResult, pending: _Pending, hidden_dtype: str, aux_codec: str, topk: int
 ) -> SampleRecord:
@@ -151,6 +185,8 @@ class UnitCapturer:
     topk: int
     failures: FailureRun
     aux_codec: str = "lossless"
+    non_finite: NonFinitePolicy = "skip"
+    """Rows whose activations hold NaN or inf: count them as skipped, or stop the run."""
 
     def encode(self, rows: Sequence[RawRow]) -> tuple[list[_Pending], Counter[str]]:
         """Tokenize rows; bad ones are counted by reason."""
@@ -184,7 +220,16 @@ class UnitCapturer:
                 self.failures.failed(result.sample_id, error)
                 continue
             self.failures.succeeded()
-            records.append(_record(result, item, self.hidden_dtype, self.aux_codec, self.topk))
+            record = _record(result, item, self.hidden_dtype, self.aux_codec, self.topk)
+            problem = non_finite_problem(record, self.hidden_dtype)
+            if problem is None:
+                records.append(record)
+            elif self.non_finite == "fail":
+                raise NonFiniteActivations(f"{problem}; nothing of this unit was committed "
+                                           "(--non_finite fail; 'skip' counts such rows instead)")
+            else:
+                logger.warning("skipping %s", problem)
+                skipped[SkipReason.NON_FINITE_ACTIVATIONS.value] += 1
         for sample_id in by_id:  # requests the backend never answered
             failed += 1
             self.failures.failed(sample_id, "the capture backend returned no result")

@@ -4,7 +4,7 @@ Two masking methods, chosen once per template: templates with ``{% generation %}
 transformers' ``return_assistant_tokens_mask``; templates without them are rendered prefix by prefix
 and the character span each assistant turn adds is mapped onto the tokens of the full rendering.
 Both are probed on a known conversation at start-up, so a template that would give an all-zeros or
-all-ones mask is refused before any row is read (peers.md section 3.E).
+all-ones mask (a common silent bug of training pipelines) is refused before any row is read.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 ReasoningPolicy = Literal["keep", "drop"]
 OverlongPolicy = Literal["truncate", "skip"]
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
+"""Message fields passed to the template as given (OpenAI tool calling)."""
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _EMPTY_THINK = re.compile(r"\s*<think>\s*</think>\s*")
 _PROBE = (
@@ -47,9 +49,14 @@ class SkipReason(StrEnum):
     EMPTY_ASSISTANT = "empty_assistant"
     TEMPLATE_ERROR = "template_error"
     UNSTABLE_TEMPLATE = "unstable_template"
+    BAD_TOOL_CALLS = "bad_tool_calls"
     BAD_PRETOKENIZED = "bad_pretokenized"
+    TOOL_CALLS_UNSUPPORTED = "tool_calls_unsupported"
+    """``regenerate`` only: its output parts cannot carry tool fields."""
     TOO_LONG = "too_long"
     NO_LOSS_TOKENS = "no_loss_tokens"
+    NON_FINITE_ACTIVATIONS = "non_finite_activations"
+    """The target produced NaN or inf for the row (``non_finite: skip``)."""
 
 
 @dataclass(frozen=True)
@@ -99,33 +106,68 @@ def tokenizer_hash(tokenizer: Any) -> str:
 
 def clean_messages(
     messages: object, reasoning: ReasoningPolicy
-) -> list[dict[str, str]] | SkipReason:
+) -> list[dict[str, Any]] | SkipReason:
     """Check the OpenAI ``messages`` shape and apply the reasoning policy.
 
-    ``keep`` passes ``reasoning_content`` to the template; ``drop`` removes it.
+    ``keep`` passes ``reasoning_content`` to the template; ``drop`` removes it. ``tool_calls``,
+    ``tool_call_id`` and ``name`` reach the template as given, so a template that renders tool
+    calls supervises the text that serving renders. An assistant turn that only calls tools may
+    have ``content: null``.
     """
     if not isinstance(messages, list) or not messages:
         return SkipReason.MISSING_MESSAGES
-    clean: list[dict[str, str]] = []
+    clean: list[dict[str, Any]] = []
     for message in messages:
-        if not isinstance(message, Mapping) or message.get("role") not in ROLES:
+        if not isinstance(message, Mapping):
             return SkipReason.UNKNOWN_ROLE
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            return SkipReason.UNKNOWN_ROLE
+        tool_fields = _tool_fields(message)
+        if tool_fields is None:
+            return SkipReason.BAD_TOOL_CALLS
         content = message.get("content")
         reasoning_text = message.get("reasoning_content")
-        if not isinstance(content, str) or not isinstance(reasoning_text, str | None):
+        content_ok = isinstance(content, str) or (content is None and "tool_calls" in tool_fields)
+        if not content_ok or not isinstance(reasoning_text, str | None):
             return SkipReason.NON_STRING_CONTENT
-        out = {"role": str(message["role"]), "content": content}
+        out: dict[str, Any] = {"role": role, "content": content, **tool_fields}
         if reasoning == "keep" and reasoning_text:
             out["reasoning_content"] = reasoning_text
-        if out["role"] == "assistant" and not (content.strip() or out.get("reasoning_content")):
+        if role == "assistant" and not (
+            (content or "").strip() or out.get("reasoning_content") or "tool_calls" in out
+        ):
             return SkipReason.EMPTY_ASSISTANT
         clean.append(out)
     return clean
 
 
+def _tool_fields(message: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The message's tool fields that are set (None: one has the wrong type)."""
+    out = {key: message[key] for key in TOOL_FIELDS if message.get(key) is not None}
+    calls = out.get("tool_calls")
+    if calls is not None and not (
+        isinstance(calls, list) and calls and all(isinstance(c, Mapping) for c in calls)
+    ):
+        return None
+    if not all(isinstance(out[key], str) for key in ("tool_call_id", "name") if key in out):
+        return None
+    return out
+
+
+def row_tools(row: Mapping[str, Any]) -> list[Mapping[str, Any]] | None | SkipReason:
+    """The row's ``tools`` (function schemas the template renders into the prompt), if any."""
+    tools = row.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
+        return SkipReason.BAD_TOOL_CALLS
+    return tools or None
+
+
 def validate_messages(
     messages: object, reasoning: ReasoningPolicy
-) -> list[dict[str, str]] | SkipReason:
+) -> list[dict[str, Any]] | SkipReason:
     """:func:`clean_messages`, and at least one assistant turn to learn from."""
     clean = clean_messages(messages, reasoning)
     if not isinstance(clean, SkipReason) and not any(m["role"] == "assistant" for m in clean):
@@ -165,50 +207,63 @@ class ChatEncoder:
             messages = validate_messages(row.get("messages"), self.reasoning)
             if isinstance(messages, SkipReason):
                 return messages
+            tools = row_tools(row)
+            if isinstance(tools, SkipReason):
+                return tools
             if self._reasoning_ignored and any("reasoning_content" in m for m in messages):
                 self._reasoning_ignored = False  # warn once
                 logger.warning(
                     "reasoning='keep' but the chat template never reads reasoning_content: "
                     "reasoning text will not reach the cache"
                 )
-            encoded = self.encode_messages(messages)
+            encoded = self.encode_messages(messages, tools=tools)
         if isinstance(encoded, SkipReason):
             return encoded
         return self._fit(encoded)
 
-    def encode_messages(self, messages: Sequence[Mapping[str, str]]) -> Encoded | SkipReason:
+    def encode_messages(
+        self, messages: Sequence[Mapping[str, Any]], *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Encoded | SkipReason:
         """Token ids and the assistant mask of validated messages, before length policy."""
         try:
             if self.uses_generation_tags:
-                return self._tagged(messages)
-            return self._prefix_diff(messages)
+                return self._tagged(messages, tools)
+            return self._prefix_diff(messages, tools)
         except Exception as exc:  # noqa: BLE001 - Jinja raises anything (e.g. raise_exception)
             logger.debug("template failed on a row: %s", exc)
             return SkipReason.TEMPLATE_ERROR
 
-    def _render(self, messages: Sequence[Mapping[str, str]], *, generation_prompt: bool) -> str:
+    def _render(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, *,
+        generation_prompt: bool,
+    ) -> str:
         text: str = self.tokenizer.apply_chat_template(
-            list(messages), chat_template=self.template, tokenize=False,
+            list(messages), tools=tools, chat_template=self.template, tokenize=False,
             add_generation_prompt=generation_prompt,
         )
         return text
 
-    def _tagged(self, messages: Sequence[Mapping[str, str]]) -> Encoded:
+    def _tagged(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> Encoded:
         out = self.tokenizer.apply_chat_template(
-            list(messages), chat_template=self.template, tokenize=True, return_dict=True,
-            return_assistant_tokens_mask=True,
+            list(messages), tools=tools, chat_template=self.template, tokenize=True,
+            return_dict=True, return_assistant_tokens_mask=True,
         )
         return Encoded(np.asarray(out["input_ids"], dtype=np.int32),
                        np.asarray(out["assistant_masks"], dtype=np.uint8))
 
-    def _prefix_diff(self, messages: Sequence[Mapping[str, str]]) -> Encoded | SkipReason:
-        full = self._render(messages, generation_prompt=False)
+    def _prefix_diff(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> Encoded | SkipReason:
+        full = self._render(messages, tools, generation_prompt=False)
         spans = []
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            before = self._render(messages[:i], generation_prompt=True) if i else ""
-            upto = self._render(messages[: i + 1], generation_prompt=False)
+            before = self._render(messages[:i], tools, generation_prompt=True) if i else ""
+            upto = self._render(messages[: i + 1], tools, generation_prompt=False)
             if not (full.startswith(before) and full.startswith(upto) and len(upto) > len(before)):
                 return SkipReason.UNSTABLE_TEMPLATE
             # Whitespace after the end-of-turn marker is never generated, and an empty think block
@@ -224,17 +279,18 @@ class ChatEncoder:
         return Encoded(np.asarray(enc["input_ids"], dtype=np.int32), mask)
 
     def _pretokenized(self, row: Mapping[str, Any]) -> Encoded | SkipReason:
+        """Ids and mask exactly as given: a float, string, bool or out-of-range id, or a mask
+        value other than 0/1 (bools allowed), is refused, never coerced."""
         ids, mask = row.get("input_ids"), row.get("loss_mask")
-        try:
-            ids_arr = np.asarray(ids, dtype=np.int64)
-            mask_arr = np.asarray(mask, dtype=np.int64)
-        except (TypeError, ValueError):
+        if not (isinstance(ids, list | tuple) and isinstance(mask, list | tuple)
+                and 0 < len(ids) == len(mask)):
             return SkipReason.BAD_PRETOKENIZED
-        if (ids_arr.ndim != 1 or ids_arr.shape != mask_arr.shape or ids_arr.size == 0
-                or ids_arr.min() < 0 or ids_arr.max() >= self.vocab_size
-                or not np.isin(mask_arr, (0, 1)).all()):
+        vocab_size = self.vocab_size
+        if not all(type(i) is int and 0 <= i < vocab_size for i in ids) or not all(
+            type(m) in (int, bool) and m in (0, 1) for m in mask
+        ):
             return SkipReason.BAD_PRETOKENIZED
-        return Encoded(ids_arr.astype(np.int32), mask_arr.astype(np.uint8))
+        return Encoded(np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8))
 
     def _fit(self, encoded: Encoded) -> Encoded | SkipReason:
         if encoded.input_ids.shape[0] > self.max_seq_len:

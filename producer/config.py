@@ -13,7 +13,7 @@ from sparkforge.producer.engine_options import EngineOptions
 RUN_LOCAL_FIELDS = frozenset({
     "storage_options", "output", "worker_index", "num_workers", "window", "max_retries",
     "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
-    "finalize", "progress", "writer_queue_units", "writer_threads",
+    "finalize", "progress", "writer_queue_units", "writer_threads", "non_finite",
 })
 RUN_LOCAL_ENGINE_FIELDS = frozenset({
     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -84,6 +84,9 @@ class ProducerConfig:
     """Retries of a failed request before it is counted as failed."""
     max_consecutive_failures: int = 16
     """Abort after this many failed requests in a row."""
+    non_finite: Literal["skip", "fail"] = "skip"
+    """A row whose captured activations hold NaN or inf: skip it (counted as
+    non_finite_activations) or stop the run with the sample named (its unit is not committed)."""
     parity_samples: int = 0
     """Compare N samples against a transformers forward before capturing (vllm backend)."""
     scratch_dir: str = "/dev/shm/sparkforge"

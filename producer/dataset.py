@@ -1,4 +1,8 @@
-"""Stream chat rows (JSONL or Parquet, any fsspec URI) in bounded batches with a hash per row."""
+"""Stream chat rows (JSONL or Parquet, any fsspec URI) in bounded batches with a hash per row.
+
+A file that cannot be read (missing, unreadable, truncated compression, unreachable store) raises
+StorageError naming it; a line that is not a JSON object is a row with an ``error``, never a crash.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import fsspec
+
+from sparkforge.shared.io_errors import storage_errors
 
 logger = logging.getLogger(__name__)
 
@@ -82,10 +88,13 @@ def describe_sources(
     """
     options = dict(storage_options or {})
     sources = []
-    for path in _expand(uri, options):
+    with storage_errors("data", uri):
+        paths = _expand(uri, options)
+    for path in paths:
         fmt = _format_of(path, data_format)
         describe = _describe_jsonl if fmt == "jsonl" else _describe_parquet
-        digest, num_rows, metadata = describe(path, options)
+        with storage_errors("data", path):
+            digest, num_rows, metadata = describe(path, options)
         sources.append(DataSource(uri=path, format=fmt, num_rows=num_rows, content_hash=digest,
                                   metadata=metadata))
     return sources
@@ -133,8 +142,12 @@ def _parse_line(index: int, raw: bytes) -> RawRow:
     digest = row_hash(raw)
     try:
         row = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return RawRow(index=index, row=None, content_hash=digest, error=f"malformed_json: {exc}")
+    except ValueError as exc:  # bad JSON or UTF-8, an integer past Python's 4300-digit limit
+        return RawRow(index=index, row=None, content_hash=digest,
+                      error=f"malformed_json: {str(exc)[:200]}")
+    except RecursionError:
+        return RawRow(index=index, row=None, content_hash=digest,
+                      error="malformed_json: nested deeper than the JSON parser's recursion limit")
     if not isinstance(row, dict):
         return RawRow(index=index, row=None, content_hash=digest,
                       error=f"malformed_json: a row must be an object, got {type(row).__name__}")
@@ -187,7 +200,8 @@ def iter_rows(
             if source.format == "jsonl"
             else _iter_parquet(source.uri, options, local_wanted, batch_rows)
         )
-        for raw in rows:
-            yield RawRow(index=base + raw.index, row=raw.row, content_hash=raw.content_hash,
-                         error=raw.error)
+        with storage_errors("data", source.uri):
+            for raw in rows:
+                yield RawRow(index=base + raw.index, row=raw.row, content_hash=raw.content_hash,
+                             error=raw.error)
         offset += source.num_rows

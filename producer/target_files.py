@@ -21,6 +21,7 @@ from safetensors.torch import save as save_safetensors
 from sparkforge.producer.dequant import FP8, dequantize, is_quantized
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.shared.header import TargetInfo
+from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import family_of_config
 
 TOKENIZER_FILES = (
@@ -40,12 +41,6 @@ def resolve_model_dir(engine: EngineOptions) -> Path:
     return Path(snapshot_download(engine.model, revision=engine.revision))
 
 
-def read_config(model_dir: Path) -> dict[str, Any]:
-    """``config.json`` with the text model's sizes lifted to the top (multimodal checkpoints)."""
-    config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
-    return {**config, **config.get("text_config", {})}
-
-
 def content_hash(model_dir: Path) -> str:
     """Fingerprint of config and weights: config bytes, and per weight file its name, size,
     safetensors header and first and last MiB (hashing every byte of a 1 TB target is too slow)."""
@@ -62,7 +57,7 @@ def content_hash(model_dir: Path) -> str:
 
 def target_identity(engine: EngineOptions, model_dir: Path) -> TargetInfo:
     """The header's ``target`` section."""
-    config = read_config(model_dir)
+    config = read_target_config(model_dir).text
     quant = config.get("quantization_config") or {}
     return TargetInfo(
         name_or_path=engine.model,
@@ -152,7 +147,7 @@ def locate_pieces(model_dir: Path, locations: dict[str, Path]) -> dict[str, str]
     Raises:
         ValueError: Naming every piece the checkpoint lacks and the names looked for.
     """
-    config = read_config(model_dir)
+    config = read_target_config(model_dir).text
     family = family_of_config(config)
     found = {key: _find(locations, endings) for key, endings in family.pieces.items()}
     if found["lm_head.weight"] is None and config.get("tie_word_embeddings"):
@@ -174,7 +169,7 @@ def target_files(model_dir: Path, *, hidden_dtype: str) -> dict[str, bytes]:
     """
     locations = tensor_locations(model_dir)
     dtype = getattr(torch, hidden_dtype)
-    block = fp8_block_size(read_config(model_dir))
+    block = fp8_block_size(read_target_config(model_dir).text)
     weights = {key: load_tensor(locations, name, block).to(dtype).contiguous()
                for key, name in locate_pieces(model_dir, locations).items()}
     files = {"config.json": (model_dir / "config.json").read_bytes()}

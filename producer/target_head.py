@@ -1,17 +1,15 @@
 """The target's final RMSNorm and lm_head, read from the checkpoint, to finish captured states.
 
 vLLM's extractor returns the final residual *before* the final norm (aux id L), so the producer
-applies ``RMSNorm(h_L) * w`` itself (vllm-capture.md section 6) and checks the result against the
-engine's own prompt logprobs through ``lm_head``.
+applies ``RMSNorm(h_L) * w`` itself (exact in fp32, about one bf16 ulp from vLLM's fused norm in
+bf16) and checks the result against the engine's own prompt logprobs through ``lm_head``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +20,7 @@ from sparkforge.producer.target_files import (
     locate_pieces,
     tensor_locations,
 )
+from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import family_of
 
 logger = logging.getLogger(__name__)
@@ -29,19 +28,12 @@ logger = logging.getLogger(__name__)
 CHECK_ROWS = 64
 """Rows per checked request whose recomputed logprobs are compared with the engine's."""
 # Mean |delta logprob| by dtype: above it a warning, above 10x the run stops. A wrong layer or a
-# missing norm gives errors of order 1 and more; bf16 rounding about 0.05 (vllm-capture.md 7).
+# missing norm gives errors of order 1 and more; bf16 rounding about 0.05 (measured on CPU).
 CHECK_WARN = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
 
 
 class FinalStateMismatch(ValueError):
     """Raised when logits recomputed from the captured final state contradict the engine's."""
-
-
-def read_text_config(model_dir: str | Path) -> dict[str, Any]:
-    """The text model's ``config.json`` section (``text_config`` for multimodal checkpoints)."""
-    config: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
-    text: dict[str, Any] = config.get("text_config", config)
-    return text | {"model_type": config.get("model_type")}
 
 
 @dataclass(frozen=True)
@@ -104,11 +96,11 @@ def load_target_head(model_dir: str | Path, *, with_lm_head: bool) -> TargetHead
     Raises:
         ValueError: For families whose lm_head input is not ``RMSNorm(h_L) * w``.
     """
-    config = read_text_config(model_dir)
-    family = family_of(config["model_type"])
+    target = read_target_config(model_dir)
+    config, family = target.text, family_of(target.model_type)
     if not family.final_from_residual:
         raise ValueError(
-            f"model_type {config['model_type']!r} ({family.name} family): the final state is not "
+            f"model_type {target.model_type!r} ({family.name} family): the final state is not "
             "RMSNorm(h_L) * w, so the vllm backend cannot finish it offline; use backend 'hf'"
         )
     locations = tensor_locations(Path(model_dir))

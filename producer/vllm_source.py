@@ -4,7 +4,7 @@ built-in ``extract_hidden_states`` method, consumed file by file as requests fin
 Requests go in as token ids through ``LLMEngine`` with at most ``window`` in flight, so the scratch
 folder never holds more than ``window`` files. Each file is checked against its request, split into
 the captured layers and the pre-norm final residual, finished with the target's final RMSNorm,
-optionally checked against the engine's own prompt logprobs, and deleted (vllm-capture.md 10).
+optionally checked against the engine's own prompt logprobs, and deleted.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ from sparkforge.producer.payload import (
     topk_rows,
 )
 from sparkforge.producer.source import CaptureRequest, CaptureResult
-from sparkforge.producer.target_head import load_target_head, read_text_config
+from sparkforge.producer.target_head import load_target_head
 from sparkforge.shared.layer_ids import check_hf_ids, vllm_aux_ids
+from sparkforge.shared.target_config import read_target_config
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +108,9 @@ class VllmSource:
         max_retries: int = 2,
         verify_every: int = 100,
     ) -> None:
-        config = read_text_config(engine.model)
-        self.num_hidden_layers = int(config["num_hidden_layers"])
-        self.hidden_size = int(config["hidden_size"])
+        config = read_target_config(engine.model)
+        self.num_hidden_layers = config.positive_int("num_hidden_layers")
+        self.hidden_size = config.positive_int("hidden_size")
         self.layer_ids = check_hf_ids(layer_ids, self.num_hidden_layers)
         self.aux_ids = vllm_aux_ids(self.layer_ids, self.num_hidden_layers)
         self.topk, self.max_retries = topk, max_retries

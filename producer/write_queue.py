@@ -3,7 +3,8 @@
 Capture (GPU) and compression (CPU) overlap: the capture loop hands each finished unit to a
 bounded queue and goes on; ``num_threads`` writer threads take units from it and call
 ``CacheWriter.write_unit``, which commits each one atomically, so units commit in order of
-completion. Memory is bounded: the queue never holds more than ``queue_units`` units, so at most
+completion; a unit another process committed first comes back marked ``taken_over``. Memory is
+bounded: the queue never holds more than ``queue_units`` units, so at most
 ``queue_units + num_threads + 1`` units (waiting, being written, being captured) are in memory at
 once; ``submit`` blocks while the queue is full. A crash loses at most those units, which a re-run
 redoes.
@@ -15,11 +16,11 @@ import logging
 import queue
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 
 from sparkforge.shared.records import SampleRecord, UnitAccounting
-from sparkforge.shared.writer import CacheWriter
+from sparkforge.shared.writer import CacheWriter, UnitAlreadyCommitted
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ class CapturedUnit:
     unit: int
     records: Sequence[SampleRecord]
     accounting: UnitAccounting
+    taken_over: bool = False
+    """Another process committed the unit first; these records were not written."""
 
 
 class UnitWriteQueue:
@@ -109,8 +112,9 @@ class UnitWriteQueue:
         # written (a re-run would otherwise redo them); the capture error is what propagates.
         try:
             self.close()
-        except Exception:
-            logger.exception("a unit write failed while the run was stopping")
+        except Exception as write_error:
+            if exc is None or write_error not in (exc, exc.__cause__):  # not the same failure
+                logger.error("a unit write failed while the run was stopping: %s", write_error)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -122,6 +126,8 @@ class UnitWriteQueue:
                 continue  # drain without writing after a failure
             try:
                 self._writer.write_unit(item.unit, item.records, item.accounting)
+            except UnitAlreadyCommitted:
+                item = replace(item, taken_over=True)
             except BaseException as exc:  # handed to the capture thread, which raises it
                 self._error = exc
                 continue

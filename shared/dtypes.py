@@ -31,6 +31,14 @@ def float_to_storage(x: npt.NDArray[np.floating], hidden_dtype: str) -> npt.NDAr
     raise ValueError(f"hidden_dtype must be one of {sorted(STORAGE_DTYPES)}, got {hidden_dtype!r}")
 
 
+def non_finite(x: npt.NDArray[np.generic], hidden_dtype: str) -> npt.NDArray[np.bool_]:
+    """True where a stored hidden value is NaN or infinite (bf16 bits: exponent all ones)."""
+    if hidden_dtype == "bfloat16":
+        exponent = np.asarray(x, dtype=np.uint16) & np.uint16(0x7F80)
+        return np.asarray(exponent == 0x7F80)
+    return np.asarray(~np.isfinite(x), dtype=np.bool_)
+
+
 def storage_to_float32(x: npt.NDArray[np.generic], hidden_dtype: str) -> npt.NDArray[np.float32]:
     """Exact widening of stored values to float32 (bf16 bits shift into the high half)."""
     if hidden_dtype == "bfloat16":

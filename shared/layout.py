@@ -1,4 +1,4 @@
-"""The cache layout: CacheSpec, array names, chunking (storage-notes section 9), codecs, slots."""
+"""The cache layout: CacheSpec, array names, chunking (~1 MiB inner chunks), codecs, slots."""
 
 from __future__ import annotations
 

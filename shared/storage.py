@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from zarr.storage import FsspecStore, LocalStore
 
 logger = logging.getLogger(__name__)
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
 
 
 class UnsafeKeyError(ValueError):
@@ -176,11 +178,39 @@ def list_names(loc: Location, prefix: str) -> list[str]:
 
 def _write_temp(target: Path, data: bytes) -> Path:
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. a full disk: leave nothing behind
+        raise
     return tmp
+
+
+def remove_stale_partials(loc: Location, *, older_than_s: float) -> list[str]:
+    """Delete temp files that a killed write left under a local root; returns their paths.
+
+    Both this module and zarr's local store write ``<name>.<32 hex>.partial`` and rename it into
+    place, so a process killed mid-write leaves one behind. Only files untouched for
+    ``older_than_s`` are removed: a younger one may belong to a live writer (another worker).
+    Object stores need nothing: their PUTs are whole or absent.
+    """
+    if not loc.is_local or not Path(loc.root).is_dir():
+        return []
+    deadline = time.time() - older_than_s
+    removed = []
+    for folder, _, names in os.walk(loc.root):
+        for name in filter(_PARTIAL.search, names):
+            path = Path(folder, name)
+            try:
+                if path.lstat().st_mtime < deadline:
+                    path.unlink()
+                    removed.append(str(path))
+            except FileNotFoundError:
+                continue  # renamed into place meanwhile
+    return removed
 
 
 def _fsync_dir(path: Path) -> None:

@@ -69,7 +69,10 @@ class CacheWriter:
     def __init__(self, loc: storage.Location, spec: CacheSpec, group: zarr.Group) -> None:
         self.loc, self.spec = loc, spec
         self._layouts = array_layouts(spec)
-        self._arrays = open_arrays(group, spec)
+        # Every committed slot gets its object, even an all-zero one (e.g. pre-tokenized ids that
+        # are all 0): readers and validate treat a missing object as lost data, never as zeros.
+        self._arrays = {name: arr.with_config({"write_empty_chunks": True})
+                        for name, arr in open_arrays(group, spec).items()}
         self._local = threading.local()
 
     @classmethod
@@ -109,6 +112,10 @@ class CacheWriter:
         """Units whose commit record exists (read fresh from the store)."""
         return committed_units(self.loc)
 
+    def is_committed(self, unit: int) -> bool:
+        """Whether ``unit``'s commit record exists (read fresh from the store)."""
+        return storage.exists(self.loc, commit_key(unit))
+
     def write_target_files(self, files: Mapping[str, bytes]) -> None:
         """Store the target pieces the trainer needs (config, tokenizer, weights); idempotent."""
         for name, data in files.items():
@@ -123,7 +130,7 @@ class CacheWriter:
             ValueError: if a sample does not match the spec or the unit.
         """
         self._check_unit(unit, samples, accounting)
-        if storage.exists(self.loc, commit_key(unit)):
+        if self.is_committed(unit):
             raise UnitAlreadyCommitted(f"unit {unit} is already committed")
         attempt = self._claim_attempt(unit)
         slots, rows = [], []

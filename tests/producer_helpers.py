@@ -2,7 +2,8 @@
 
 ``ForwardSource`` is the independent reference the producer is checked against before the vLLM
 backend is used: it runs ``AutoModelForCausalLM`` with ``output_hidden_states`` (real numbers, not
-random), and can be told to fail given sample ids to exercise failure accounting.
+random), and can be told to fail given sample ids, or to return NaN for them, to exercise failure
+and skip accounting.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class ForwardSource:
     """HiddenStateSource over a plain transformers forward of each request, in order."""
 
     def __init__(self, model_path: Path, *, layer_ids: Sequence[int], topk: int = 0,
-                 fail_ids: frozenset[int] = frozenset()) -> None:
+                 fail_ids: frozenset[int] = frozenset(),
+                 nan_ids: frozenset[int] = frozenset()) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
@@ -35,6 +37,7 @@ class ForwardSource:
         self.layer_ids = tuple(layer_ids)
         self.topk = topk
         self.fail_ids = fail_ids
+        self.nan_ids = nan_ids
         self.calls = 0
 
     def capture(self, requests: Sequence[CaptureRequest]) -> Iterator[CaptureResult]:
@@ -51,9 +54,12 @@ class ForwardSource:
             if self.topk:
                 values, indices = torch.log_softmax(out.logits[0].float(), -1).topk(self.topk)
                 topk = {"topk_ids": indices.to(torch.int32), "topk_logprobs": values}
+            aux = torch.stack([hidden[k][0] for k in self.layer_ids], dim=1)
+            if request.sample_id in self.nan_ids:
+                aux[-1, -1, 0] = float("nan")
             yield CaptureResult(
                 sample_id=request.sample_id,
-                aux_hidden=torch.stack([hidden[k][0] for k in self.layer_ids], dim=1),
+                aux_hidden=aux,
                 final_hidden=hidden[-1][0],
                 **topk,
             )
@@ -116,6 +122,32 @@ def assert_same_samples(a: dict[int, dict], b: dict[int, dict]) -> None:
                 assert value.tobytes() == other.tobytes(), (sample_id, key)
             else:
                 assert value == other, (sample_id, key)
+
+
+def poisoned_target(target: Path, out: Path, token_id: int) -> Path:
+    """A copy of ``target`` whose embedding of ``token_id`` is inf: every row holding that token
+    gets non-finite activations from the real model, the other rows stay finite."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(target, out)
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[token_id] = float("inf")
+    model.save_pretrained(str(out))
+    return out
+
+
+def poison_rows(num_rows: int, token_id: int, poisoned: frozenset[int]) -> list[dict[str, Any]]:
+    """Pre-tokenized rows; those in ``poisoned`` carry ``token_id`` in the middle."""
+    rows = []
+    for i in range(num_rows):
+        ids = [5 + i, 6, 7, 8, 9, 10]
+        if i in poisoned:
+            ids[3] = token_id
+        rows.append({"input_ids": ids, "loss_mask": [0, 0, 1, 1, 1, 1]})
+    return rows
 
 
 class HookSource:

@@ -1,6 +1,6 @@
-"""Anchor sampling and the per-slot evaluation mask (dspark-algorithm.md section 4).
+"""Anchor sampling and the per-slot evaluation mask.
 
-Shape legend: B batch, S sequence length, C = S-1 anchor candidates, A anchors, K block size.
+Shape suffixes follow the legend in ``sparkforge.trainer.model``.
 """
 
 from __future__ import annotations

@@ -23,11 +23,11 @@ class SplitIndex:
     """The samples of one split, in storage order (unit, then slot, then row offset)."""
 
     sample_id: np.ndarray
-    """[N] int64 global sample ids."""
+    """int64, one per sample: its global sample id."""
     unit: np.ndarray
-    """[N] int64 commit unit holding each sample."""
+    """int64, one per sample: the commit unit holding it."""
     length: np.ndarray
-    """[N] int64 tokens per sample."""
+    """int64, one per sample: its length in tokens."""
 
     def __len__(self) -> int:
         return int(self.sample_id.shape[0])

@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader
 
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.schema import CacheManifest
-from sparkforge.shared.fields import ManifestError, load_json
 from sparkforge.shared.reader import CacheReader
+from sparkforge.shared.target_config import parse_target_config
 from sparkforge.trainer.data import CacheStream, ResumableLoader, load_split_index
 from sparkforge.trainer.data_plan import Batching, SplitIndex
 from sparkforge.trainer.run_config import DEFAULT_MAX_SEQ_LEN
@@ -114,10 +114,8 @@ class CacheDataModule(L.LightningDataModule):
 
     def target_config(self) -> dict[str, Any]:
         """The target's HF ``config.json`` stored in the cache."""
-        config = load_json(self.reader.target_file("config.json"), "target/config.json")
-        if not isinstance(config, dict):
-            raise ManifestError("target/config.json: expected a JSON object")
-        return config
+        source = f"{self.uri}/target/config.json"
+        return dict(parse_target_config(self.reader.target_file("config.json"), source).raw)
 
     def target_weights(self) -> dict[str, torch.Tensor]:
         """The target's ``embed_tokens.weight``, ``lm_head.weight`` and ``norm.weight``."""

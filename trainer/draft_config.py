@@ -240,7 +240,7 @@ def draft_qwen3_small(*, mask_token_id: int = 151_669) -> DSparkDraftConfig:
 
 
 def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
-    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft (serving-format 1.2)."""
+    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft."""
     layers = cfg.num_hidden_layers
     out: dict[str, Any] = {
         "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",

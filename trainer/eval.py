@@ -24,6 +24,7 @@ from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
 from sparkforge.trainer.report import reliability_bins, write_report
+from sparkforge.trainer.run_config import LossSpec
 from sparkforge.trainer.speculative import speculative_generate
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig,
             out = draft(b["input_ids"], b["loss_mask"], b["target_hidden_states"],
                         b["target_last_hidden_states"], attention_mask=b["attention_mask"],
                         generator=gen)
-            res = compute_dspark_loss(out)
+            res = compute_dspark_loss(out, LossSpec())
             sums = accumulate(sums, metric_sums(out, res.accept_rate, res.weights))
             if out.confidence_logits is not None and res.accept_rate is not None:
                 on = out.eval_mask

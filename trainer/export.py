@@ -1,6 +1,6 @@
 """Export a training checkpoint as the HF-style DSpark draft that vLLM and SGLang load as-is.
 
-The layout follows serving-format.md sections 1 and 11: a Qwen3-shaped ``config.json`` built with
+The layout is the one format both engines load: a Qwen3-shaped ``config.json`` built with
 ``transformers.Qwen3Config`` plus the DSpark fields, bare tensor keys in bf16 ``model.safetensors``,
 and a provenance file beside it. The exporter refuses drafts an engine would load wrongly or
 silently half-initialise, and checks its own key set and shapes before writing anything.
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 Engine = Literal["vllm", "sglang", "any"]
 OPTIONAL_KEYS = ("embed_tokens.weight", "lm_head.weight")
-# Never served: non-persistent or training-only tensors (serving-format.md 1.3 "Never write").
+# Never written: a non-persistent buffer (rotary inv_freq) and tensors vLLM skips or drops.
 TRAINING_ONLY = ("rotary_emb.", "t2d", "mask_embedding")
 
 
@@ -43,8 +43,7 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     if bad_ids:
         problems.append(
             f"target_layer_ids {bad_ids} outside [0, {last - 1}]: vLLM serves id {last} (the last "
-            "layer) pre-norm while training saw it post-norm, and SGLang cannot capture -1 "
-            "(serving-format.md 2)")
+            "layer) pre-norm while training saw it post-norm, and SGLang cannot capture -1")
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         problems.append(f"mask_token_id={cfg.mask_token_id} must be below "
                         f"vocab_size={cfg.vocab_size}")
@@ -65,7 +64,7 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
 
 
 def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
-    """``config.json`` contents: a Qwen3Config with the DSpark fields (serving-format.md 1.2)."""
+    """``config.json`` contents: a Qwen3Config with the DSpark fields."""
     from transformers import Qwen3Config
 
     fields = serving_config(cfg)
@@ -77,7 +76,7 @@ def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
 
 
 def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
-    """Every required tensor and its shape for this config (serving-format.md 1.3)."""
+    """Every required tensor and its shape for this config (11 per draft layer + 7 shared)."""
     h, hd, i_sz, v, r = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size,
                          cfg.markov_rank)
     nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd

@@ -1,6 +1,6 @@
 """The DSpark Markov head (rank-r bigram bias, three variants) and the confidence head.
 
-Shape legend: ``...`` any leading dims (B, A or B), K block size, H hidden, r rank, V vocab.
+Shape suffixes follow the legend in ``sparkforge.trainer.model`` (``...``: any leading dims).
 """
 
 from __future__ import annotations

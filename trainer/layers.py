@@ -1,6 +1,6 @@
 """Qwen3-style draft layers: RMSNorm, SwiGLU MLP, KV-injected non-causal attention, the layer.
 
-Shape legend: B batch, Q block queries, P positions, H hidden, N heads, G kv heads, D head_dim.
+Shape suffixes follow the legend in ``sparkforge.trainer.model``.
 """
 
 from __future__ import annotations

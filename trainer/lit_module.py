@@ -32,7 +32,7 @@ from sparkforge.trainer.schedule import (
 
 logger = logging.getLogger(__name__)
 
-LOSS_TERMS = ("loss", "ce_loss", "tv_loss", "confidence_loss")
+LOSS_TERMS = ("loss", "ce_loss", "l1_loss", "confidence_loss")
 RESUME_FIELDS = ("mask_token_id", "block_size", "target_layer_ids")
 
 
@@ -137,7 +137,7 @@ class DSparkLitModule(L.LightningModule):
         """Refuse to resume a checkpoint whose mask id, K or feature ids differ from this run's.
 
         These change what the weights mean without changing any shape, so ``load_state_dict``
-        alone would resume silently (dspark-algorithm.md 17.7).
+        alone would resume silently.
         """
         assert self.model is not None
         saved, now = checkpoint.get("draft_config", {}), self.model.config.to_dict()
@@ -158,11 +158,7 @@ class DSparkLitModule(L.LightningModule):
                          batch["target_last_hidden_states"],
                          attention_mask=batch.get("attention_mask"), generator=generator,
                          **fixed_anchors)
-        spec = self.loss_spec
-        return out, compute_dspark_loss(
-            out, ce_alpha=spec.ce_loss_alpha, l1_alpha=spec.l1_loss_alpha,
-            confidence_alpha=spec.confidence_head_alpha, decay_gamma=spec.loss_decay_gamma,
-            chunk_rows=spec.l1_chunk_rows)
+        return out, compute_dspark_loss(out, self.loss_spec)
 
     # ---- training --------------------------------------------------------------------------------
     def _sums(self, batch: dict[str, torch.Tensor], out: DSparkOutput,

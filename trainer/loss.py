@@ -1,6 +1,6 @@
 """The DSpark objective: weighted CE + L1 to the teacher + BCE confidence, globally normalised.
 
-Shape legend: B batch, A anchors, K block size, V vocab, N supervised rows (slots with weight > 0).
+Shape suffixes follow the legend in ``sparkforge.trainer.model`` (here W: the supervised rows).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 
 from sparkforge.trainer.model import DSparkOutput
+from sparkforge.trainer.run_config import LossSpec
 
 EPS = 1e-6
 
@@ -27,7 +28,7 @@ class LossOutput:
     """Same formula with the local denominator and no world_size factor (detached)."""
     ce_loss: torch.Tensor
     l1_loss: torch.Tensor
-    """Full L1 distance (= 2 TV); logged as ``tv_loss`` upstream."""
+    """Full L1 distance sum_v |p_draft - p_target| (= 2 x total variation); logged as l1_loss."""
     confidence_loss: torch.Tensor
     accept_rate: torch.Tensor | None
     """[B, A, K] fp32 detached analytic acceptance c* (0 on unsupervised slots), or None."""
@@ -46,78 +47,78 @@ def decay_weights(eval_mask_BAK: torch.Tensor, gamma: float | None) -> torch.Ten
     return w * torch.exp(-k / gamma)
 
 
-def l1_distance(draft_NV: torch.Tensor, target_NV: torch.Tensor) -> torch.Tensor:
-    """Full L1 norm ``sum_v |softmax(draft) - softmax(target)|`` in fp32 -> [N] (unchunked)."""
-    p_d = torch.softmax(draft_NV.float(), dim=-1)
-    p_t = torch.softmax(target_NV.float(), dim=-1)
+def l1_distance(draft_WV: torch.Tensor, target_WV: torch.Tensor) -> torch.Tensor:
+    """Full L1 norm ``sum_v |softmax(draft) - softmax(target)|`` in fp32 -> [W] (unchunked)."""
+    p_d = torch.softmax(draft_WV.float(), dim=-1)
+    p_t = torch.softmax(target_WV.float(), dim=-1)
     return (p_d - p_t).abs().sum(-1)
 
 
-def _row_ce(draft_NV: torch.Tensor, ids_N: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(draft_NV.float(), ids_N, reduction="none")
+def _row_ce(draft_WV: torch.Tensor, ids_W: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(draft_WV.float(), ids_W, reduction="none")
 
 
 def _row_terms(
-    draft_NV: torch.Tensor, target_NV: torch.Tensor, ids_N: torch.Tensor
+    draft_WV: torch.Tensor, target_WV: torch.Tensor, ids_W: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _row_ce(draft_NV, ids_N), l1_distance(draft_NV, target_NV)
+    return _row_ce(draft_WV, ids_W), l1_distance(draft_WV, target_WV)
 
 
 class _ChunkedRowTerms(torch.autograd.Function):
     """Per-row CE and L1 whose forward and backward each hold one chunk's fp32 temporaries.
 
     This is non-reentrant activation checkpointing per chunk, written out so the backward
-    writes each chunk's gradient straight into one [N, V] buffer (checkpoint + split would keep
+    writes each chunk's gradient straight into one [W, V] buffer (checkpoint + split would keep
     every chunk's gradient and then a concatenated copy: twice the logits' size).
     """
 
     @staticmethod
     def forward(
-        ctx: Any, draft_NV: torch.Tensor, target_NV: torch.Tensor | None, ids_N: torch.Tensor,
+        ctx: Any, draft_WV: torch.Tensor, target_WV: torch.Tensor | None, ids_W: torch.Tensor,
         chunk_rows: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.save_for_backward(draft_NV, target_NV, ids_N)
+        ctx.save_for_backward(draft_WV, target_WV, ids_W)
         ctx.chunk_rows = chunk_rows
-        ce = draft_NV.new_zeros(draft_NV.shape[0], dtype=torch.float32)
+        ce = draft_WV.new_zeros(draft_WV.shape[0], dtype=torch.float32)
         l1 = torch.zeros_like(ce)
-        for lo in range(0, draft_NV.shape[0], chunk_rows):
+        for lo in range(0, draft_WV.shape[0], chunk_rows):
             hi = lo + chunk_rows
-            ce[lo:hi] = _row_ce(draft_NV[lo:hi], ids_N[lo:hi])
-            if target_NV is not None:
-                l1[lo:hi] = l1_distance(draft_NV[lo:hi], target_NV[lo:hi])
+            ce[lo:hi] = _row_ce(draft_WV[lo:hi], ids_W[lo:hi])
+            if target_WV is not None:
+                l1[lo:hi] = l1_distance(draft_WV[lo:hi], target_WV[lo:hi])
         return ce, l1
 
     @staticmethod
     def backward(
         ctx: Any, g_ce: torch.Tensor, g_l1: torch.Tensor
     ) -> tuple[torch.Tensor, None, None, None]:
-        draft_NV, target_NV, ids_N = ctx.saved_tensors
-        grad = torch.empty_like(draft_NV)
-        for lo in range(0, draft_NV.shape[0], ctx.chunk_rows):
+        draft_WV, target_WV, ids_W = ctx.saved_tensors
+        grad = torch.empty_like(draft_WV)
+        for lo in range(0, draft_WV.shape[0], ctx.chunk_rows):
             hi = lo + ctx.chunk_rows
             with torch.enable_grad():
-                d = draft_NV[lo:hi].detach().requires_grad_()
-                total = (_row_ce(d, ids_N[lo:hi]) * g_ce[lo:hi]).sum()
-                if target_NV is not None:
-                    total = total + (l1_distance(d, target_NV[lo:hi]) * g_l1[lo:hi]).sum()
+                d = draft_WV[lo:hi].detach().requires_grad_()
+                total = (_row_ce(d, ids_W[lo:hi]) * g_ce[lo:hi]).sum()
+                if target_WV is not None:
+                    total = total + (l1_distance(d, target_WV[lo:hi]) * g_l1[lo:hi]).sum()
                 grad[lo:hi] = torch.autograd.grad(total, d)[0]
         return grad, None, None, None
 
 
 def chunked_row_terms(
-    draft_NV: torch.Tensor, target_NV: torch.Tensor | None, ids_N: torch.Tensor, chunk_rows: int
+    draft_WV: torch.Tensor, target_WV: torch.Tensor | None, ids_W: torch.Tensor, chunk_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-row CE and L1 computed ``chunk_rows`` rows at a time, exact in value and gradient.
 
-    No full-batch fp32 [N, V] temporary exists in forward or backward (see _ChunkedRowTerms).
+    No full-batch fp32 [W, V] temporary exists in forward or backward (see _ChunkedRowTerms).
 
     Returns:
-        ce [N] fp32 and l1 [N] fp32 (None without teacher logits).
+        ce [W] fp32 and l1 [W] fp32 (None without teacher logits).
     """
-    teacher = None if target_NV is None else target_NV.detach()
+    teacher = None if target_WV is None else target_WV.detach()
     ce, l1 = _ChunkedRowTerms.apply(
-        draft_NV, teacher, ids_N, chunk_rows)
-    return ce, None if target_NV is None else l1
+        draft_WV, teacher, ids_W, chunk_rows)
+    return ce, None if target_WV is None else l1
 
 
 def global_denominator(
@@ -132,32 +133,30 @@ def global_denominator(
 
 
 def _confidence_terms(
-    out: DSparkOutput, l1_N: torch.Tensor, rows: torch.Tensor, w_BAK: torch.Tensor,
+    out: DSparkOutput, l1_W: torch.Tensor, rows: torch.Tensor, w_BAK: torch.Tensor,
     confidence_alpha: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The detached label c* = clamp(1 - L1/2) scattered to [B, A, K], and per-row BCE (or None).
 
     The label carries no gradient; the BCE reaches the confidence head and through it the backbone.
     """
-    accept_N = (1.0 - 0.5 * l1_N.detach()).clamp(0.0, 1.0)
-    accept_BAK = torch.zeros_like(w_BAK).flatten().index_copy(0, rows, accept_N).view_as(w_BAK)
+    accept_W = (1.0 - 0.5 * l1_W.detach()).clamp(0.0, 1.0)
+    accept_BAK = torch.zeros_like(w_BAK).flatten().index_copy(0, rows, accept_W).view_as(w_BAK)
     if out.confidence_logits is None or confidence_alpha <= 0:
         return accept_BAK, None
-    conf_N = out.confidence_logits.flatten()[rows]
-    return accept_BAK, F.binary_cross_entropy_with_logits(conf_N, accept_N, reduction="none")
+    conf_W = out.confidence_logits.flatten()[rows]
+    return accept_BAK, F.binary_cross_entropy_with_logits(conf_W, accept_W, reduction="none")
 
 
 def compute_dspark_loss(
-    out: DSparkOutput,
-    *,
-    ce_alpha: float = 0.1,
-    l1_alpha: float = 0.9,
-    confidence_alpha: float = 1.0,
-    decay_gamma: float | None = 4.0,
-    chunk_rows: int = 128,
-    process_group: dist.ProcessGroup | None = None,
+    out: DSparkOutput, spec: LossSpec, *, process_group: dist.ProcessGroup | None = None,
 ) -> LossOutput:
-    """The three-term DSpark loss (dspark-algorithm.md section 8).
+    """The three-term DSpark loss with the run's weights ``spec``.
+
+    ``sum_t alpha_t * sum_slots w * term_t / (sum_slots w + 1e-6)`` over the supervised slots,
+    with the terms CE to the data token, the full L1 distance to the teacher distribution and the
+    BCE of the confidence head against the detached acceptance ``clamp(1 - L1/2, 0, 1)``, and the
+    slot weights ``w = eval_mask * exp(-k/gamma)``.
 
     Denominators are all-reduced (SUM) over ``process_group`` when torch.distributed is
     initialised; numerators stay local. The backward loss is multiplied by world_size so that
@@ -166,26 +165,28 @@ def compute_dspark_loss(
     Raises:
         ValueError: The L1 term or the confidence head is on but there are no teacher logits.
     """
+    ce_alpha, l1_alpha = spec.ce_loss_alpha, spec.l1_loss_alpha
+    confidence_alpha = spec.confidence_head_alpha
     needs_teacher = l1_alpha > 0 or (confidence_alpha > 0 and out.confidence_logits is not None)
     if needs_teacher and out.target_logits is None:
         raise ValueError("target_last_hidden_states is required when l1_alpha > 0 or the "
                          "confidence head is enabled")
-    w_BAK = decay_weights(out.eval_mask, decay_gamma)
+    w_BAK = decay_weights(out.eval_mask, spec.loss_decay_gamma)
     rows = w_BAK.flatten().nonzero().squeeze(-1)
-    w_N = w_BAK.flatten()[rows]
+    w_W = w_BAK.flatten()[rows]
     v = out.draft_logits.shape[-1]
-    draft_NV = out.draft_logits.reshape(-1, v)[rows]
-    target_NV = None if out.target_logits is None else out.target_logits.reshape(-1, v)[rows]
-    ce_N, l1_N = chunked_row_terms(draft_NV, target_NV, out.target_ids.flatten()[rows],
-                                   chunk_rows)
-    zero = w_N.sum() * 0.0
-    ce_num = (ce_N * w_N).sum()
-    l1_num = (l1_N * w_N).sum() if (l1_N is not None and l1_alpha > 0) else zero
+    draft_WV = out.draft_logits.reshape(-1, v)[rows]
+    target_WV = None if out.target_logits is None else out.target_logits.reshape(-1, v)[rows]
+    ce_W, l1_W = chunked_row_terms(draft_WV, target_WV, out.target_ids.flatten()[rows],
+                                   spec.l1_chunk_rows)
+    zero = w_W.sum() * 0.0
+    ce_num = (ce_W * w_W).sum()
+    l1_num = (l1_W * w_W).sum() if (l1_W is not None and l1_alpha > 0) else zero
     accept_BAK, conf_num = None, zero
-    if l1_N is not None:
-        accept_BAK, bce_N = _confidence_terms(out, l1_N, rows, w_BAK, confidence_alpha)
-        if bce_N is not None:
-            conf_num = (bce_N * w_N).sum()
+    if l1_W is not None:
+        accept_BAK, bce_W = _confidence_terms(out, l1_W, rows, w_BAK, confidence_alpha)
+        if bce_W is not None:
+            conf_num = (bce_W * w_W).sum()
     local_d = w_BAK.sum()
     global_d, world = global_denominator(local_d, process_group)
     weighted = ce_alpha * ce_num + l1_alpha * l1_num + confidence_alpha * conf_num

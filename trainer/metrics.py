@@ -1,7 +1,7 @@
 """Acceptance, tau, calibration and sampler metrics as unreduced numerator/denominator sums.
 
 Sums are accumulated over a log window and over ranks, then divided once (never averaged per
-batch). Shape legend: B batch, A anchors, K block size.
+batch). Shape suffixes follow the legend in ``sparkforge.trainer.model``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
 """The DSpark draft model: KV-injected non-causal Qwen3-style layers over a block of mask tokens.
 
-Parameter names equal the served checkpoint keys (serving-format.md 1.3), so export is a plain
-``state_dict`` save. Shape legend: B batch, S context length, A anchors, K block size, Q = A*K
-block queries, P positions, H hidden, F captured target layers, N heads, G kv heads, D head_dim,
-V vocab, r Markov rank.
+Parameter names equal the checkpoint keys vLLM and SGLang load for a Qwen3-shaped DSpark draft, so
+export is a plain ``state_dict`` save.
+
+Shape legend of every trainer module: a name ending ``_BAK`` is a tensor of shape [B, A, K].
+B batch, S context length, C = S-1 anchor candidates, A anchors, K block size, Q = A*K block
+queries, P key/value positions, H hidden, F captured target layers, X = F*H concatenated
+features, N attention heads, G kv heads, D head_dim, V vocab, W supervised rows (the slots of
+[B, A, K] with weight > 0, flattened), T tokens of one sequence; lowercase letters are counts:
+r Markov rank, m verified draft tokens (``m1`` = m + 1).
 """
 
 from __future__ import annotations
@@ -111,7 +116,7 @@ class DSparkDraftModel(nn.Module):
         self.set_target_weights(embed_weight, lm_head_weight)
 
     def _init_weights(self, module: nn.Module) -> None:
-        # HF default init for Qwen3-style drafts (dspark-algorithm.md 2.3).
+        # HF default init for Qwen3-style drafts: normal(0, initializer_range), zero biases.
         std = self.config.initializer_range
         if isinstance(module, nn.Linear | nn.Embedding):
             nn.init.normal_(module.weight, std=std)
@@ -198,7 +203,7 @@ class DSparkDraftModel(nn.Module):
         block_keep_mask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
     ) -> DSparkOutput:
-        """Teacher-forced training forward (dspark-algorithm.md section 5).
+        """Teacher-forced training forward.
 
         Args:
             input_ids: [B, S] int, unshifted.

@@ -38,7 +38,7 @@ class RotaryEmbedding(nn.Module):
 
     Rounding ``inv_freq`` to bf16 puts the frequencies out of phase with absolute position
     (servers keep RoPE fp32), so an up-cast of the rounded buffer is not enough: the
-    ``_apply`` override recomputes it from the settings (dspark-algorithm.md 2.4).
+    ``_apply`` override recomputes it from the settings.
     """
 
     inv_freq: torch.Tensor

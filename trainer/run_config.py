@@ -103,7 +103,7 @@ class DraftSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class LossSpec:
-    """Weights of the three loss terms (dspark-algorithm.md section 8)."""
+    """Weights and settings of the three loss terms, passed as one value to the loss."""
 
     ce_loss_alpha: float = 0.1
     """Weight of the cross-entropy to the data tokens."""

@@ -1,6 +1,6 @@
 """Draft-side sampling: temperature handling, serial Markov block sampling, the residual law.
 
-Shape legend: B batch, K block size, H hidden, V vocab.
+Shape suffixes follow the legend in ``sparkforge.trainer.model``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def sample_draft_tokens(
     temperature: float,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Serial Markov sampling over a block (dspark-algorithm.md 10 step 3).
+    """Serial Markov sampling over a block.
 
     Slot k's logits are ``base_k + bias(d_k, h_k)`` with ``d_0`` the anchor; ``d_{k+1}`` is drawn
     from them before slot k+1 is computed. The rnn head carries its state across slots, as in

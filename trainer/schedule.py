@@ -24,7 +24,7 @@ class OptimizerConfig:
     class_path: str = "torch.optim.AdamW"
     """Import path of the optimizer class (e.g. torch.optim.SGD, torch.optim.Adam)."""
     lr: float = 6e-4
-    """Peak learning rate (dspark-algorithm.md 13.1)."""
+    """Peak learning rate (6e-4: the published DSpark recipe)."""
     betas: tuple[float, float] = (0.9, 0.95)
     """Adam betas; passed only to optimizers that accept them."""
     weight_decay: float = 0.0

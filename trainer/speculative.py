@@ -1,7 +1,7 @@
 """Reference speculative decoding: a transformers target verifies DSpark drafts, losslessly.
 
 Batch size 1, plain PyTorch; for measuring tau and per-position acceptance, not for serving.
-Shape legend: T tokens, K block size, m verified draft tokens, V vocab, X = F*H features.
+Shape suffixes follow the legend in ``sparkforge.trainer.model``.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from sparkforge.manifests import cli as manifests_cli
 from sparkforge.manifests.cli import FinalizeConfig, UsageError, ValidateConfig
 from sparkforge.producer import cli as producer_cli
 from sparkforge.producer.config import ProducerConfig, RegenerateConfig
+from sparkforge.shared.io_errors import describe
 from sparkforge.trainer import cli as trainer_cli
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
 from sparkforge.trainer.run_config import TrainConfigError, contract_from_train_config
@@ -143,8 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CONFIG_ERRORS as exc:
         print(f"sparkforge {name}: error: {error_message(exc)}", file=sys.stderr)
         return USAGE
-    except (ValueError, RuntimeError, OSError) as exc:  # data, job and storage failures
+    except (ValueError, RuntimeError) as exc:  # data and job failures
         print(f"sparkforge {name}: error: {error_message(exc)}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a storage failure outside the boundaries that name their location
+        print(f"sparkforge {name}: error: {describe('path', exc.filename or '?', exc)}",
+              file=sys.stderr)
         return 1
 
 

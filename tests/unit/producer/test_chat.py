@@ -128,6 +128,40 @@ ANSWER = {"role": "assistant", "content": "yes"}
         ({"input_ids": [1, 2], "loss_mask": [0, 2]}, SkipReason.BAD_PRETOKENIZED),
         ({"input_ids": [1, 2], "loss_mask": [0, 0]}, SkipReason.NO_LOSS_TOKENS),
         ({"messages": [{"role": "user", "content": "word " * 300}, ANSWER]}, SkipReason.TOO_LONG),
+        # unhashable roles once raised TypeError and stopped the run
+        ({"messages": [{"role": ["user"], "content": "x"}, ANSWER]}, SkipReason.UNKNOWN_ROLE),
+        ({"messages": [{"role": {"user": 1}, "content": "x"}, ANSWER]}, SkipReason.UNKNOWN_ROLE),
+        ({"messages": [{"role": None, "content": "x"}, ANSWER]}, SkipReason.UNKNOWN_ROLE),
+        # ids beyond int64 once raised OverflowError; every coercion is refused, not applied
+        ({"input_ids": [1, 10**30], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, float("inf")], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, float("nan")], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, 5.7], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, 5.0], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, "5"], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, True], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [-1, 2], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, 2], "loss_mask": [0, 0.5]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, 2], "loss_mask": [0, 1.0]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, 2], "loss_mask": [0, "1"]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [1, 2], "loss_mask": [0, 10**30]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [], "loss_mask": []}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": "1 2", "loss_mask": "0 1"}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": [[1, 2]], "loss_mask": [[0, 1]]}, SkipReason.BAD_PRETOKENIZED),
+        ({"input_ids": {"a": 1}, "loss_mask": [1]}, SkipReason.BAD_PRETOKENIZED),
+        # tool fields are kept, so their types are checked
+        ({"messages": [OK, {"role": "assistant", "content": None, "tool_calls": "call f"}]},
+         SkipReason.BAD_TOOL_CALLS),
+        ({"messages": [OK, {"role": "assistant", "content": "x", "tool_calls": []}]},
+         SkipReason.BAD_TOOL_CALLS),
+        ({"messages": [OK, {"role": "assistant", "content": "x", "tool_calls": ["f()"]}]},
+         SkipReason.BAD_TOOL_CALLS),
+        ({"messages": [OK, {"role": "tool", "content": "4", "tool_call_id": 7}, ANSWER]},
+         SkipReason.BAD_TOOL_CALLS),
+        ({"messages": [OK, {"role": "tool", "content": "4", "name": ["f"]}, ANSWER]},
+         SkipReason.BAD_TOOL_CALLS),
+        ({"messages": [OK, ANSWER], "tools": "f"}, SkipReason.BAD_TOOL_CALLS),
+        ({"messages": [OK, ANSWER], "tools": [1]}, SkipReason.BAD_TOOL_CALLS),
     ],
 )
 def test_bad_rows_get_their_reason(encoder: ChatEncoder, row: dict, reason: SkipReason) -> None:
@@ -148,10 +182,13 @@ def test_truncation_keeps_head_and_skips_rows_left_without_loss(tiny_target: Pat
 
 
 def test_pretokenized_rows_pass_through(encoder: ChatEncoder) -> None:
-    """input_ids + loss_mask rows are used as given."""
+    """input_ids + loss_mask rows are used as given; a boolean mask is read as 0/1."""
     out = encoder.encode({"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]})
     np.testing.assert_array_equal(out.input_ids, [5, 6, 7])
     np.testing.assert_array_equal(out.loss_mask, [0, 1, 1])
+    out = encoder.encode({"input_ids": [0, encoder.vocab_size - 1], "loss_mask": [False, True]})
+    np.testing.assert_array_equal(out.input_ids, [0, encoder.vocab_size - 1])
+    np.testing.assert_array_equal(out.loss_mask, [0, 1])
 
 
 def test_reasoning_policy() -> None:
@@ -185,3 +222,49 @@ def test_empty_think_block_is_not_supervised(tiny_target_plain_template: Path) -
                                             "reasoning_content": "Sum it."}]})
     masked = tok.decode(thought.input_ids[thought.loss_mask == 1].tolist())
     assert masked == "<think>\nSum it.\n</think>\n\nThe answer.<|im_end|>"
+
+
+TOOL_TEMPLATE = (  # renders tool schemas, assistant tool calls and tool results, like Qwen3/Hermes
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\nTools:' -}}"
+    "{%- for t in tools -%}{{- ' ' + t['function']['name'] -}}{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' -}}"
+    "{%- if m['role'] == 'tool' -%}{{- '[' + m['tool_call_id'] + '] ' -}}{%- endif -%}"
+    "{{- m['content'] or '' -}}"
+    "{%- for call in m.get('tool_calls') or [] -%}"
+    "{{- '<tool_call>' + call['function']['name'] + '(' + call['function']['arguments'] + ')"
+    "</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+TOOL_CHAT = {
+    "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}],
+    "messages": [
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "2, 2"}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "4"},
+        {"role": "assistant", "content": "It is 4."},
+    ],
+}
+
+
+def test_tool_calls_reach_the_template_and_are_supervised(tiny_target_plain_template: Path):
+    """tools, tool_calls, tool_call_id and name are rendered as serving renders them; the tool
+    call is supervised and the tool result is not."""
+    tok = AutoTokenizer.from_pretrained(tiny_target_plain_template)
+    enc = ChatEncoder(tok, chat_template=TOOL_TEMPLATE, max_seq_len=512)
+    out = enc.encode(TOOL_CHAT)
+    assert not isinstance(out, SkipReason)
+    serving = tok.apply_chat_template(TOOL_CHAT["messages"], tools=TOOL_CHAT["tools"],
+                                      chat_template=TOOL_TEMPLATE, tokenize=False)
+    assert tok.decode(out.input_ids.tolist()) == serving
+    assert "Tools: add" in serving
+    assert "[c1] 4" in serving
+    masked = tok.decode(out.input_ids[out.loss_mask == 1].tolist())
+    assert masked == "<tool_call>add(2, 2)</tool_call><|im_end|>It is 4.<|im_end|>"

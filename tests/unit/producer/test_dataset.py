@@ -1,4 +1,4 @@
-"""The streaming row reader: formats, global indices, bad lines, hashes, filtering."""
+"""The streaming row reader: formats, global indices, bad lines, hashes, filtering, bad files."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from producer_helpers import write_jsonl
 
 from sparkforge.producer.dataset import DatasetError, describe_sources, iter_rows
+from sparkforge.shared.io_errors import StorageError
 
 ROWS = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(7)]
 
@@ -71,3 +72,53 @@ def test_unknown_format_and_missing_file_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="data"):
         describe_sources(str(tmp_path / "missing.jsonl"))
     assert describe_sources(str(tmp_path / "d.txt"), data_format="jsonl")[0].num_rows == 1
+
+
+def test_json_nested_past_the_recursion_limit_is_a_bad_row(tmp_path: Path) -> None:
+    """A line nested 200k deep is one malformed_json row, and the rows after it are read."""
+    write_jsonl(tmp_path / "d.jsonl", ["[" * 200_000 + "]" * 200_000, json.dumps(ROWS[0])])
+    rows = list(iter_rows(describe_sources(str(tmp_path / "d.jsonl"))))
+    assert rows[0].row is None
+    assert rows[0].error.startswith("malformed_json: nested deeper")
+    assert rows[1].row == ROWS[0]
+
+
+def _truncated_gz(path: Path) -> None:
+    data = gzip.compress(("\n".join(json.dumps(r) for r in ROWS * 50) + "\n").encode())
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _not_parquet(path: Path) -> None:
+    path.write_bytes(b"PAR1 these bytes are not a parquet file")
+
+
+@pytest.mark.parametrize(
+    ("name", "plant", "hint"),
+    [
+        ("d.jsonl.gz", _truncated_gz, "truncated"),
+        ("d.parquet", _not_parquet, "not a readable Parquet file"),
+    ],
+)
+def test_unreadable_file_is_one_line_naming_it(tmp_path: Path, name, plant, hint) -> None:
+    """A truncated .gz or a corrupt Parquet file is a StorageError naming the file and the fix."""
+    plant(tmp_path / name)
+    with pytest.raises(StorageError) as info:
+        describe_sources(str(tmp_path / name))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"data file://{tmp_path / name}: ")
+    assert hint in message
+
+
+def test_missing_bucket_and_lost_endpoint_name_the_uri(moto_server: dict) -> None:
+    """Data in a bucket that does not exist, or behind an endpoint that is gone, is refused in
+    one line naming the URI."""
+    options = moto_server["storage_options"]
+    with pytest.raises((StorageError, DatasetError), match="s3://no-such-bucket/d.jsonl"):
+        describe_sources("s3://no-such-bucket/d.jsonl", storage_options=options)
+    gone = {**options, "endpoint_url": "http://127.0.0.1:9", "config_kwargs": {
+        "connect_timeout": 1, "retries": {"max_attempts": 1}}}
+    uri = f"s3://{moto_server['bucket']}/d.jsonl"
+    with pytest.raises(StorageError, match="the store cannot be reached") as info:
+        describe_sources(uri, storage_options=gone)
+    assert uri in str(info.value)

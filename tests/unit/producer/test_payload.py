@@ -58,13 +58,11 @@ def test_wrong_slot_count_is_rejected(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_non_finite_values_are_rejected(tmp_path, bad) -> None:
-    """NaN/inf anywhere is rejected, naming the row and the aux id."""
+def test_non_finite_values_pass_the_boundary(tmp_path, bad) -> None:
+    """NaN/inf are no request failure here (a retry repeats them): the capturer's policy decides."""
     hidden = torch.zeros(5, 3, 8)
     hidden[3, 1, 5] = bad
-    data = _file(tmp_path, hidden, torch.arange(5))
-    with pytest.raises(PayloadError, match="first at row 3, aux id 3"):
-        _check(data, np.arange(5, dtype=np.int64))
+    _check(_file(tmp_path, hidden, torch.arange(5)), np.arange(5, dtype=np.int64))
 
 
 def _flat(entries):
@@ -86,10 +84,3 @@ def test_topk_rows_shift_prompt_entries_and_append_the_sampled_step() -> None:
     assert ids.tolist() == [[6, 5], [1, 2], [4, 8]]
     expected = torch.tensor([[-0.1, -1.0], [-0.2, -0.3], [-0.5, -0.9]])
     torch.testing.assert_close(lps, expected)
-
-
-def test_huge_finite_values_are_not_mistaken_for_non_finite(tmp_path) -> None:
-    """Values whose fp32 sum overflows are still finite and pass."""
-    hidden = torch.full((5, 3, 8), 3e38)
-    data = _file(tmp_path, hidden, torch.arange(5))
-    _check(data, np.arange(5, dtype=np.int64))

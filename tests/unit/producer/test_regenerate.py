@@ -23,10 +23,16 @@ ANSWER = {"role": "assistant", "content": "a"}
         ({"messages": [ANSWER]}, SkipReason.MISSING_MESSAGES),
         ({"messages": [{"role": "alien", "content": "x"}]}, SkipReason.UNKNOWN_ROLE),
         (None, SkipReason.MALFORMED_JSON),
+        ({"messages": [USER, {"role": "assistant", "content": None, "tool_calls": [{}]},
+                       {"role": "tool", "content": "4", "tool_call_id": "c"}, ANSWER]},
+         SkipReason.TOOL_CALLS_UNSUPPORTED),
+        ({"messages": [USER, ANSWER], "tools": [{"type": "function"}]},
+         SkipReason.TOOL_CALLS_UNSUPPORTED),
     ],
 )
 def test_prompt_is_everything_before_the_last_answer(row: dict | None, expected: object) -> None:
-    """The last assistant turn is dropped; prompt-only rows are kept; bad rows get a reason."""
+    """The last assistant turn is dropped; prompt-only rows are kept; bad rows, and rows with tool
+    fields the output parts cannot keep, get a reason."""
     assert prompt_of(row, CFG) == expected
 
 

@@ -78,10 +78,17 @@ def test_target_files_and_header(tiny_target: Path, source, tmp_path: Path) -> N
 
 
 BAD_ROWS = {
-    "malformed_json": ["{broken json", "[1, 2]"],
+    "malformed_json": ["{broken json", "[1, 2]", "[" * 200_000 + "]" * 200_000,
+                       '{"input_ids": [' + "7" * 5000 + '], "loss_mask": [1]}'],
     "missing_messages": [{"text": "x"}],
     "unknown_role": [{"messages": [{"role": "robot", "content": "x"},
+                                   {"role": "assistant", "content": "y"}]},
+                     {"messages": [{"role": ["user"], "content": "x"},
+                                   {"role": "assistant", "content": "y"}]},
+                     {"messages": [{"role": {"name": "user"}, "content": "x"},
                                    {"role": "assistant", "content": "y"}]}],
+    "bad_tool_calls": [{"messages": [{"role": "user", "content": "x"},
+                                     {"role": "assistant", "content": "y", "tool_calls": 3}]}],
     "non_string_content": [{"messages": [{"role": "user", "content": 3},
                                          {"role": "assistant", "content": "y"}]}],
     "missing_assistant": [{"messages": [{"role": "user", "content": "only a question"}]}],
@@ -90,12 +97,19 @@ BAD_ROWS = {
     "too_long": [{"messages": [{"role": "user", "content": "word " * 200},
                                {"role": "assistant", "content": "y"}]}],
     "no_loss_tokens": [{"input_ids": [5, 6, 7], "loss_mask": [0, 0, 0]}],
-    "bad_pretokenized": [{"input_ids": [5, 6], "loss_mask": [1]}],
+    "bad_pretokenized": [{"input_ids": [5, 6], "loss_mask": [1]},
+                         {"input_ids": [5, 10**30], "loss_mask": [0, 1]},
+                         '{"input_ids": [5, Infinity], "loss_mask": [0, 1]}',
+                         {"input_ids": [5, 5.7], "loss_mask": [0, 1]},
+                         {"input_ids": [5, "6"], "loss_mask": [0, 1]},
+                         {"input_ids": [5, True], "loss_mask": [0, 1]},
+                         {"input_ids": [5, 6], "loss_mask": [0, 0.5]}],
 }
 
 
 def test_bad_rows_are_counted_by_reason(tiny_target_plain_template: Path, tmp_path: Path) -> None:
-    """Every bad row is skipped with its reason, failures are counted, and the sums add up."""
+    """Every bad row is skipped with its reason (none stops the run), failures are counted, and
+    the sums add up."""
     good = chat_rows(5)
     lines: list = []
     for reason_rows in BAD_ROWS.values():

@@ -9,7 +9,7 @@ from sparkforge.shared.layout import CacheSpec, first_slot, inner_chunk_rows, sl
 
 @pytest.mark.parametrize(("hidden", "rows"), [(2048, 128), (4096, 64), (7168, 32)])
 def test_inner_chunk_rows_follow_storage_notes(hidden: int, rows: int) -> None:
-    """c(H) for F=3 bf16 is 128/64/32 rows at H=2048/4096/7168 (storage-notes section 9)."""
+    """c(H) for F=3 bf16 is 128/64/32 rows at H=2048/4096/7168 (>= 1 MiB chunks)."""
     assert inner_chunk_rows(2 * 3 * hidden, 8192) == rows
 
 

@@ -1,7 +1,8 @@
-"""Storage primitives: key safety and exclusive create."""
+"""Storage primitives: key safety, exclusive create, temp files."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,31 @@ def test_exclusive_create_on_s3_uses_if_none_match(moto_server: dict) -> None:
     with pytest.raises(FileExistsError):
         loc.fs.pipe_file(loc.path("k.json"), b"second", mode="create")
     assert storage.read_bytes(loc, "k.json") == b"first"
+
+
+def test_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
+    """A write that fails midway (here: data the file refuses) removes its temp file."""
+    loc = storage.open_location(str(tmp_path / "c"))
+    with pytest.raises(TypeError):
+        storage.atomic_write(loc, "_meta/x.json", "not bytes")  # type: ignore[arg-type]
+    assert list((tmp_path / "c").rglob("*")) == [tmp_path / "c" / "_meta"]
+
+
+def test_only_stale_partials_are_removed(tmp_path: Path) -> None:
+    """Temp files untouched for longer than the bound go (ours and zarr's naming); younger ones,
+    other files and object stores are left alone."""
+    root = tmp_path / "c"
+    stale = [root / "_commits" / f".unit_00000001.json.{'0' * 32}.partial",
+             root / "input_ids" / "c" / "3" / f"0.{'f' * 32}.partial"]
+    young = root / f".manifest.json.{'1' * 32}.partial"
+    other = root / "input_ids" / "c" / "3" / "0"
+    for path in [*stale, young, other]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    for path in [*stale, other]:
+        os.utime(path, (1_000_000, 1_000_000))
+    removed = storage.remove_stale_partials(storage.open_location(str(root)), older_than_s=60)
+    assert sorted(removed) == sorted(map(str, stale))
+    assert [p.exists() for p in (*stale, young, other)] == [False, False, True, True]
+    assert storage.remove_stale_partials(storage.open_location("memory://c"),
+                                         older_than_s=0) == []

@@ -17,6 +17,7 @@ from sparkforge.trainer.draft_config import draft_tiny
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import all_reduce_sums, metric_sums
 from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.run_config import LossSpec
 
 
 def _setup() -> tuple[DSparkDraftModel, dict[str, torch.Tensor]]:
@@ -52,7 +53,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
     model, batch = _setup()
     half = {k: v[2 * rank: 2 * rank + 2] for k, v in batch.items()}
     out = model(**half)
-    loss = compute_dspark_loss(out)
+    loss = compute_dspark_loss(out, LossSpec())
     loss.loss.backward()
     for p in model.parameters():  # what DDP does: average gradients over ranks
         if p.grad is not None:
@@ -77,7 +78,7 @@ def test_two_ranks_equal_one_rank_on_the_concatenated_batch(tmp_path: Path) -> N
     ddp: dict[str, Any] = torch.load(tmp_path / "rank0.pt")
     model, batch = _setup()
     out = model(**batch)
-    loss = compute_dspark_loss(out)
+    loss = compute_dspark_loss(out, LossSpec())
     loss.loss.backward()
     single = _grads(model)
     assert set(single) == set(ddp["grads"])
@@ -91,6 +92,6 @@ def test_two_ranks_equal_one_rank_on_the_concatenated_batch(tmp_path: Path) -> N
     for rank in range(2):
         model.zero_grad()
         half = {k: v[2 * rank: 2 * rank + 2] for k, v in batch.items()}
-        compute_dspark_loss(model(**half)).loss.backward()
+        compute_dspark_loss(model(**half), LossSpec()).loss.backward()
         local.append(model.fc.weight.grad.clone())
     assert not torch.allclose((local[0] + local[1]) / 2, single["fc.weight"], rtol=1e-3)

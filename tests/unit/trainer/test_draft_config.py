@@ -105,7 +105,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
 
 
 def test_state_dict_keys_are_the_served_keys() -> None:
-    """Parameter names and shapes equal serving-format 1.3 (11*L_d + 7 keys + embed/lm_head)."""
+    """Parameter names and shapes equal the served keys (11*L_d + 7 keys + embed/lm_head)."""
     cfg = dataclasses.replace(draft_tiny(), num_hidden_layers=2)
     sd = DSparkDraftModel(cfg).state_dict()
     h, i, v, r, hd = 64, 128, 256, 16, 16

@@ -1,4 +1,4 @@
-"""Export: the serving layout of serving-format.md, exact key set, refusals, lossless round trip."""
+"""Export: the layout vLLM and SGLang load, exact key set, refusals, lossless round trip."""
 
 from __future__ import annotations
 

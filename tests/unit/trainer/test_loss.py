@@ -17,6 +17,7 @@ from sparkforge.trainer.loss import (
     l1_distance,
 )
 from sparkforge.trainer.model import DSparkOutput
+from sparkforge.trainer.run_config import LossSpec
 
 Build = Callable[..., Any]
 
@@ -69,7 +70,7 @@ def test_each_term_matches_a_hand_computation(gamma: float | None) -> None:
     """CE, L1 (full, = 2 TV) and BCE(confidence, 1 - L1/2), decay-weighted, / (sum w + 1e-6)."""
     out = _output()
     ce, l1, bce, den = _hand(out, gamma)
-    res = compute_dspark_loss(out, decay_gamma=gamma)
+    res = compute_dspark_loss(out, LossSpec(loss_decay_gamma=gamma))
     assert res.ce_loss.item() == pytest.approx(ce / (den + 1e-6), rel=1e-5)
     assert res.l1_loss.item() == pytest.approx(l1 / (den + 1e-6), rel=1e-5)
     assert res.confidence_loss.item() == pytest.approx(bce / (den + 1e-6), rel=1e-5)
@@ -85,7 +86,8 @@ def test_ce_only_is_the_masked_mean() -> None:
     flat = out.eval_mask.flatten()
     ce = F.cross_entropy(out.draft_logits.detach().reshape(-1, 11)[flat],
                          out.target_ids.flatten()[flat], reduction="sum")
-    res = compute_dspark_loss(out, ce_alpha=1.0, l1_alpha=0.0, decay_gamma=None)
+    spec = LossSpec(ce_loss_alpha=1.0, l1_loss_alpha=0.0, loss_decay_gamma=None)
+    res = compute_dspark_loss(out, spec)
     assert res.loss.item() == pytest.approx(ce.item() / (flat.sum().item() + 1e-6), rel=1e-6)
 
 
@@ -102,7 +104,7 @@ def test_l1_is_zero_when_draft_equals_teacher() -> None:
     """Draft == teacher gives L1 0 and acceptance 1 on every supervised slot."""
     out = _output()
     out.draft_logits = out.target_logits.clone().requires_grad_()
-    res = compute_dspark_loss(out)
+    res = compute_dspark_loss(out, LossSpec())
     assert res.l1_loss.item() == pytest.approx(0.0, abs=1e-6)
     assert torch.allclose(res.accept_rate[out.eval_mask], torch.tensor(1.0))
 
@@ -132,7 +134,7 @@ def test_loss_chunk_size_does_not_change_loss_or_grads(build: Build) -> None:
     for chunk in (2, 10_000):
         model, batch = build(seed=2)
         torch.manual_seed(0)
-        res = compute_dspark_loss(model(**batch), chunk_rows=chunk)
+        res = compute_dspark_loss(model(**batch), LossSpec(l1_chunk_rows=chunk))
         res.loss.backward()
         grads.append((res.loss.detach(), model.fc.weight.grad.clone()))
     torch.testing.assert_close(grads[0][0], grads[1][0])
@@ -145,13 +147,13 @@ def test_teacher_required_for_l1_or_confidence(conf: bool, l1_alpha: float) -> N
     out = _output(conf=conf)
     out.target_logits = None
     with pytest.raises(ValueError, match="target_last_hidden_states"):
-        compute_dspark_loss(out, l1_alpha=l1_alpha)
+        compute_dspark_loss(out, LossSpec(l1_loss_alpha=l1_alpha))
 
 
 def test_confidence_label_is_detached_and_head_not() -> None:
     """BCE grads reach the confidence logits; the label c* carries no gradient to the draft."""
     out = _output()
-    compute_dspark_loss(out, ce_alpha=0.0, l1_alpha=0.0).loss.backward()
+    compute_dspark_loss(out, LossSpec(ce_loss_alpha=0.0, l1_loss_alpha=0.0)).loss.backward()
     assert out.confidence_logits.grad.abs().sum() > 0
     assert out.draft_logits.grad is None or out.draft_logits.grad.abs().sum() == 0
 
@@ -167,7 +169,7 @@ def test_loss_decreases_on_a_fixed_batch(build: Build) -> None:
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
     losses = []
     for _ in range(20):
-        res = compute_dspark_loss(model(**batch, **anchors))
+        res = compute_dspark_loss(model(**batch, **anchors), LossSpec())
         opt.zero_grad()
         res.loss.backward()
         opt.step()

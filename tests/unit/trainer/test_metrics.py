@@ -10,6 +10,7 @@ import torch
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
 from sparkforge.trainer.model import DSparkOutput
+from sparkforge.trainer.run_config import LossSpec
 
 
 def _output(seed: int, b: int = 3, a: int = 4, k: int = 5, v: int = 9) -> DSparkOutput:
@@ -29,7 +30,7 @@ def _output(seed: int, b: int = 3, a: int = 4, k: int = 5, v: int = 9) -> DSpark
 
 
 def _reference(outs: list[DSparkOutput], gamma: float) -> dict[str, float]:
-    """Plain loops over blocks and slots, straight from dspark-algorithm.md section 9."""
+    """Plain loops over blocks and slots, straight from the metric definitions."""
     k_ = outs[0].eval_mask.shape[-1]
     num, den = [0.0] * k_, [0.0] * k_
     tau_sum = tau_n = abs_e = bias = cbias = wsum = 0.0
@@ -67,7 +68,7 @@ def _reference(outs: list[DSparkOutput], gamma: float) -> dict[str, float]:
 
 
 def _sums(out: DSparkOutput, gamma: float = 4.0) -> dict[str, torch.Tensor]:
-    loss = compute_dspark_loss(out, decay_gamma=gamma)
+    loss = compute_dspark_loss(out, LossSpec(loss_decay_gamma=gamma))
     return metric_sums(out, loss.accept_rate, loss.weights)
 
 

@@ -12,6 +12,7 @@ import torch
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.model import DSparkDraftModel
 from sparkforge.trainer.rope import compute_inv_freq
+from sparkforge.trainer.run_config import LossSpec
 
 Build = Callable[..., Any]
 
@@ -63,7 +64,7 @@ def test_embeddings_and_head_frozen_copies(build: Build) -> None:
     model.set_target_weights(emb, head)
     assert torch.equal(model.embed_tokens.weight, emb)
     assert torch.equal(model.lm_head.weight, head)
-    compute_dspark_loss(model(**batch)).loss.backward()
+    compute_dspark_loss(model(**batch), LossSpec()).loss.backward()
     assert model.embed_tokens.weight.grad is None
     assert model.lm_head.weight.grad is None
     assert not model.embed_tokens.weight.requires_grad
@@ -79,7 +80,7 @@ def test_every_trainable_parameter_gets_a_finite_gradient(build: Build) -> None:
     """The loss reaches every trainable parameter (backbone, Markov, confidence), finitely."""
     for head_type in ("vanilla", "gated", "rnn"):
         model, batch = build(markov_head_type=head_type)
-        compute_dspark_loss(model(**batch)).loss.backward()
+        compute_dspark_loss(model(**batch), LossSpec()).loss.backward()
         for name, p in model.named_parameters():
             if p.requires_grad:
                 assert p.grad is not None, name
@@ -94,7 +95,8 @@ def test_forward_is_deterministic_under_a_seed(build: Build) -> None:
         model, batch = build(seed=0)
         torch.manual_seed(seed)
         out = model(**batch)
-        outs.append((out.anchor_positions, out.draft_logits, compute_dspark_loss(out).loss))
+        loss = compute_dspark_loss(out, LossSpec()).loss
+        outs.append((out.anchor_positions, out.draft_logits, loss))
     assert torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[0][1], outs[1][1])
     assert torch.equal(outs[0][2], outs[1][2])
@@ -173,7 +175,8 @@ def test_right_padding_is_invisible(build: Build) -> None:
     assert torch.equal(got.anchor_positions, ref.anchor_positions)
     m = ref.eval_mask
     torch.testing.assert_close(got.draft_logits[m], ref.draft_logits[m])
-    torch.testing.assert_close(compute_dspark_loss(got).loss, compute_dspark_loss(ref).loss)
+    torch.testing.assert_close(compute_dspark_loss(got, LossSpec()).loss,
+                               compute_dspark_loss(ref, LossSpec()).loss)
 
 
 def test_dummy_blocks_give_no_nan(build: Build) -> None:
@@ -183,7 +186,7 @@ def test_dummy_blocks_give_no_nan(build: Build) -> None:
     out = model(**batch)
     assert not out.block_keep_mask.any()
     assert torch.isfinite(out.draft_logits).all()
-    loss = compute_dspark_loss(out)
+    loss = compute_dspark_loss(out, LossSpec())
     loss.loss.backward()
     assert loss.loss.item() == 0.0
     grads = [p.grad for p in model.parameters() if p.grad is not None]
