@@ -5,13 +5,14 @@ max_seq_len) and random bf16 activations through the real cache writer, then mea
 
 1. raw bytes: reading every stored object of the cache with fsspec (no decode): the I/O ceiling;
 2. raw unit reads: ``CacheReader.read_unit`` over all units in order (decode, no pipeline), with
-   and without crc32c verification;
+   and without crc32c verification (the reader's default is on; object-existence, token-range
+   and commit-record checks run in both);
 3. the training loader (``CacheDataModule`` -> ``ResumableLoader``) with 0 and 2 workers, and
-   with crc32c verification: samples/s and tokens/s delivered as collated micro-batches. The
-   loader reads every unit once, like the raw reads, but delivers only the train split (eval
-   rows share the units), so "vs raw" compares wall time for the same unit reads. Both time
-   their second pass (epoch 1): opening the cache and starting workers are once per run (per
-   epoch for workers), not per batch;
+   with crc32c verification (the default of ``data.verify_checksums``): samples/s and tokens/s
+   delivered as collated micro-batches. The loader reads every unit once, like the raw reads,
+   but delivers only the train split (eval rows share the units), so "vs raw" compares wall
+   time for the same unit reads. Both time their second pass (epoch 1): opening the cache and
+   starting workers are once per run (per epoch for workers), not per batch;
 4. the draft training step (forward + backward + AdamW) at a small realistic config on
    ``--device`` (bf16 autocast on CUDA): tokens/s it consumes, peak GPU memory, and the
    loader/step ratio;

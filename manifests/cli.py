@@ -21,12 +21,13 @@ from typing import Any, Literal, cast
 from sparkforge.manifests.contract import RunContract
 from sparkforge.manifests.finalize import finalize_run
 from sparkforge.manifests.no_samples import require_samples
+from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.plan import plan_cache, plan_table, target_shape_from_config
-from sparkforge.manifests.schema import ManifestError
 from sparkforge.manifests.status import DEFAULT_WINDOW_S, StatusReader, status_table
 from sparkforge.manifests.summary import summarize_cache, summary_table
-from sparkforge.manifests.validate import validate_cache
+from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
 from sparkforge.shared.dtypes import HiddenDtype
+from sparkforge.shared.fields import shorten
 from sparkforge.shared.layer_ids import LayerIdError, feature_to_hf, strided_feature_ids
 from sparkforge.shared.layout import CacheSpec
 
@@ -195,9 +196,11 @@ def run_inspect(cfg: InspectConfig) -> int:
     options = _storage_options(cfg.storage_options)
     try:
         summary = summarize_cache(cfg.cache, storage_options=options)
-    except ManifestError as exc:
-        print(f"sparkforge inspect: {exc} (run `sparkforge validate` for details)",
-              file=sys.stderr)
+    except CacheNotFoundError:
+        raise
+    except ValueError as exc:  # the cache itself is bad (manifest, index, arrays): exit 1
+        print(f"sparkforge inspect: {shorten(str(exc), MAX_PROBLEM_CHARS)} (run `sparkforge "
+              "validate` for details)", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=1) if cfg.json else summary_table(summary))
     return 0

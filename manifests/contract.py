@@ -19,6 +19,7 @@ from sparkforge.shared.target_families import FeatureSemantics, FinalSemantics
 logger = logging.getLogger(__name__)
 
 HIDDEN_DTYPES = ("bfloat16", "float16", "float32")
+EMPTY_TRAIN_SPLIT = "the cache's train split is empty"
 
 
 class CacheContractError(ValueError):
@@ -101,7 +102,7 @@ def contract_problems(manifest: CacheManifest, run: RunContract, *,
 def _split_problems(split_counts: Mapping[str, int], *, need_eval: bool) -> list[str]:
     problems = []
     if split_counts.get("train", 0) == 0:
-        problems.append("the cache's train split is empty")
+        problems.append(EMPTY_TRAIN_SPLIT)
     if need_eval and split_counts.get("eval", 0) == 0:
         problems.append("validation is on (trainer.limit_val_batches > 0) but the cache's eval "
                         "split is empty")

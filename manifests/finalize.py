@@ -12,6 +12,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sparkforge.manifests.index import index_bytes
+from sparkforge.manifests.objects import (
+    MAX_COMMIT_BYTES,
+    MAX_HEADER_BYTES,
+    MAX_MANIFEST_BYTES,
+    MAX_PARITY_BYTES,
+    read_json,
+)
 from sparkforge.manifests.schema import (
     FORMAT_VERSION,
     CacheIncompleteError,
@@ -43,7 +50,7 @@ logger = logging.getLogger(__name__)
 def read_run_header(loc: storage.Location) -> tuple[CacheSpec, RunHeader]:
     """The spec and the producer header stored at creation."""
     try:
-        data = json.loads(storage.read_bytes(loc, HEADER_KEY))
+        data = read_json(loc, HEADER_KEY, max_bytes=MAX_HEADER_BYTES)
     except FileNotFoundError as exc:
         raise CacheIncompleteError(f"{loc.uri} has no {HEADER_KEY}: not a sparkforge cache")\
             from exc
@@ -88,11 +95,12 @@ def finalize_cache(uri: str, *, expected_units: int,
         raise ManifestError(f"{uri}: units {extra[:20]} are committed but expected_units is "
                             f"{expected_units}")
     if storage.exists(loc, MANIFEST_KEY):
-        existing = CacheManifest.from_json(json.loads(storage.read_bytes(loc, MANIFEST_KEY)))
+        existing = CacheManifest.from_json(read_json(loc, MANIFEST_KEY,
+                                                     max_bytes=MAX_MANIFEST_BYTES))
         if existing.complete and len(existing.storage.units) == expected_units:
             return existing
-    units = [parse_commit_bytes(storage.read_bytes(loc, commit_key(u)), unit=u, spec=spec)
-             for u in range(expected_units)]
+    units = [parse_commit_bytes(storage.read_bytes(loc, commit_key(u), max_bytes=MAX_COMMIT_BYTES),
+                                unit=u, spec=spec) for u in range(expected_units)]
     _check_unique(units)
     index = index_bytes(units)
     storage.atomic_write(loc, INDEX_KEY, index)
@@ -152,4 +160,4 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
 def _parity_report(loc: storage.Location) -> Any:
     """The producer's parity report (``target/parity.json``), or None when none was run."""
     key = f"{TARGET_PREFIX}/{PARITY_FILE}"
-    return json.loads(storage.read_bytes(loc, key)) if storage.exists(loc, key) else None
+    return read_json(loc, key, max_bytes=MAX_PARITY_BYTES) if storage.exists(loc, key) else None

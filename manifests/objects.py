@@ -1,15 +1,28 @@
-"""Find a cache's objects: the root must exist, each slot's object key, sizes and times from one
-listing."""
+"""Find a cache's objects: the root must exist, bounded JSON reads, slot keys, sizes and times
+from one listing, links out of the root."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
-
-import zarr
+from pathlib import Path
+from typing import Any, Final
 
 from sparkforge.shared import storage
+from sparkforge.shared.fields import load_json
+
+MAX_MANIFEST_BYTES: Final = 1 << 30
+"""A manifest lists every unit's slots and checksums: ~1 KB per unit, 10^6 units fit."""
+MAX_COMMIT_BYTES: Final = 256 << 20
+"""A commit record holds one unit's sample rows (about 150 bytes each)."""
+MAX_HEADER_BYTES: Final = 64 << 20
+"""The run header; its largest part is an explicit list of eval row ids."""
+MAX_PARITY_BYTES: Final = 1 << 20
+"""target/parity.json: a few numbers per captured layer."""
+MAX_KEY_DEPTH: Final = 8
+"""Deepest object key (``aux_hidden/c/<slot>/0/0`` has 5 parts); bounds a walk through link
+cycles."""
 
 
 class CacheNotFoundError(FileNotFoundError, ValueError):
@@ -29,8 +42,23 @@ def existing_location(uri: str, storage_options: Mapping[str, Any] | None) -> st
     return loc
 
 
+def read_json(loc: storage.Location, key: str, *, max_bytes: int) -> object:
+    """Read and decode one untrusted JSON object of at most ``max_bytes`` (bounded depth too).
+
+    Raises:
+        FileNotFoundError: the object does not exist.
+        ValueError: too large, a link out of the root, not JSON, or nested too deeply; the
+            message names ``key``.
+    """
+    return load_json(storage.read_bytes(loc, key, max_bytes=max_bytes), key)
+
+
 def stored_objects(loc: storage.Location, prefix: str) -> dict[str, int]:
-    """Every object under ``prefix`` (one listing): key relative to the root -> size in bytes."""
+    """Every object under ``prefix`` (one listing): key relative to the root -> size in bytes.
+
+    On local disk, links are followed as zarr follows them, unless they resolve outside the
+    root (see :func:`escaping_links`): such objects are left out, so they count as missing.
+    """
     return {key: int(info.get("size") or 0) for key, info in _listing(loc, prefix).items()}
 
 
@@ -38,13 +66,16 @@ def object_times(loc: storage.Location, prefix: str) -> dict[str, float | None]:
     """Every object under ``prefix`` (one listing): key -> last-modified time (Unix seconds).
 
     The time is the store's own (S3 ``LastModified``, file mtime), so workers' clocks do not
-    matter; None where the filesystem reports no time.
+    matter; None where the filesystem reports no time. Local links as in :func:`stored_objects`.
     """
     return {key: _modified(info) for key, info in _listing(loc, prefix).items()}
 
 
 def _listing(loc: storage.Location, prefix: str) -> dict[str, dict[str, Any]]:
+    """Key relative to the root -> the filesystem's details (size, time) of one object."""
     path = loc.path(prefix)
+    if loc.is_local:
+        return _local_objects(loc.root, path)
     loc.fs.invalidate_cache(path)
     try:
         found = loc.fs.find(path, detail=True)
@@ -72,6 +103,34 @@ def _modified(info: Mapping[str, Any]) -> float | None:
     return None
 
 
-def slot_key(name: str, arr: zarr.Array[Any], slot: int) -> str:
-    """The store key of one slot's object (a shard, or the one chunk of an unsharded array)."""
-    return f"{name}/{arr.metadata.encode_chunk_key((slot, *[0] * (arr.ndim - 1)))}"
+def _local_objects(root: str, path: str) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for here, dirs, files in os.walk(path, followlinks=True):
+        depth = len(Path(here).relative_to(root).parts)
+        if not storage.resolves_inside(here, root) or depth > MAX_KEY_DEPTH:  # out, or a cycle
+            dirs.clear()
+            continue
+        for name in files:
+            full = Path(here) / name
+            if storage.resolves_inside(str(full), root) and full.is_file():
+                stat = full.stat()
+                found[full.relative_to(root).as_posix()] = {"size": stat.st_size,
+                                                            "mtime": stat.st_mtime}
+    return found
+
+
+def escaping_links(loc: storage.Location) -> dict[str, str]:
+    """Links under a local cache root that resolve outside it: key -> where they point.
+
+    A cache holds its own objects; a link out of it could make readers quote or train on files
+    the commit records do not describe (e.g. ``/etc/passwd``). Empty for object stores.
+    """
+    if not loc.is_local:
+        return {}
+    out = {}
+    for here, dirs, files in os.walk(loc.root):  # links to directories are not descended
+        for name in dirs + files:
+            full = Path(here) / name
+            if full.is_symlink() and not storage.resolves_inside(str(full), loc.root):
+                out[full.relative_to(loc.root).as_posix()] = os.path.realpath(full)
+    return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, NotRequired, TypedDict
 
+from sparkforge.manifests.parity import ParityInfo, parse_parity
 from sparkforge.shared import fields as f
 from sparkforge.shared.commit import SlotRecord, parse_accounting, parse_slots
 from sparkforge.shared.fields import ManifestError
@@ -131,8 +132,9 @@ class CacheManifest:
     data: DataInfo
     accounting: UnitAccounting
     storage: StorageInfo
-    parity: dict[str, Any] | None = None
-    """The producer's vLLM-vs-transformers parity report (per-layer errors, top-1, KL), if run."""
+    parity: ParityInfo | None = None
+    """The producer's vLLM-vs-transformers parity report (per-layer errors, top-1, KL), if run;
+    a copy of ``target/parity.json``."""
 
     @classmethod
     def from_json(cls, data: object) -> CacheManifest:
@@ -256,7 +258,7 @@ def parse_manifest(data: object) -> CacheManifest:
         capture=parse_capture(d["capture"]), tokenizer=parse_tokenizer(d["tokenizer"]),
         data=parse_data(d["data"]), accounting=parse_accounting(d["accounting"]),
         storage=parse_storage(d["storage"]),
-        parity=f.optional(d.get("parity"), f.mapping, "parity"))
+        parity=f.optional(d.get("parity"), parse_parity, "parity"))
     check_cross_fields(manifest)
     return manifest
 

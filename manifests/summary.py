@@ -8,15 +8,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
-import zarr
 
-from sparkforge.manifests.objects import existing_location, slot_key, stored_objects
+from sparkforge.manifests.objects import existing_location, stored_objects
 from sparkforge.manifests.open import read_index, read_manifest
 from sparkforge.manifests.plan import human_bytes
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared import storage
 from sparkforge.shared.layer_ids import default_feature_ids, hf_to_feature
-from sparkforge.shared.layout import array_layouts, open_arrays
+from sparkforge.shared.layout import array_layouts, slot_key
+from sparkforge.shared.reader import read_arrays
 
 
 def summarize_cache(uri: str, *,
@@ -64,7 +64,7 @@ def summarize_cache(uri: str, *,
         "bytes_per_token": on_disk / tokens if tokens else None,
         "logical_bytes": logical, "data_bytes": data_bytes, "unreferenced_bytes": unreferenced,
         "compression_ratio": logical / data_bytes if data_bytes else None,
-        "arrays": arrays,
+        "arrays": arrays, "warnings": _warnings(arrays),
         "feeds": drafts_fed(m),
     }
 
@@ -93,8 +93,7 @@ def _array_bytes(loc: storage.Location,
                  m: CacheManifest) -> tuple[dict[str, dict[str, Any]], int]:
     """Per array: codec, logical and stored bytes of committed slots; plus unreferenced bytes."""
     spec = m.storage.spec
-    group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
-    zarrays = open_arrays(group, spec)
+    zarrays = read_arrays(loc, spec)
     arrays: dict[str, dict[str, Any]] = {}
     unreferenced = 0
     for name, layout in array_layouts(spec).items():
@@ -105,8 +104,16 @@ def _array_bytes(loc: storage.Location,
                             if k not in keys and not k.endswith("zarr.json"))
         logical = m.storage.totals.tokens * layout.dtype.itemsize * math.prod(layout.row_shape)
         arrays[name] = {"codec": m.storage.codecs[name], "logical_bytes": logical,
-                        "stored_bytes": stored, "ratio": logical / stored if stored else None}
+                        "stored_bytes": stored, "ratio": logical / stored if stored else None,
+                        "missing_objects": len(keys - objects.keys()), "objects": len(keys)}
     return arrays, unreferenced
+
+
+def _warnings(arrays: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Missing slot objects: the ratios above count only the objects present, so they inflate."""
+    return [f"{name}: {a['missing_objects']} of {a['objects']} committed slot objects are "
+            "missing, so its ratio (and the total) is inflated; run `sparkforge validate`"
+            for name, a in arrays.items() if a["missing_objects"]]
 
 
 def _split_counts(index: pa.Table) -> dict[str, Counter[str]]:
@@ -165,4 +172,5 @@ def summary_table(s: Mapping[str, Any]) -> str:
         r = f"{a['ratio']:.3f}" if a["ratio"] else "-"
         lines.append(f"{name:<14} {a['codec']:<30} {human_bytes(a['logical_bytes']):>10} "
                      f"{human_bytes(a['stored_bytes']):>10} {r:>6}")
+    lines += [f"WARNING: {w}" for w in s["warnings"]]
     return "\n".join(lines)

@@ -19,23 +19,39 @@ from typing import Any
 import zarr
 from tqdm import tqdm
 
-from sparkforge.manifests.contract import RunContract, contract_problems
+from sparkforge.manifests.contract import EMPTY_TRAIN_SPLIT, RunContract, contract_problems
 from sparkforge.manifests.finalize import read_run_header
 from sparkforge.manifests.index import check_index
-from sparkforge.manifests.objects import existing_location, slot_key, stored_objects
+from sparkforge.manifests.objects import (
+    MAX_COMMIT_BYTES,
+    MAX_PARITY_BYTES,
+    escaping_links,
+    existing_location,
+    read_json,
+    stored_objects,
+)
 from sparkforge.manifests.open import read_manifest
+from sparkforge.manifests.parity import parse_parity
 from sparkforge.manifests.scan import scan_unit
 from sparkforge.manifests.schema import CacheManifest, UnitEntry
 from sparkforge.shared import storage
 from sparkforge.shared.commit import SampleRow, UnitInfo, committed_units, parse_commit_bytes
+from sparkforge.shared.fields import ManifestError, shorten
+from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
+    PARITY_FILE,
+    TARGET_PREFIX,
     CacheSpec,
     array_layouts,
     capacity_rows,
     commit_key,
     describe_codecs,
+    slot_key,
 )
 from sparkforge.shared.writer import diff_json
+
+MAX_PROBLEM_CHARS = 500
+"""Longest problem line: values quoted from a hostile cache are cut, never printed whole."""
 
 
 @dataclass
@@ -77,20 +93,34 @@ def validate_cache(uri: str, *, deep: bool = False, against: RunContract | None 
     """
     loc = existing_location(uri, storage_options)
     report = ValidationReport(uri=uri, deep=deep)
+    links = escaping_links(loc)
+    report.problems += [f"{key}: a link to {target}, outside the cache root (a cache holds its "
+                        "own objects; nothing behind it is read)" for key, target in links.items()]
     manifest = _manifest(loc, report)
-    if manifest is None:
-        return report
+    if manifest is not None:
+        _check_store(loc, manifest, report, deep=deep and not links, against=against,
+                     progress=progress)
+    report.problems = [shorten(p, MAX_PROBLEM_CHARS) for p in report.problems]
+    return report
+
+
+def _check_store(loc: storage.Location, manifest: CacheManifest, report: ValidationReport, *,
+                 deep: bool, against: RunContract | None, progress: bool) -> None:
+    """Everything after the manifest parsed: header, commits, index, parity, arrays, objects."""
     _check_header(loc, manifest, report)
     units = _check_commits(loc, manifest, report)
     splits = _check_index(loc, manifest, units, report)
+    if not splits.get("train"):
+        report.problems.append(EMPTY_TRAIN_SPLIT)
+    _check_parity(loc, manifest, report)
     arrays = _check_arrays(loc, manifest, report)
     if arrays is not None:
         _check_objects(loc, manifest, arrays, report)
         if deep:
             _deep_scan(units, arrays, manifest, report, progress=progress)
     if against is not None:
-        report.problems += contract_problems(manifest, against, split_counts=splits)
-    return report
+        report.problems += [p for p in contract_problems(manifest, against, split_counts=splits)
+                            if p not in report.problems]
 
 
 def _deep_scan(units: Mapping[int, UnitInfo], arrays: Mapping[str, zarr.Array[Any]],
@@ -122,6 +152,27 @@ def _check_header(loc: storage.Location, m: CacheManifest, report: ValidationRep
     recorded = {"spec": m.storage.spec, "header": m.header}
     for d in diff_json(_plain(stored), _plain(recorded)):
         report.problems.append(f"_meta/header.json vs manifest: {d.replace('got', 'manifest has')}")
+    report.problems += _promise_problems(header, m)
+
+
+def _promise_problems(header: RunHeader, m: CacheManifest) -> list[str]:
+    """The run header's unit and input-row counts against what the manifest lists.
+
+    A unit dropped consistently from manifest, index and commit records passes every other
+    check; only the header, written once at creation, still knows it existed.
+    """
+    try:
+        promised = [("num_units", "units", header.num_units, len(m.storage.units)),
+                    ("num_rows", "input rows", header.num_rows, m.accounting.input_rows)]
+    except ManifestError:
+        return []  # a header without the producer's resolved counts promises nothing
+    return [f"_meta/header.json promises producer_config.resolved.{key} = {want} {what}, but "
+            f"the manifest has {have} (units lost after the run?)"
+            for key, what, want, have in promised if want != have]
+
+
+def _plain_json(value: Any) -> str:
+    return json.dumps(dataclasses.asdict(value), sort_keys=True)
 
 
 def _plain(value: Mapping[str, Any]) -> Any:
@@ -135,12 +186,11 @@ def _check_commits(loc: storage.Location, m: CacheManifest,
     for i, entry in enumerate(m.storage.units):
         where = f"unit {entry.unit}"
         try:
-            raw = storage.read_bytes(loc, commit_key(entry.unit))
+            raw = storage.read_bytes(loc, commit_key(entry.unit), max_bytes=MAX_COMMIT_BYTES)
+            info = parse_commit_bytes(raw, unit=entry.unit, spec=spec)
         except FileNotFoundError:
             report.problems.append(f"{where}: commit record {commit_key(entry.unit)} is missing")
             continue
-        try:
-            info = parse_commit_bytes(raw, unit=entry.unit, spec=spec)
         except ValueError as exc:
             report.problems.append(f"{where}: {exc}")
             continue
@@ -175,6 +225,9 @@ def _check_index(loc: storage.Location, m: CacheManifest, units: Mapping[int, Un
     except FileNotFoundError:
         report.problems.append(f"index {key}: missing")
         return splits
+    except ValueError as exc:
+        report.problems.append(f"index {key}: {exc}")
+        return splits
     table, problems = check_index(raw, m)
     report.problems += problems
     if table is None:
@@ -203,6 +256,24 @@ def _check_index(loc: storage.Location, m: CacheManifest, units: Mapping[int, Un
     return Counter(str(r["split"]) for r in rows)
 
 
+def _check_parity(loc: storage.Location, m: CacheManifest, report: ValidationReport) -> None:
+    """The manifest's parity section is a copy of target/parity.json (finalize copies it)."""
+    key = f"{TARGET_PREFIX}/{PARITY_FILE}"
+    try:
+        stored = parse_parity(read_json(loc, key, max_bytes=MAX_PARITY_BYTES), key)
+    except FileNotFoundError:
+        if m.parity is not None:
+            report.problems.append(f"manifest parity: reports a parity check (passed="
+                                   f"{m.parity.passed}) but {key} does not exist")
+        return
+    except ValueError as exc:
+        report.problems.append(f"{key}: {exc}")
+        return
+    if m.parity is None or _plain_json(stored) != _plain_json(m.parity):  # NaN-safe compare
+        report.problems.append(f"manifest parity: differs from {key} (passed={stored.passed} "
+                               "there); re-run `sparkforge finalize`")
+
+
 def _row_diff(row: dict[str, Any], committed: tuple[int, SampleRow] | None) -> list[str]:
     where = f"index row sample {row['sample_id']}"
     if committed is None:
@@ -220,12 +291,17 @@ def _check_arrays(loc: storage.Location, m: CacheManifest,
     spec: CacheSpec = m.storage.spec
     try:
         group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
-    except (FileNotFoundError, ValueError) as exc:
-        report.problems.append(f"store: not a zarr group ({exc})")
+    except Exception as exc:  # zarr raises many types (RecursionError too) for bad metadata
+        report.problems.append(f"store: not a zarr group ({type(exc).__name__}: {exc})")
         return None
     arrays, before = {}, len(report.problems)
     for name, layout in array_layouts(spec).items():
-        arr = group.get(name)
+        try:
+            arr = group.get(name)
+        except Exception as exc:  # as above
+            report.problems.append(f"array {name}: metadata cannot be read "
+                                   f"({type(exc).__name__}: {exc})")
+            continue
         if not isinstance(arr, zarr.Array):
             report.problems.append(f"array {name}: missing from the store")
             continue

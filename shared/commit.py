@@ -41,7 +41,8 @@ def committed_units(loc: storage.Location) -> set[int]:
 
 def checksum(values: npt.NDArray[Any]) -> int:
     """crc32c of an array's C-order little-endian bytes (the decoded rows a slot holds)."""
-    return int(crc32c.crc32c(np.ascontiguousarray(values).tobytes()))
+    # A byte view, not tobytes(): no copy of a slot that may hold hundreds of MB.
+    return int(crc32c.crc32c(np.ascontiguousarray(values).data.cast("B")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,10 +148,7 @@ def parse_slots(data: object, field: str, *, spec: CacheSpec, unit: int,
 
 def parse_commit_bytes(raw: bytes, *, unit: int, spec: CacheSpec) -> UnitInfo:
     """Decode and parse the commit record stored for ``unit``."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ManifestError(f"commit record of unit {unit} is not valid JSON: {exc}") from exc
+    data = f.load_json(raw, f"commit record of unit {unit}")
     try:
         return parse_commit_record(data, unit=unit, spec=spec)
     except ManifestError as exc:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 MAX_COUNT: Final = 1 << 48
 """Upper bound for counts (rows, samples, tokens, bytes): anything larger is corrupt input."""
+MAX_DEPTH: Final = 32
+"""Deepest nesting of any stored JSON document (sparkforge writes at most 8 levels)."""
+MAX_FREE_STRING: Final = 1 << 20
+"""Longest string inside a free-form section (e.g. an inline chat template in producer_config)."""
+SHOWN_CHARS: Final = 120
+"""Characters of a bad value quoted in an error message."""
 _HEX = re.compile(r"^[0-9a-f]+$")
 T = TypeVar("T")
 
@@ -16,12 +23,44 @@ class ManifestError(ValueError):
     """Raised when a manifest, run header or commit record is malformed or inconsistent."""
 
 
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (marked with '...'), so a huge value stays one line."""
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 def fail(field: str, expected: str, value: object) -> ManifestError:
     """The error for ``field`` holding ``value`` where ``expected`` was required."""
-    shown = repr(value)
-    if len(shown) > 120:
-        shown = shown[:117] + "..."
-    return ManifestError(f"manifest field {field!r}: expected {expected}, got {shown}")
+    return ManifestError(f"manifest field {shorten(field)!r}: expected {expected}, "
+                         f"got {shorten(repr(value))}")
+
+
+def load_json(raw: bytes, what: str) -> object:
+    """Decode an untrusted JSON document, refusing nesting deeper than :data:`MAX_DEPTH`.
+
+    Raises:
+        ManifestError: naming ``what``: not JSON, or nested too deeply.
+    """
+    try:
+        data = json.loads(raw)
+    except RecursionError as exc:
+        raise ManifestError(f"{what}: JSON nested deeper than {MAX_DEPTH} levels") from exc
+    except ValueError as exc:
+        raise ManifestError(f"{what} is not valid JSON: {shorten(str(exc))}") from exc
+    if json_depth(data) > MAX_DEPTH:
+        raise ManifestError(f"{what}: JSON nested deeper than {MAX_DEPTH} levels")
+    return data
+
+
+def json_depth(data: object) -> int:
+    """Nesting depth of decoded JSON (a scalar is 0), computed without recursion."""
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            deepest = max(deepest, depth + 1)
+            stack += [(v, depth + 1) for v in (value.values() if isinstance(value, dict)
+                                               else value)]
+    return deepest
 
 
 def obj(data: object, field: str, *, required: frozenset[str],
@@ -38,9 +77,26 @@ def obj(data: object, field: str, *, required: frozenset[str],
 
 
 def mapping(data: object, field: str) -> dict[str, Any]:
-    """A free-form JSON object with string keys (e.g. the producer config)."""
+    """A free-form JSON object (e.g. the producer config): string keys, bounded depth and strings.
+
+    The error names the path of the first offending value, e.g. ``producer_config.resolved.x``.
+    """
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise fail(field, "a JSON object", data)
+    stack: list[tuple[str, object, int]] = [(field, data, 1)]
+    while stack:
+        path, value, depth = stack.pop()
+        if isinstance(value, str) and len(value) > MAX_FREE_STRING:
+            raise fail(path, f"a string of at most {MAX_FREE_STRING:,} characters", value)
+        if isinstance(value, dict | list) and depth > MAX_DEPTH:
+            raise fail(path, f"at most {MAX_DEPTH} levels of nesting", "...")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if len(k) > MAX_FREE_STRING:
+                    raise fail(path, f"keys of at most {MAX_FREE_STRING:,} characters", k)
+                stack.append((f"{path}.{k}", v, depth + 1))
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v, depth + 1) for i, v in enumerate(value)]
     return data
 
 

@@ -123,10 +123,21 @@ class RunHeader:
         Raises:
             ManifestError: if the producer did not record it.
         """
-        resolved = self.producer_config.get("resolved")
+        return self._resolved_count("num_units")
+
+    @property
+    def num_rows(self) -> int:
+        """Input rows of all sources together (``producer_config.resolved.num_rows``).
+
+        Raises:
+            ManifestError: if the producer did not record it.
+        """
+        return self._resolved_count("num_rows")
+
+    def _resolved_count(self, name: str) -> int:
         field = "producer_config.resolved"
-        count = f.mapping(resolved, field).get("num_units")
-        return f.integer(count, f"{field}.num_units")
+        count = f.mapping(self.producer_config.get("resolved"), field).get(name)
+        return f.integer(count, f"{field}.{name}")
 
 
 def _keys(*names: str) -> frozenset[str]:

@@ -253,3 +253,8 @@ def open_arrays(group: zarr.Group, spec: CacheSpec) -> dict[str, zarr.Array[Any]
             raise ValueError(f"cache store has no array {name!r}; was it created with this spec?")
         out[name] = arr
     return out
+
+
+def slot_key(name: str, arr: zarr.Array[Any], slot: int) -> str:
+    """The store key of one slot's object (a shard, or the one chunk of an unsharded array)."""
+    return f"{name}/{arr.metadata.encode_chunk_key((slot, *[0] * (arr.ndim - 1)))}"

@@ -1,9 +1,15 @@
-"""Read committed units of a cache: whole-slot sequential reads, optional crc32c verification."""
+"""Read committed units of a cache: whole-slot sequential reads, checked before they are used.
+
+Every slot read checks that each array's object exists (zarr reads a missing one back as zeros
+silently), names the unit, slot and array of an object that cannot be decoded, checks token ids
+against the vocabulary and, with ``verify``, each array's crc32c. An optional ``check_unit``
+callback cross-checks a unit's sample boundaries (from the index) with its commit record.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -14,7 +20,7 @@ import zarr
 from sparkforge.shared import storage
 from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo, checksum
 from sparkforge.shared.dtypes import dequantize_e4m3, float_to_storage
-from sparkforge.shared.layout import TARGET_PREFIX, CacheSpec, open_arrays
+from sparkforge.shared.layout import TARGET_PREFIX, CacheSpec, open_arrays, slot_key
 
 if TYPE_CHECKING:
     import torch
@@ -25,7 +31,11 @@ LAYERED = ("aux_hidden", "aux_scale")
 """Arrays whose second axis is the captured layer (what ``aux_layers`` selects from)."""
 
 
-class ChecksumError(ValueError):
+class CacheDataError(ValueError):
+    """Raised when committed data cannot be used: missing, undecodable or out-of-range values."""
+
+
+class ChecksumError(CacheDataError):
     """Raised when data read back does not match the crc32c in its unit's commit record."""
 
 
@@ -60,6 +70,20 @@ class CachedSample:
         return out
 
 
+def read_arrays(loc: storage.Location, spec: CacheSpec) -> dict[str, zarr.Array[Any]]:
+    """The spec's arrays of an existing cache, opened read-only.
+
+    Raises:
+        CacheDataError: the group or an array is missing, or its metadata cannot be read.
+    """
+    try:
+        group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
+        return open_arrays(group, spec)
+    except Exception as exc:  # zarr raises many types (RecursionError too) for bad metadata
+        raise CacheDataError(f"{loc.uri}: zarr metadata cannot be read ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}); run `sparkforge validate`") from exc
+
+
 class CacheReader(Generic[M]):
     """Reads only committed units, through the rows their commit records name.
 
@@ -69,15 +93,18 @@ class CacheReader(Generic[M]):
     """
 
     def __init__(self, loc: storage.Location, spec: CacheSpec, units: Sequence[UnitInfo],
-                 index: pa.Table, manifest: M, *, verify: bool = False,
+                 index: pa.Table, manifest: M, *, vocab_size: int, verify: bool = True,
+                 check_unit: Callable[[UnitInfo], None] | None = None,
                  aux_layers: Sequence[int] | None = None) -> None:
         self.loc, self.spec, self.manifest, self.verify = loc, spec, manifest, verify
+        self.vocab_size = vocab_size
         self.aux_layers = None if aux_layers is None else [int(p) for p in aux_layers]
         self._units = {u.unit: u for u in units}
         self._index = index
         self._rows = {s.sample_id: (u.unit, s) for u in units for s in u.samples}
-        group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
-        self._arrays = open_arrays(group, spec)
+        self._check_unit = check_unit
+        self._checked: set[int] = set()
+        self._arrays = read_arrays(loc, spec)
 
     def units(self) -> list[UnitInfo]:
         """Committed units in unit order."""
@@ -92,39 +119,51 @@ class CacheReader(Generic[M]):
 
         Raises:
             KeyError: if the unit is not committed.
-            ChecksumError: with ``verify``, naming unit, slot and array.
+            CacheDataError: naming unit, slot and array (or sample): a missing object, one that
+                cannot be decoded, a token id outside the vocabulary, a crc32c mismatch
+                (``verify``), or sample boundaries that disagree with the commit record.
         """
-        info = self._units[unit]
+        info = self._unit(unit)
         by_slot: dict[int, list[SampleRow]] = {}
         for s in info.samples:
             by_slot.setdefault(s.slot, []).append(s)
         out = []
         for slot in info.slots:
-            data = self._read_rows(slot.slot * self.spec.shard_rows, slot.num_rows)
-            if self.verify:
-                self._check(info.unit, slot, data)
-            data = self._select(data)
             base = slot.slot * self.spec.shard_rows
+            data = self._read_rows(info.unit, slot, by_slot.get(slot.slot, []), start=base,
+                                   count=slot.num_rows)
+            data = self._select(data)
             out += [self._sample(s, data, s.row_offset - base) for s in by_slot.get(slot.slot, [])]
         return out
 
     def read_sample(self, sample_id: int) -> CachedSample:
-        """One sample; with ``verify`` its whole slot is read and checked first."""
+        """One sample; with ``verify`` its whole slot is read (and checked) first."""
         unit, row = self._rows[sample_id]
+        info = self._unit(unit)
+        slot = next(s for s in info.slots if s.slot == row.slot)
         if not self.verify:
-            return self._sample(row, self._select(self._read_rows(row.row_offset, row.length)), 0)
-        slot = next(s for s in self._units[unit].slots if s.slot == row.slot)
+            return self._sample(row, self._select(self._read_rows(
+                unit, slot, [row], start=row.row_offset, count=row.length)), 0)
         base = slot.slot * self.spec.shard_rows
-        data = self._read_rows(base, slot.num_rows)
-        self._check(unit, slot, data)
+        data = self._read_rows(unit, slot, [s for s in info.samples if s.slot == row.slot],
+                               start=base, count=slot.num_rows)
         return self._sample(row, self._select(data), row.row_offset - base)
 
     def target_file(self, name: str) -> bytes:
         """A stored target file, e.g. ``config.json`` or ``weights.safetensors``."""
-        return storage.read_bytes(self.loc, f"{TARGET_PREFIX}/{storage.safe_key(name)}")
+        key = f"{TARGET_PREFIX}/{storage.safe_key(name)}"
+        try:
+            return storage.read_bytes(self.loc, key)
+        except FileNotFoundError as exc:
+            raise CacheDataError(f"{key} is missing; the cache cannot be trained on") from exc
 
-    def _read_rows(self, start: int, count: int) -> dict[str, np.ndarray]:
-        return {name: np.asarray(arr[start:start + count]) for name, arr in self._arrays.items()}
+    def _unit(self, unit: int) -> UnitInfo:
+        """The unit, cross-checked once with its commit record when a checker is set."""
+        info = self._units[unit]
+        if self._check_unit is not None and unit not in self._checked:
+            self._check_unit(info)
+            self._checked.add(unit)
+        return info
 
     def _select(self, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Rows narrowed to ``aux_layers`` after reading them whole: with token-major chunks every
@@ -135,13 +174,52 @@ class CacheReader(Generic[M]):
         return {name: values[:, self.aux_layers] if name in LAYERED else values
                 for name, values in data.items()}
 
-    def _check(self, unit: int, slot: SlotRecord, data: dict[str, np.ndarray]) -> None:
-        for name, values in data.items():
-            actual, expected = checksum(values), slot.crc32c.get(name)
-            if actual != expected:
-                raise ChecksumError(
-                    f"unit {unit}, slot {slot.slot}, array {name!r}: crc32c {actual:#010x} "
-                    f"!= committed {expected if expected is None else f'{expected:#010x}'}")
+    def _read_rows(self, unit: int, slot: SlotRecord, samples: Sequence[SampleRow], *,
+                   start: int, count: int) -> dict[str, np.ndarray]:
+        """Rows of every array inside one slot, checked (see the module docstring); the crc32c
+        is checked when ``verify`` is set, which needs the slot's whole used rows."""
+        where = f"unit {unit}, slot {slot.slot}"
+        whole = start == slot.slot * self.spec.shard_rows and count == slot.num_rows
+        data = {}
+        for name, arr in self._arrays.items():
+            key = slot_key(name, arr, slot.slot)
+            try:
+                storage.inside_root(self.loc, key)
+            except storage.UnsafeKeyError as exc:
+                raise CacheDataError(f"{where}: array {name}: {exc}") from exc
+            if not storage.exists(self.loc, key):
+                raise CacheDataError(f"{where}: array {name}: object {key} is missing (it would "
+                                     "read back as zeros); run `sparkforge validate`")
+            try:
+                data[name] = np.asarray(arr[start:start + count])
+            except Exception as exc:  # any codec error: name where it happened, not how
+                raise CacheDataError(f"{where}: array {name}: cannot be decoded "
+                                     f"({type(exc).__name__}: {exc})") from exc
+            if self.verify and whole:
+                actual, expected = checksum(data[name]), slot.crc32c.get(name)
+                if actual != expected:
+                    shown = "none" if expected is None else f"{expected:#010x}"
+                    raise ChecksumError(f"{where}: array {name}: crc32c {actual:#010x} != "
+                                        f"committed {shown} (data corrupted or overwritten)")
+        self._check_token_ids(where, data, start, samples)
+        return data
+
+    def _check_token_ids(self, where: str, data: dict[str, np.ndarray], start: int,
+                         samples: Sequence[SampleRow]) -> None:
+        """Token ids (and top-k ids) inside ``[0, vocab_size)``: one min/max per array."""
+        for name in ("input_ids", "topk_ids"):
+            values = data.get(name)
+            if values is None or not values.size:
+                continue
+            if int(values.min()) >= 0 and int(values.max()) < self.vocab_size:
+                continue
+            bad = (values < 0) | (values >= self.vocab_size)
+            row = start + int(np.argmax(bad.reshape(len(values), -1).any(axis=1)))
+            sample = next((s.sample_id for s in samples
+                           if s.row_offset <= row < s.row_offset + s.length), None)
+            raise CacheDataError(
+                f"{where}, sample {sample}: {name} outside [0, target.vocab_size="
+                f"{self.vocab_size}): min {values.min()}, max {values.max()}")
 
     def _sample(self, row: SampleRow, data: dict[str, np.ndarray], start: int) -> CachedSample:
         rows = slice(start, start + row.length)

@@ -27,6 +27,10 @@ class UnsafeKeyError(ValueError):
     """Raised when a key read from untrusted data would escape the cache root."""
 
 
+class ObjectTooLargeError(ValueError):
+    """Raised when an object is larger than its reader allows (a corrupt or hostile cache)."""
+
+
 def safe_key(key: str) -> str:
     """Return ``key`` if it is a plain relative key inside the cache root, else raise.
 
@@ -117,11 +121,41 @@ def atomic_write(loc: Location, key: str, data: bytes) -> None:
     _fsync_dir(target.parent)
 
 
-def read_bytes(loc: Location, key: str) -> bytes:
-    """Read one whole object (FileNotFoundError if absent)."""
-    data = loc.fs.cat_file(loc.path(key))
+def read_bytes(loc: Location, key: str, *, max_bytes: int | None = None) -> bytes:
+    """Read one whole object of at most ``max_bytes`` (FileNotFoundError if absent).
+
+    Raises:
+        ObjectTooLargeError: the object holds more than ``max_bytes`` bytes.
+        UnsafeKeyError: on local disk, ``key`` is a link resolving outside the cache root.
+    """
+    path = inside_root(loc, key)
+    # One ranged read: at most max_bytes + 1 bytes come back, so a huge object is never loaded.
+    end = None if max_bytes is None else max_bytes + 1
+    data = loc.fs.cat_file(path, start=None if end is None else 0, end=end)
     assert isinstance(data, bytes)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ObjectTooLargeError(f"{key}: larger than the {max_bytes:,} bytes allowed; refusing "
+                                  "to read it")
     return data
+
+
+def inside_root(loc: Location, key: str) -> str:
+    """The path of ``key``; on local disk it must not resolve (through links) outside the root.
+
+    Raises:
+        UnsafeKeyError: the path resolves outside the cache root.
+    """
+    path = loc.path(key)
+    if loc.is_local and not resolves_inside(path, loc.root):
+        raise UnsafeKeyError(f"{key}: a link to {os.path.realpath(path)}, outside the cache root "
+                             f"{loc.root}; refusing to read it")
+    return path
+
+
+def resolves_inside(path: str, root: str) -> bool:
+    """Whether the local ``path`` resolves (through any links) to ``root`` or below it."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top + os.sep)
 
 
 def exists(loc: Location, key: str) -> bool:

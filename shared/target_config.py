@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkforge.shared.fields import MAX_DEPTH, json_depth, shorten
+
 
 @dataclass(frozen=True)
 class TargetConfig:
@@ -52,12 +54,17 @@ def parse_target_config(data: bytes | str, source: str) -> TargetConfig:
     """Parse ``config.json`` text.
 
     Raises:
-        ValueError: The text is not JSON, or not a JSON object.
+        ValueError: The text is not JSON, is nested deeper than :data:`MAX_DEPTH`, or is not a
+            JSON object.
     """
     try:
         raw = json.loads(data)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{source}: not valid JSON ({exc})") from exc
+        raise ValueError(f"{source}: not valid JSON ({shorten(str(exc))})") from exc
+    except RecursionError as exc:
+        raise ValueError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels") from exc
+    if json_depth(raw) > MAX_DEPTH:
+        raise ValueError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels")
     if not isinstance(raw, dict):
         raise ValueError(f"{source}: expected a JSON object")
     return TargetConfig(raw=raw, source=source)

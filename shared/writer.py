@@ -19,6 +19,7 @@ from sparkforge.shared.dtypes import (
     quantize_e4m3,
     storage_to_float32,
 )
+from sparkforge.shared.fields import load_json
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
     FORMAT_VERSION,
@@ -100,7 +101,7 @@ class CacheWriter:
                 storage.exclusive_create(loc, HEADER_KEY, json.dumps(wanted, indent=1).encode())
             except FileExistsError:
                 pass  # a concurrent creator won; compare against its header below
-        stored = json.loads(storage.read_bytes(loc, HEADER_KEY))
+        stored = load_json(storage.read_bytes(loc, HEADER_KEY), HEADER_KEY)
         problems = diff_json(stored, wanted)
         if problems:
             raise CacheMismatchError(f"cache at {uri} was created with a different spec/header: "

@@ -25,17 +25,23 @@ def build_cache(path: Path, spec: CacheSpec = SMALL_SPEC, units: int = 3) -> Pat
     from sparkforge.manifests.finalize import finalize_cache
     from sparkforge.shared.writer import CacheWriter
 
-    w = CacheWriter.open(str(path), spec=spec, header=make_run_header(spec))
+    w = CacheWriter.open(str(path), spec=spec, header=make_run_header(spec, num_units=units))
     for u in range(units):
         w.write_unit(u, *make_unit(spec, u))
     finalize_cache(str(path), expected_units=units)
     return path
 
 
-def make_header(spec: CacheSpec, *, num_hidden_layers: int = 4) -> dict[str, Any]:
-    """A run header consistent with ``spec`` (layer ids 1..F)."""
+def make_header(spec: CacheSpec, *, num_hidden_layers: int = 4,
+                num_units: int | None = None) -> dict[str, Any]:
+    """A run header consistent with ``spec`` (layer ids 1..F); with ``num_units``, it promises
+    that many units and their input rows, as the producer's header does."""
+    config: dict[str, Any] = {"model": "tiny", "batch_size": 4}
+    if num_units is not None:
+        config["resolved"] = {"num_units": num_units,
+                              "num_rows": num_units * spec.rows_per_unit}
     return {
-        "producer_config": {"model": "tiny", "batch_size": 4},
+        "producer_config": config,
         "target": {"name_or_path": "tiny-qwen3", "revision": None, "content_hash": "ab" * 32,
                    "model_type": "qwen3", "architecture": "Qwen3ForCausalLM", "vocab_size": 1024,
                    "hidden_size": spec.hidden_size, "num_hidden_layers": num_hidden_layers,
@@ -52,9 +58,9 @@ def make_header(spec: CacheSpec, *, num_hidden_layers: int = 4) -> dict[str, Any
     }
 
 
-def make_run_header(spec: CacheSpec) -> RunHeader:
+def make_run_header(spec: CacheSpec, *, num_units: int | None = None) -> RunHeader:
     """:func:`make_header`, typed as the writer takes it."""
-    return RunHeader.from_json(make_header(spec))
+    return RunHeader.from_json(make_header(spec, num_units=num_units))
 
 
 def make_unit(spec: CacheSpec, unit: int, *, seed: int = 0,
@@ -162,3 +168,30 @@ def write_tiny_cache(uri: str, target_dir: Path, *, hidden_dtype: str = "bfloat1
                                                         written=len(samples)))
     finalize_cache(uri, expected_units=num_rows // rows_per_unit, storage_options=storage_options)
     return uri
+
+
+def forge_rows(cache: Path, name: str, row: int, values: np.ndarray) -> None:
+    """Overwrite rows of one array and re-seal the slot's crc32c in its commit record and the
+    manifest, as a producer writing bad values would (the checksums then match the bad data)."""
+    import json
+
+    import zarr
+
+    from sparkforge.shared.commit import checksum
+
+    manifest = json.loads((cache / "manifest.json").read_text())
+    shard_rows = manifest["storage"]["spec"]["shard_rows"]
+    arr = zarr.open_group(str(cache), mode="r+")[name]
+    arr[row:row + len(values)] = values
+    slot = row // shard_rows
+    for unit in manifest["storage"]["units"]:
+        for entry in unit["slots"]:
+            if entry["slot"] != slot:
+                continue
+            crc = checksum(np.asarray(arr[slot * shard_rows:slot * shard_rows + entry["num_rows"]]))
+            entry["crc32c"][name] = crc
+            path = cache / f"_commits/unit_{unit['unit']:08d}.json"
+            record = json.loads(path.read_text())
+            next(s for s in record["slots"] if s["slot"] == slot)["crc32c"][name] = crc
+            path.write_text(json.dumps(record))
+    (cache / "manifest.json").write_text(json.dumps(manifest))

@@ -41,7 +41,9 @@ class CacheDataModule(L.LightningDataModule):
         read_ahead_units: Cache units each worker reads concurrently ahead of consumption.
         seed: Seed of the data order; the order is a function of (seed, epoch, rank, worker).
         min_loss_tokens: Samples with fewer supervised tokens hold no anchor and are skipped.
-        verify_checksums: Check each unit's crc32c while reading (costs CPU).
+        verify_checksums: Check each slot's crc32c while reading (on by default; it costs
+            little next to decoding, see benchmarks/bench_trainer_data.py). Whether each slot's
+            objects exist is always checked.
         val_batch_size: Micro-batch size for validation (default: ``batch_size``).
     """
 
@@ -60,7 +62,7 @@ class CacheDataModule(L.LightningDataModule):
         read_ahead_units: int = 2,
         seed: int = 0,
         min_loss_tokens: int = 2,
-        verify_checksums: bool = False,
+        verify_checksums: bool = True,
         val_batch_size: int | None = None,
     ) -> None:
         super().__init__()

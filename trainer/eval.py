@@ -153,8 +153,10 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         logger.warning("%s's lm_head differs from the one the draft was trained with: the draft's "
                        "teacher was another model (or precision)", cfg.target)
     loss, loss_source = _loss_spec(cfg.draft, draft.confidence_head is not None)
+    # Random access to a few eval samples: a crc check would read each one's whole slot (up to
+    # hundreds of MB); existence, decode and token-id checks still run on every read.
     reader = (None if cfg.cache is None else
-              open_cache(cfg.cache, storage_options=cfg.storage_options or None,
+              open_cache(cfg.cache, storage_options=cfg.storage_options or None, verify=False,
                          features=dc.target_layer_ids))
     forced = {} if reader is None else _teacher_forced(draft, reader, cfg, loss, device)
     if cfg.prompts is not None:

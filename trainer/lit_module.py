@@ -36,6 +36,29 @@ LOSS_TERMS = ("loss", "ce_loss", "l1_loss", "confidence_loss")
 RESUME_FIELDS = ("mask_token_id", "block_size", "target_layer_ids")
 
 
+class NonFiniteLossError(ValueError):
+    """Raised when a training loss is NaN or infinite; names the samples of the batch."""
+
+
+def nonfinite_message(batch: dict[str, torch.Tensor], loss: torch.Tensor, *, step: int,
+                      rank: int) -> str:
+    """Which samples the non-finite batch held and which of them carry non-finite inputs."""
+    if bool(torch.isfinite(loss.detach()).item()):
+        return (f"non-finite training loss on another rank at step {step} (that rank names the "
+                "samples); stopped before the optimizer step, no checkpoint holds it")
+    ids = batch["sample_ids"].tolist()
+    bad = torch.zeros(len(ids), dtype=torch.bool, device=batch["sample_ids"].device)
+    for key in ("target_hidden_states", "target_last_hidden_states"):
+        bad |= ~torch.isfinite(batch[key].float()).flatten(1).all(dim=1)
+    culprits = [i for i, b in zip(ids, bad.tolist(), strict=True) if b]
+    cause = (f"samples {culprits} hold non-finite hidden states (check the cache with "
+             "`sparkforge validate --deep`)" if culprits else
+             "the inputs are finite, so the model diverged (lower the learning rate, or resume "
+             "from an earlier checkpoint)")
+    return (f"non-finite training loss {float(loss)} at step {step} (rank {rank}), batch samples "
+            f"{ids}: {cause}; stopped before the optimizer step, no checkpoint holds it")
+
+
 class DSparkLitModule(L.LightningModule):
     """Trains a ``DSparkDraftModel`` on batches from ``CacheDataModule``.
 
@@ -159,6 +182,7 @@ class DSparkLitModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """One micro-batch: globally normalised loss; window sums for logging."""
         out, res = self(batch, self._anchor_generator(0, batch_idx))
+        self._stop_if_not_finite(batch, res.loss)
         sums = self._sums(batch, out, res)
         sums["data_wait_s"] = torch.tensor(self._wait, dtype=torch.float64, device=self.device)
         self._window = accumulate(self._window, sums)
@@ -170,7 +194,24 @@ class DSparkLitModule(L.LightningModule):
         loss: torch.Tensor = res.loss * scale
         return loss
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def _stop_if_not_finite(self, batch: dict[str, torch.Tensor], loss: torch.Tensor) -> None:
+        """Raise before backward when any rank's loss is NaN or infinite.
+
+        Nothing non-finite reaches the weights, so no checkpoint ever holds them; every rank
+        decides together, so none is left waiting in a collective.
+        """
+        finite = bool(torch.isfinite(loss.detach()).item())
+        if self.trainer.world_size > 1:
+            finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if not finite:
+            raise NonFiniteLossError(nonfinite_message(batch, loss, step=self.global_step,
+                                                       rank=self.global_rank))
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The window logger (see :class:`WindowLogger`)."""
+        return [WindowLogger()]
+
+    def end_train_batch(self, batch_idx: int) -> None:
         """Every ``log_every_n_steps`` optimizer steps: reduce the window over ranks and log it.
 
         Only a micro-batch that ends an accumulation window has stepped, so each logged row has
@@ -193,6 +234,9 @@ class DSparkLitModule(L.LightningModule):
         if self.trainer.is_global_zero:
             for lg in self.loggers:
                 lg.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=self.global_step)
+                # Lightning flushes only every flush_logs_every_n_steps steps and at the end; a
+                # killed run would lose every window since. One small write per window.
+                lg.save()
         self._window, self._window_start = None, time.perf_counter()
 
     # ---- validation ------------------------------------------------------------------------
@@ -258,3 +302,18 @@ def window_metrics(sums: MetricSums, *, elapsed_s: float, world_size: int) -> di
     if "data_wait_s" in sums and elapsed_s > 0:
         metrics["data_wait_frac"] = float(sums["data_wait_s"]) / (elapsed_s * world_size)
     return metrics
+
+
+class WindowLogger(L.Callback):
+    """Logs (and flushes) the training window at each batch end, before any checkpoint is saved.
+
+    Lightning runs callbacks' batch-end hooks before the module's, and checkpoint callbacks after
+    every other callback; logged from here, a step's metrics are on disk before a checkpoint of
+    that step exists, so a run killed after a checkpoint keeps the metrics of every step in it.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        """Hand the batch end to the module."""
+        assert isinstance(pl_module, DSparkLitModule)
+        pl_module.end_train_batch(batch_idx)

@@ -142,15 +142,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command.job(cfg)
     except CONFIG_ERRORS as exc:
-        print(f"sparkforge {name}: error: {exc}", file=sys.stderr)
+        print(f"sparkforge {name}: error: {error_message(exc)}", file=sys.stderr)
         return USAGE
-    except (ValueError, RuntimeError) as exc:
-        print(f"sparkforge {name}: error: {exc}", file=sys.stderr)
+    except (ValueError, RuntimeError) as exc:  # data and job failures
+        print(f"sparkforge {name}: error: {error_message(exc)}", file=sys.stderr)
         return 1
     except OSError as exc:  # a storage failure outside the boundaries that name their location
         print(f"sparkforge {name}: error: {describe('path', exc.filename or '?', exc)}",
               file=sys.stderr)
         return 1
+
+
+def error_message(exc: BaseException) -> str:
+    """The error's own message, on one line.
+
+    An error raised in a DataLoader worker is re-raised in the main process with the worker's
+    whole traceback as its message; only the original exception's own line is kept.
+    """
+    text = str(exc)
+    if "Original Traceback" in text:
+        last = text.rstrip().splitlines()[-1]  # "package.module.ErrorType: message"
+        text = last.split(": ", 1)[1] if ": " in last else last
+    return text
 
 
 if __name__ == "__main__":

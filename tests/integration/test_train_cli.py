@@ -6,13 +6,18 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
+import torch
+from cache_helpers import forge_rows
 from export_helpers import load_in_vllm
 
 from sparkforge.app.cli import main
@@ -106,6 +111,8 @@ def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_p
     finally:
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    # Each logged window is flushed as it is logged: the killed run kept its metrics.
+    assert set(_losses(_run_dir(killed))) >= set(range(1, 9))
     ckpt = next(killed.glob("dspark/version_*/checkpoints/*step=4.ckpt"))
     resumed = tmp_path / "resumed"
     assert main(_train_args(tiny_cache, resumed, "--trainer.max_steps", "9",
@@ -165,3 +172,84 @@ def test_export_loads_in_vllm_and_eval_reports(tiny_run: Path, tiny_target: Path
     assert forced["reliability"]
     png = report_dir / "acceptance_by_position.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _copy(cache: str, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(cache, tmp_path / "cache"))
+
+
+def _train_sample(cache: Path) -> dict:
+    return next(r for r in pq.read_table(cache / "index.parquet").to_pylist()
+                if r["split"] == "train" and r["num_loss_tokens"] >= 2)
+
+
+def test_nonfinite_hidden_state_stops_training_naming_the_sample(
+        tiny_cache: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A NaN the producer committed (crc matches) stops training with the sample id, exit 1;
+    every checkpoint saved before it holds finite weights."""
+    cache = _copy(tiny_cache, tmp_path)
+    sample = _train_sample(cache)
+    import zarr
+    row = np.asarray(zarr.open_group(str(cache), mode="r")["aux_hidden"][
+        sample["row_offset"]:sample["row_offset"] + 1])
+    row[0, 0, 5] = 0x7FC0  # bf16 NaN at token 0: every anchor's context sees it
+    forge_rows(cache, "aux_hidden", sample["row_offset"], row)
+    out = tmp_path / "run"
+    code = main(_train_args(str(cache), out, "--trainer.max_steps", "30",
+                            "--checkpoint.every_n_train_steps", "1",
+                            "--checkpoint.save_top_k", "-1"))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"samples [{sample['sample_id']}] hold non-finite hidden states" in err
+    assert "no checkpoint holds it" in err
+    for ckpt in out.glob("dspark/version_*/checkpoints/*.ckpt"):
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def _train_process(cache: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-P", "-m", "sparkforge.app.cli",
+           *_train_args(str(cache), out, "--trainer.max_steps", "4", *extra)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_corrupt_chunk_in_a_worker_ends_train_with_one_line(tiny_cache: str,
+                                                            tmp_path: Path) -> None:
+    """A zstd-corrupt chunk read by a DataLoader worker: exit 1, one line naming unit, slot and
+    array, no traceback."""
+    cache = _copy(tiny_cache, tmp_path)
+    sample = _train_sample(cache)
+    chunk = cache / f"input_ids/c/{sample['slot']}"
+    data = bytearray(chunk.read_bytes())
+    data[8:24] = b"\xff" * 16
+    chunk.write_bytes(bytes(data))
+    proc = _train_process(cache, tmp_path / "run", "--data.num_workers", "2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("sparkforge train: error:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert f"unit {sample['unit']}, slot {sample['slot']}: array input_ids: cannot be decoded" \
+        in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_index_row_count_mismatch_exits_1_not_abort(tiny_cache: str, tmp_path: Path) -> None:
+    """An index missing a row (re-sealed in the manifest) ends with exit 1, twice in a row: the
+    abort at interpreter exit was intermittent."""
+    import hashlib
+    import io
+
+    import pyarrow as pa
+
+    cache = _copy(tiny_cache, tmp_path)
+    table = pq.read_table(cache / "index.parquet")
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(table.to_pylist()[1:], schema=table.schema), buf)
+    (cache / "index.parquet").write_bytes(buf.getvalue())
+    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest["storage"]["index_sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    for attempt in range(2):
+        proc = _train_process(cache, tmp_path / f"run{attempt}")
+        assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+        assert "15 rows != manifest storage.totals.samples 16" in proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -118,8 +118,18 @@ def test_run_header_with_wrong_keys_names_the_file_and_the_keys(tmp_path: Path) 
 
 def test_parity_report_reaches_the_manifest_only_when_written(tmp_path: Path) -> None:
     """target/parity.json, when the producer wrote one, is copied into the manifest verbatim."""
-    report = {"passed": True, "top1_agreement": 1.0}
+    report = {"num_samples": 2, "num_tokens": 40, "dtype": "float32",
+              "layers": [{"name": "final", "max_abs": 1e-6, "rel": 2e-7}],
+              "top1_agreement": 1.0, "kl_topk": 0.0, "max_abs_logprob": 1e-6, "passed": True}
     _cache(tmp_path / "with", [0]).write_target_files({"parity.json": json.dumps(report).encode()})
     _cache(tmp_path / "without", [0])
-    assert finalize_cache(str(tmp_path / "with"), expected_units=1).parity == report
+    assert finalize_cache(str(tmp_path / "with"), expected_units=1).to_json()["parity"] == report
     assert finalize_cache(str(tmp_path / "without"), expected_units=1).parity is None
+
+
+def test_malformed_parity_report_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """A parity.json that is not a full report fails finalize naming the missing keys."""
+    _cache(tmp_path / "c", [0]).write_target_files(
+        {"parity.json": json.dumps({"passed": True}).encode()})
+    with pytest.raises(ManifestError, match=r"manifest field 'parity': expected keys \['dtype'"):
+        finalize_cache(str(tmp_path / "c"), expected_units=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,50 @@ def test_inspect_of_an_unfinalized_cache_exits_1(tmp_path: Path) -> None:
     (cache / "manifest.json").unlink()
     assert main(["inspect", str(cache)]) == 1
     assert main(["inspect", str(tmp_path / "nope")]) == 2
+
+
+def _no_array_metadata(c: Path) -> None:
+    (c / "final_hidden/zarr.json").unlink()
+
+
+def _no_index(c: Path) -> None:
+    (c / "index.parquet").unlink()
+
+
+def _deep_manifest(c: Path) -> None:
+    (c / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize(("corrupt", "message"), [
+    (_no_array_metadata, r"zarr metadata cannot be read .*final_hidden"),
+    (_no_index, r"index.parquet is missing \(manifest storage.index_key\)"),
+    (_deep_manifest, r"manifest.json: JSON nested deeper than 32 levels"),
+], ids=["array_metadata", "index", "deep_manifest"])
+def test_damaged_cache_is_one_line_and_exit_1(tmp_path: Path, corrupt: object, message: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """inspect on a cache missing array metadata or its index, or with a hostile manifest,
+    prints one line naming it and exits 1 (a data problem, not a usage error)."""
+    cache = build_cache(tmp_path / "c")
+    corrupt(cache)  # type: ignore[operator]
+    assert main(["inspect", str(cache)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert re.search(message, err[0]), err
+
+
+def test_missing_shards_warn_that_the_ratio_is_inflated(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """With committed shard objects missing, inspect warns instead of showing a bare ratio."""
+    cache = build_cache(tmp_path / "c")
+    slot = json.loads((cache / "manifest.json").read_text())["storage"]["units"][0]["slots"][0]
+    (cache / f"aux_hidden/c/{slot['slot']}/0/0").unlink()
+    s = summarize_cache(str(cache))
+    assert s["arrays"]["aux_hidden"]["missing_objects"] == 1
+    assert s["warnings"] == [
+        f"aux_hidden: 1 of {s['arrays']['aux_hidden']['objects']} committed slot objects are "
+        "missing, so its ratio (and the total) is inflated; run `sparkforge validate`"]
+    assert main(["inspect", str(cache)]) == 0
+    assert "WARNING: aux_hidden: 1 of" in capsys.readouterr().out
 
 
 def _prod(shape: tuple[int, ...]) -> int:

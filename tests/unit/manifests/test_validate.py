@@ -17,8 +17,9 @@ import zarr
 from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, build_cache
 
 from sparkforge.app.cli import main
+from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.objects import CacheNotFoundError
-from sparkforge.manifests.validate import validate_cache
+from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
 from sparkforge.shared.layout import CacheSpec
 
 SPEC, FP8 = SMALL_SPEC, SMALL_FP8_SPEC
@@ -122,6 +123,84 @@ def _codec_changed(c: Path) -> None:
                lambda m: m["storage"]["codecs"].__setitem__("input_ids", "lz4"))
 
 
+def _refinalize(c: Path, units: int) -> None:
+    """Rebuild index and manifest from the commit records (a consistent edit of all three)."""
+    (c / "manifest.json").unlink()
+    finalize_cache(str(c), expected_units=units)
+
+
+def _unit_dropped(c: Path) -> None:
+    (c / "_commits/unit_00000002.json").unlink()
+    _refinalize(c, 2)
+
+
+def _no_train_samples(c: Path) -> None:
+    for u in range(3):
+        _edit_json(c / f"_commits/unit_{u:08d}.json", lambda r: r["samples"].__setitem__(
+            "split", ["eval"] * len(r["samples"]["split"])))
+    _refinalize(c, 3)
+
+
+PARITY = {"num_samples": 4, "num_tokens": 311, "dtype": "float32",
+          "layers": [{"name": "final (post-norm)", "max_abs": 4.8e-06, "rel": 5.2e-07}],
+          "top1_agreement": 1.0, "kl_topk": 2.1e-09, "max_abs_logprob": 3.4e-06, "passed": True}
+
+
+def _forged_parity(c: Path) -> None:
+    _edit_json(c / "manifest.json", lambda m: m.__setitem__("parity", PARITY))
+
+
+def _bare_parity(c: Path) -> None:
+    _edit_json(c / "manifest.json", lambda m: m.__setitem__("parity", {"passed": True}))
+
+
+def _huge_parity_string(c: Path) -> None:
+    _edit_json(c / "manifest.json",
+               lambda m: m.__setitem__("parity", PARITY | {"dtype": "x" * (100 << 20)}))
+
+
+def _parity_file_differs(c: Path) -> None:
+    _forged_parity(c)
+    (c / "target").mkdir(exist_ok=True)
+    (c / "target/parity.json").write_text(json.dumps(PARITY | {"passed": False}))
+
+
+def _nest(path: Path, edit: Callable[[dict, str], None], depth: int) -> None:
+    """Put a value nested ``depth`` lists deep into a JSON file (without recursing to build it)."""
+    data = _json(path)
+    edit(data, "__DEEP__")
+    path.write_text(json.dumps(data).replace('"__DEEP__"', "[" * depth + "]" * depth))
+
+
+def _deep_manifest(c: Path) -> None:
+    _nest(c / "manifest.json", lambda m, v: m["producer_config"].__setitem__("x", v), 200_000)
+
+
+def _moderately_deep_manifest(c: Path) -> None:
+    _nest(c / "manifest.json", lambda m, v: m["producer_config"].__setitem__("x", v), 40)
+
+
+def _deep_commit(c: Path) -> None:
+    _nest(c / "_commits/unit_00000001.json", lambda r, v: r.__setitem__("samples", v), 200_000)
+
+
+def _deep_header(c: Path) -> None:
+    _nest(c / "_meta/header.json", lambda h, v: h["header"].__setitem__("data", v), 200_000)
+
+
+def _commit_links_out(c: Path) -> None:
+    outside = c.parent / "elsewhere.json"
+    outside.write_bytes((c / "_commits/unit_00000001.json").read_bytes())
+    (c / "_commits/unit_00000001.json").unlink()
+    (c / "_commits/unit_00000001.json").symlink_to(outside)
+
+
+def _shard_links_out(c: Path) -> None:
+    shard = c / f"aux_hidden/c/{_first_slot(c, 1)}/0/0"
+    shard.unlink()
+    shard.symlink_to("/etc/passwd")
+
+
 CORRUPTIONS = [
     (_delete_commit, r"^unit 1: commit record _commits/unit_00000001.json is missing$"),
     (_delete_shard, r"^unit 2, slot \d+: object aux_hidden/c/\d+/0/0 is missing \(it would read"),
@@ -145,6 +224,30 @@ CORRUPTIONS = [
     (_logical_bytes_off, r"^manifest storage.totals.logical_bytes = 5 but tokens x row bytes = "
                          r"\d+$"),
     (_codec_changed, r"^array input_ids: codec is 'zstd-3' but the manifest implies 'lz4'$"),
+    (_unit_dropped, r"^_meta/header.json promises producer_config.resolved.num_units = 3 units, "
+                    r"but the manifest has 2 \(units lost after the run\?\)$"),
+    (_unit_dropped, r"^_meta/header.json promises producer_config.resolved.num_rows = 15 input "
+                    r"rows, but the manifest has 10 "),
+    (_no_train_samples, r"^the cache's train split is empty$"),
+    (_forged_parity, r"^manifest parity: reports a parity check \(passed=True\) but "
+                     r"target/parity.json does not exist$"),
+    (_bare_parity, r"^manifest: manifest field 'parity': expected keys \['dtype', 'kl_topk', .* "
+                   r"\(missing\)"),
+    (_huge_parity_string, r"^manifest: manifest field 'parity.dtype': expected a non-empty "
+                          r"string of at most 32 characters, got 'xxxxx.{100,115}\.\.\. "),
+    (_parity_file_differs, r"^manifest parity: differs from target/parity.json \(passed=False "
+                           r"there\)"),
+    (_deep_manifest, r"^manifest: manifest.json: JSON nested deeper than 32 levels "),
+    (_moderately_deep_manifest, r"^manifest: manifest.json: JSON nested deeper than 32 levels "),
+    (_deep_commit, r"^unit 1: commit record of unit 1: JSON nested deeper than 32 levels$"),
+    (_deep_header, r"^_meta/header.json: _meta/header.json: JSON nested deeper than 32 levels$"),
+    (_commit_links_out, r"^_commits/unit_00000001.json: a link to .*elsewhere.json, outside the "
+                        r"cache root \(a cache holds its own objects; nothing behind it is "
+                        r"read\)$"),
+    (_commit_links_out, r"^unit 1: _commits/unit_00000001.json: a link to .*elsewhere.json, "
+                        r"outside the cache root .*; refusing to read it$"),
+    (_shard_links_out, r"^aux_hidden/c/\d+/0/0: a link to /etc/passwd, outside the cache root"),
+    (_shard_links_out, r"^unit 1, slot \d+: object aux_hidden/c/\d+/0/0 is missing"),
 ]
 
 
@@ -169,7 +272,8 @@ def test_valid_cache_validates(tmp_path: Path, spec: CacheSpec,
 
 
 @pytest.mark.parametrize(("corrupt", "message"), CORRUPTIONS,
-                         ids=[c.__name__.strip("_") for c, _ in CORRUPTIONS])
+                         ids=[f"{c.__name__.strip('_')}-{i}" for i, (c, _) in
+                              enumerate(CORRUPTIONS)])
 def test_corruption_is_reported(cache: Path, corrupt: Callable[[Path], None], message: str,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     """Each store/manifest corruption yields its own problem line and exit code 1."""
@@ -270,3 +374,37 @@ def test_json_output_shape(cache: Path, capsys: pytest.CaptureFixture[str]) -> N
     out = json.loads(capsys.readouterr().out)
     assert out["valid"] is False
     assert "unit 1: commit record _commits/unit_00000001.json is missing" in out["problems"]
+
+
+def test_links_out_of_the_root_are_never_read(cache: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """--deep reports a shard linked to /etc/passwd and quotes none of its bytes."""
+    _shard_links_out(cache)
+    _commit_links_out(cache)
+    assert main(["validate", str(cache), "--deep"]) == 1
+    out = capsys.readouterr().out
+    assert "root:" not in out
+    assert "(deep)" in out
+
+
+def test_directory_link_inside_the_root_is_followed_like_zarr_does(cache: Path) -> None:
+    """A slot directory moved inside the cache and linked back is present, not 'missing'."""
+    slot = cache / f"aux_hidden/c/{_first_slot(cache, 0)}"
+    moved = cache / "aux_hidden/moved"
+    slot.rename(moved)
+    slot.symlink_to(moved, target_is_directory=True)
+    assert validate_cache(str(cache), deep=True).problems == []
+
+
+@pytest.mark.parametrize("size", [500_000, 10 << 20])
+def test_a_huge_value_never_makes_a_huge_line(cache: Path, size: int,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A multi-megabyte string in the header is named, and every printed line stays short."""
+    _edit_json(cache / "_meta/header.json",
+               lambda h: h["header"]["producer_config"].__setitem__("model", "x" * size))
+    problems = validate_cache(str(cache)).problems
+    assert problems
+    assert any("producer_config.model" in p for p in problems), problems
+    assert main(["validate", str(cache)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= MAX_PROBLEM_CHARS

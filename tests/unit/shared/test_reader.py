@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from cache_helpers import make_run_header, make_unit
+from cache_helpers import forge_rows, make_run_header, make_unit
 
 from sparkforge.manifests.finalize import finalize_cache
-from sparkforge.manifests.open import open_cache
+from sparkforge.manifests.open import IndexMismatchError, open_cache
 from sparkforge.shared.layer_ids import LayerIdError
 from sparkforge.shared.layout import CacheSpec
-from sparkforge.shared.reader import ChecksumError
+from sparkforge.shared.reader import CacheDataError, ChecksumError
 from sparkforge.shared.writer import CacheWriter
 
 SPEC = CacheSpec(hidden_size=32, num_aux_layers=2, hidden_dtype="bfloat16", max_seq_len=24,
@@ -39,20 +39,22 @@ def test_overwritten_shard_is_detected(cache: Path) -> None:
     data = arr[rows]
     data[3, 5] ^= 1
     arr[rows] = data
-    with pytest.raises(ChecksumError, match=f"unit 1, slot {slot.slot}, array 'final_hidden'"):
+    with pytest.raises(ChecksumError, match=f"^unit 1, slot {slot.slot}: array final_hidden: "
+                                            "crc32c 0x[0-9a-f]{8} != committed 0x[0-9a-f]{8} "):
         open_cache(str(cache), verify=True).read_unit(1)
     assert len(open_cache(str(cache), verify=True).read_unit(0)) > 0
 
 
 def test_lost_shard_object_is_detected(cache: Path) -> None:
-    """A deleted shard reads back as zeros in zarr; verification catches it."""
-    reader = open_cache(str(cache), verify=True)
+    """A deleted shard (zarr would read zeros) is refused by unit and by sample reads."""
+    reader = open_cache(str(cache), verify=False)
     slot = reader.units()[0].slots[0].slot
     (cache / f"aux_hidden/c/{slot}/0/0").unlink()
-    with pytest.raises(ChecksumError, match=f"unit 0, slot {slot}, array 'aux_hidden'"):
+    with pytest.raises(CacheDataError, match=f"unit 0, slot {slot}: array aux_hidden: object "
+                                             f"aux_hidden/c/{slot}/0/0 is missing"):
         reader.read_unit(0)
     sample = reader.units()[0].samples[0].sample_id
-    with pytest.raises(ChecksumError, match="aux_hidden"):
+    with pytest.raises(CacheDataError, match="aux_hidden/c/.* is missing"):
         reader.read_sample(sample)
 
 
@@ -122,3 +124,104 @@ def test_features_not_captured_are_refused(cache: Path) -> None:
     with pytest.raises(LayerIdError, match=r"feature ids \[2\] \(HF indices \[3\]\) are not "
                                            r"captured; the cache holds HF indices \[1, 2\]"):
         open_cache(str(cache), features=(0, 2))
+
+
+def _slot(cache: Path, unit: int) -> int:
+    return open_cache(str(cache)).units()[unit].slots[0].slot
+
+
+def _break_zstd_chunk(cache: Path, unit: int) -> str:
+    path = cache / f"input_ids/c/{_slot(cache, unit)}"
+    data = bytearray(path.read_bytes())
+    data[8:24] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+    return "input_ids"
+
+
+def _break_blosc_shard(cache: Path, unit: int) -> str:
+    path = cache / f"final_hidden/c/{_slot(cache, unit)}/0"
+    data = bytearray(path.read_bytes())
+    for i in range(20, 60):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    return "final_hidden"
+
+
+def _delete_shard(cache: Path, unit: int) -> str:
+    (cache / f"aux_hidden/c/{_slot(cache, unit)}/0/0").unlink()
+    return "aux_hidden"
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no_verify"])
+@pytest.mark.parametrize("corrupt", [_break_zstd_chunk, _break_blosc_shard, _delete_shard],
+                         ids=["zstd_chunk", "blosc_shard", "deleted_shard"])
+def test_damaged_slot_is_refused_naming_unit_slot_and_array(cache: Path, corrupt: object,
+                                                            verify: bool) -> None:
+    """Missing or undecodable objects are refused, crc check or not, naming unit/slot/array."""
+    name = corrupt(cache, 1)  # type: ignore[operator]
+    slot = _slot(cache, 1)
+    reader = open_cache(str(cache), verify=verify)
+    with pytest.raises(CacheDataError, match=rf"^unit 1, slot {slot}: array {name}: "):
+        reader.read_unit(1)
+    assert len(reader.read_unit(0)) > 0
+
+
+def test_checksums_are_verified_by_default(cache: Path) -> None:
+    """open_cache verifies crc32c unless told not to."""
+    assert open_cache(str(cache)).verify is True
+
+
+def test_token_id_outside_the_vocabulary_names_the_sample(cache: Path) -> None:
+    """An id >= vocab_size (with a matching crc) is refused naming unit, slot and sample."""
+    row = open_cache(str(cache)).units()[1].samples[1]
+    forge_rows(cache, "input_ids", row.row_offset + 1, np.array([5000], dtype=np.int32))
+    reader = open_cache(str(cache))
+    with pytest.raises(CacheDataError, match=rf"^unit 1, slot {row.slot}, sample {row.sample_id}: "
+                                             r"input_ids outside \[0, target.vocab_size=1024\): "
+                                             r"min \d+, max 5000$"):
+        reader.read_unit(1)
+    with pytest.raises(CacheDataError, match=f"sample {row.sample_id}: input_ids outside"):
+        reader.read_sample(row.sample_id)
+
+
+def test_index_boundaries_must_match_the_commit_record(cache: Path) -> None:
+    """A consistently re-sealed index with a moved boundary is refused at the unit's first read."""
+    import hashlib
+    import io
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(cache / "index.parquet")
+    rows = table.to_pylist()
+    mine = sorted((r for r in rows if r["unit"] == 1), key=lambda r: r["row_offset"])
+    first, second = next((a, b) for a, b in zip(mine, mine[1:], strict=False)
+                         if a["slot"] == b["slot"])
+    first["length"] += 1
+    second["length"] -= 1
+    second["row_offset"] += 1
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), buf)
+    (cache / "index.parquet").write_bytes(buf.getvalue())
+    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest["storage"]["index_sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    reader = open_cache(str(cache))
+    assert len(reader.read_unit(0)) > 0
+    with pytest.raises(IndexMismatchError, match=rf"^unit 1: .* sample {first['sample_id']}: "
+                                                 r"index.parquet has length = \d+, commit record"):
+        reader.read_unit(1)
+
+
+def test_link_out_of_the_root_is_not_read(cache: Path, tmp_path: Path) -> None:
+    """A shard replaced by a link to a file outside the cache is refused, not decoded."""
+    outside = tmp_path / "outside"
+    slot = _slot(cache, 0)
+    shard = cache / f"aux_hidden/c/{slot}/0/0"
+    outside.write_bytes(shard.read_bytes())
+    shard.unlink()
+    shard.symlink_to(outside)
+    with pytest.raises(CacheDataError, match=rf"^unit 0, slot {slot}: array aux_hidden: "
+                                             r"aux_hidden/c/\d+/0/0: a link to .*outside"):
+        open_cache(str(cache)).read_unit(0)

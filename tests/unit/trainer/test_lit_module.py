@@ -96,3 +96,18 @@ def test_invalid_loss_settings_name_the_field(change: dict[str, Any]) -> None:
     (name,) = change
     with pytest.raises(ValueError, match=f"model.loss.{name}"):
         LossSpec(**change)
+
+
+def test_nonfinite_message_names_the_samples_holding_bad_inputs() -> None:
+    """A NaN loss names the batch's samples and, among them, those with non-finite inputs."""
+    from sparkforge.trainer.lit_module import nonfinite_message
+
+    batch = {"sample_ids": torch.tensor([5, 9]), "target_hidden_states": torch.zeros(2, 3, 4),
+             "target_last_hidden_states": torch.zeros(2, 3, 2)}
+    batch["target_hidden_states"][1, 0, 2] = float("nan")
+    msg = nonfinite_message(batch, torch.tensor(float("nan")), step=3, rank=0)
+    assert "at step 3 (rank 0), batch samples [5, 9]: samples [9] hold non-finite" in msg
+    batch["target_hidden_states"][1, 0, 2] = 0.0
+    assert "the model diverged" in nonfinite_message(batch, torch.tensor(float("inf")), step=3,
+                                                     rank=0)
+    assert "on another rank" in nonfinite_message(batch, torch.tensor(1.0), step=3, rank=1)
