@@ -22,7 +22,12 @@ def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     manifest = json.loads((out / "cache" / "manifest.json").read_text())
     assert manifest["complete"] is True
-    assert manifest["accounting"]["written"] == 24
+    accounting = manifest["accounting"]
+    # Regenerated replies are sampled from the target, which may end its turn at once: such a
+    # row is skipped as empty_assistant, never written, and the accounting still balances.
+    assert set(accounting["skipped"]) <= {"empty_assistant"}
+    assert accounting["written"] + sum(accounting["skipped"].values()) == 24
+    assert accounting["written"] >= 20
     assert (out / "draft" / "config.json").exists()
     assert (out / "draft" / "model.safetensors").exists()
     report = json.loads((out / "eval" / "eval_report.json").read_text())
