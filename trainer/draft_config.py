@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 MarkovHeadType = Literal["vanilla", "gated", "rnn"]
 MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla", "gated", "rnn")
+DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3",)
+"""Names of ``sparkforge.trainer.architectures.ARCHITECTURES`` (kept torch-free here)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +81,9 @@ class DSparkDraftConfig:
     """tanh softcap on lm_head logits (Gemma); applied to draft base logits and teacher logits."""
     target_model_type: str = "qwen3"
     """The target's HF model_type, recorded with the draft."""
+    architecture: str = "qwen3"
+    """The draft's layer stack and serving format (``DRAFT_ARCHITECTURES``): ``qwen3`` is the
+    Qwen3-shaped draft every engine loads, for targets of any family."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
@@ -139,6 +144,8 @@ def _collect_problems(cfg: DSparkDraftConfig) -> list[str]:
         )
     if cfg.markov_rank < 0:
         problems.append(f"markov_rank={cfg.markov_rank} must be >= 0")
+    if cfg.architecture not in DRAFT_ARCHITECTURES:
+        problems.append(f"architecture={cfg.architecture!r} not in {DRAFT_ARCHITECTURES}")
     if cfg.markov_head_type not in MARKOV_HEAD_TYPES:
         problems.append(f"markov_head_type={cfg.markov_head_type!r} not in {MARKOV_HEAD_TYPES}")
     if cfg.enable_confidence_head and cfg.confidence_head_with_markov and cfg.markov_rank == 0:

@@ -15,17 +15,17 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
 from sparkforge.shared.provenance import package_version
-from sparkforge.trainer.draft_config import DSparkDraftConfig, serving_config
+from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of
+from sparkforge.trainer.draft_config import DSparkDraftConfig
 
 logger = logging.getLogger(__name__)
 
-Engine = Literal["vllm", "sglang", "any"]
 OPTIONAL_KEYS = ("embed_tokens.weight", "lm_head.weight")
 # Never written: a non-persistent buffer (rotary inv_freq) and tensors vLLM skips or drops.
 TRAINING_ONLY = ("rotary_emb.", "t2d", "mask_embedding")
@@ -35,77 +35,10 @@ class ExportError(ValueError):
     """Raised when a checkpoint cannot be exported as a servable draft; lists every reason."""
 
 
-def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
-    """Reasons ``engine`` could not serve this draft correctly (empty when it can)."""
-    problems = []
-    last = cfg.num_target_layers - 1
-    bad_ids = [i for i in cfg.target_layer_ids if i < 0 or i >= last]
-    if bad_ids:
-        problems.append(
-            f"target_layer_ids {bad_ids} outside [0, {last - 1}]: vLLM serves id {last} (the last "
-            "layer) pre-norm while training saw it post-norm, and SGLang cannot capture -1")
-    if not 0 <= cfg.mask_token_id < cfg.vocab_size:
-        problems.append(f"mask_token_id={cfg.mask_token_id} must be below "
-                        f"vocab_size={cfg.vocab_size}")
-    if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
-        problems.append("the draft uses a Gemma-style embedding scale or logit softcap, which the "
-                        "Qwen3-shaped serving format cannot express")
-    if engine in ("vllm", "any"):
-        if cfg.markov_rank == 0:
-            problems.append("markov_rank=0: vLLM's DSpark draft has no rank-0 path (markov_rank "
-                            "must be > 0)")
-        elif cfg.markov_head_type != "vanilla":
-            problems.append(f"markov_head_type={cfg.markov_head_type!r}: vLLM builds only the "
-                            "vanilla Markov head and fails to load gated/rnn weights")
-    if engine in ("sglang", "any") and not cfg.enable_confidence_head:
-        problems.append("enable_confidence_head=False: SGLang builds the confidence head anyway "
-                        "and refuses a draft without its weights")
-    return problems
-
-
-def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
-    """``config.json`` contents: a Qwen3Config with the DSpark fields."""
-    from transformers import Qwen3Config
-
-    fields = serving_config(cfg)
-    fields["max_window_layers"] = cfg.num_hidden_layers
-    out: dict[str, Any] = Qwen3Config(**fields, dtype="bfloat16").to_dict()
-    assert out["model_type"] == "qwen3", out["model_type"]
-    assert out["architectures"] == ["Qwen3DSparkModel"], out["architectures"]
-    return out
-
-
-def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
-    """Every required tensor and its shape for this config (11 per draft layer + 7 shared)."""
-    h, hd, i_sz, v, r = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size,
-                         cfg.markov_rank)
-    nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {
-        "fc.weight": (h, cfg.num_features * h), "hidden_norm.weight": (h,), "norm.weight": (h,)}
-    for layer in range(cfg.num_hidden_layers):
-        p = f"layers.{layer}."
-        shapes |= {
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (nq, h), p + "self_attn.k_proj.weight": (nkv, h),
-            p + "self_attn.v_proj.weight": (nkv, h), p + "self_attn.o_proj.weight": (h, nq),
-            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-            p + "mlp.gate_proj.weight": (i_sz, h), p + "mlp.up_proj.weight": (i_sz, h),
-            p + "mlp.down_proj.weight": (h, i_sz),
-        }
-        if cfg.attention_bias:
-            shapes |= {p + "self_attn.q_proj.bias": (nq,), p + "self_attn.k_proj.bias": (nkv,),
-                       p + "self_attn.v_proj.bias": (nkv,)}
-    if r > 0:
-        shapes |= {"markov_head.markov_w1.weight": (v, r), "markov_head.markov_w2.weight": (v, r)}
-    if cfg.enable_confidence_head:
-        width = h + (r if cfg.confidence_head_with_markov and r > 0 else 0)
-        shapes |= {"confidence_head.proj.weight": (1, width), "confidence_head.proj.bias": (1,)}
-    return shapes
-
-
 def key_problems(cfg: DSparkDraftConfig, tensors: Mapping[str, torch.Tensor]) -> list[str]:
     """Exact key-set and shape check: vLLM never reports a missing tensor, so we must."""
-    want = expected_shapes(cfg) | {k: (cfg.vocab_size, cfg.hidden_size) for k in OPTIONAL_KEYS}
+    frozen = {k: (cfg.vocab_size, cfg.hidden_size) for k in OPTIONAL_KEYS}
+    want = architecture_of(cfg).expected_shapes(cfg) | frozen
     problems = [f"missing tensor {k} {list(s)}" for k, s in want.items()
                 if k not in tensors and k not in OPTIONAL_KEYS]
     problems += [f"unexpected tensor {k}" for k in tensors if k not in want]
@@ -149,7 +82,8 @@ def export_draft(
     """
     out = Path(out_dir)
     tensors = {k: v for k, v in tensors.items() if include_embeddings or k not in OPTIONAL_KEYS}
-    problems = serving_problems(cfg, engine) + key_problems(cfg, tensors)
+    arch = architecture_of(cfg)
+    problems = arch.serving_problems(cfg, engine) + key_problems(cfg, tensors)
     if out.exists() and any(out.iterdir()) and not overwrite:
         problems.append(f"{out} exists and is not empty (pass --overwrite to replace it)")
     if problems:
@@ -159,7 +93,8 @@ def export_draft(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     save_file(bf16, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(hf_config(cfg), indent=2, sort_keys=True) + "\n")
+    config = json.dumps(arch.hf_config(cfg), indent=2, sort_keys=True)
+    (tmp / "config.json").write_text(config + "\n")
     info = {"draft_config": cfg.to_dict(), "engine_checked": engine, "versions": _versions(),
             **dict(provenance or {})}
     (tmp / "sparkforge_export.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
@@ -198,16 +133,17 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, **kwargs: Any)
     return export_draft(cfg, tensors, out_dir, provenance=provenance, **kwargs)
 
 
-def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
-    """Read a DSpark ``config.json`` (ours, DeepSpec's or NeMo's Qwen3-shaped drafts)."""
-    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "intermediate_size", "vocab_size", "rms_norm_eps", "rope_parameters",
-            "max_position_embeddings", "attention_bias", "num_hidden_layers", "block_size",
-            "num_anchors", "markov_rank", "markov_head_type", "enable_confidence_head",
-            "confidence_head_with_markov", "mask_token_id", "target_layer_ids",
-            "num_target_layers", "initializer_range")
-    fields = {k: config[k] for k in keys if config.get(k) is not None}
-    return DSparkDraftConfig(**fields)
+def config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+    """Read an exported ``config.json`` (ours, DeepSpec's or NeMo's) with its architecture's reader.
+
+    The architecture is the one whose served class names match ``architectures``; a config
+    without a known class name is read as Qwen3-shaped.
+    """
+    served = tuple(config.get("architectures") or ())
+    for arch in ARCHITECTURES.values():
+        if served and served[0] in arch.served_as:
+            return arch.config_from_hf(config)
+    return ARCHITECTURES["qwen3"].config_from_hf(config)
 
 
 def training_loss_settings(path: str | Path) -> dict[str, Any] | None:
@@ -226,23 +162,21 @@ def training_loss_settings(path: str | Path) -> dict[str, Any] | None:
 
 
 def load_draft(path: str | Path) -> Any:
-    """A ``DSparkDraftModel`` from an exported directory or a ``sparkforge train`` checkpoint.
+    """A draft model from an exported directory or a ``sparkforge train`` checkpoint.
 
     Every required tensor must be present with its shape (the export self-check).
     """
     from safetensors.torch import load_file
 
-    from sparkforge.trainer.model import DSparkDraftModel
-
     root = Path(path)
     if root.is_dir():
-        cfg = draft_config_from_hf(json.loads((root / "config.json").read_text()))
+        cfg = config_from_hf(json.loads((root / "config.json").read_text()))
         tensors = load_file(str(root / "model.safetensors"))
     else:
         cfg, tensors, _ = read_checkpoint(root)
     problems = key_problems(cfg, tensors)
     if problems:
         raise ExportError(f"{root} is not a complete DSpark draft:\n  " + "\n  ".join(problems))
-    model = DSparkDraftModel(cfg)
+    model = architecture_of(cfg).model(cfg)
     model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
     return model.eval()

@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
+from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
 from sparkforge.trainer.metrics import (
@@ -115,7 +116,7 @@ class DSparkLitModule(L.LightningModule):
         if impl == "auto":
             impl = "flex" if torch.cuda.is_available() else "sdpa"
         weights = weights or {}
-        self.model = DSparkDraftModel(cfg, embed_weight=weights.get("embed_tokens.weight"),
+        self.model = build_draft(cfg, embed_weight=weights.get("embed_tokens.weight"),
                                       lm_head_weight=weights.get("lm_head.weight"),
                                       attn_implementation=impl)
 

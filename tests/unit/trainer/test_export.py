@@ -147,3 +147,18 @@ def test_checkpoint_with_arbitrary_pickled_objects_is_refused(tmp_path: Path) ->
     torch.save({"draft_config": draft_tiny().to_dict(), "state_dict": {}, "x": _Payload()}, path)
     with pytest.raises(ExportError, match="foreign.ckpt"):
         read_checkpoint(path)
+
+
+def test_every_config_architecture_has_a_table_entry() -> None:
+    """The torch-free name list a config validates against is exactly the architecture table."""
+    from sparkforge.trainer.architectures import ARCHITECTURES
+    from sparkforge.trainer.draft_config import DRAFT_ARCHITECTURES
+
+    assert set(DRAFT_ARCHITECTURES) == set(ARCHITECTURES)
+    assert all(name == arch.name for name, arch in ARCHITECTURES.items())
+
+
+def test_unknown_architecture_is_a_config_error() -> None:
+    """A draft config naming no known architecture is refused, naming the field."""
+    with pytest.raises(ValueError, match="architecture='llama4' not in"):
+        dataclasses.replace(draft_tiny(), architecture="llama4")

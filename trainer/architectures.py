@@ -1,0 +1,62 @@
+"""Draft architectures: the layer stack a draft is built with and the serving format it exports to.
+
+``DSparkDraftConfig.architecture`` names one entry of ``ARCHITECTURES``. Training, export and eval
+look the architecture up here, so a new draft architecture is one module with its model and
+format plus one entry in this table, not branches spread over the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from torch import nn
+
+from sparkforge.trainer import export_qwen3
+from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.model import DSparkDraftModel
+
+Engine = Literal["vllm", "sglang", "any"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DraftArchitecture:
+    """How to build, check and export drafts of one architecture."""
+
+    name: str
+    served_as: tuple[str, ...]
+    """``architectures`` names of the exported ``config.json`` that this architecture reads back."""
+    model: Callable[..., nn.Module]
+    """``model(cfg, *, embed_weight=None, lm_head_weight=None, attn_implementation="sdpa")``."""
+    expected_shapes: Callable[[DSparkDraftConfig], dict[str, tuple[int, ...]]]
+    """Every required exported tensor and its shape (the frozen embed/lm_head excluded)."""
+    hf_config: Callable[[DSparkDraftConfig], dict[str, Any]]
+    """The exported ``config.json`` contents."""
+    serving_problems: Callable[[DSparkDraftConfig, Engine], list[str]]
+    """Reasons an engine could not serve this draft correctly (empty when it can)."""
+    config_from_hf: Callable[[Mapping[str, Any]], DSparkDraftConfig]
+    """Read an exported ``config.json`` back into a draft config."""
+
+
+ARCHITECTURES: dict[str, DraftArchitecture] = {
+    "qwen3": DraftArchitecture(
+        name="qwen3", served_as=("Qwen3DSparkModel",), model=DSparkDraftModel,
+        expected_shapes=export_qwen3.expected_shapes, hf_config=export_qwen3.hf_config,
+        serving_problems=export_qwen3.serving_problems,
+        config_from_hf=export_qwen3.draft_config_from_hf),
+}
+
+
+def architecture_of(cfg: DSparkDraftConfig) -> DraftArchitecture:
+    """The architecture entry a draft config names."""
+    return ARCHITECTURES[cfg.architecture]
+
+
+def build_draft(cfg: DSparkDraftConfig, **kwargs: Any) -> Any:
+    """A freshly initialised draft of the config's architecture (see ``DraftArchitecture.model``).
+
+    Every architecture's model takes the same batch and returns ``DSparkOutput``, like
+    ``DSparkDraftModel``.
+    """
+    return architecture_of(cfg).model(cfg, **kwargs)

@@ -1,0 +1,96 @@
+"""The Qwen3-shaped serving format: the draft layout every engine loads (vLLM, SGLang).
+
+A Qwen3-shaped ``config.json`` built with ``transformers.Qwen3Config`` plus the DSpark fields, and
+bare tensor keys (11 per draft layer + the shared ones). Drafts of any target family can use it:
+the draft's backbone does not depend on the target's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sparkforge.trainer.draft_config import DSparkDraftConfig, serving_config
+
+if TYPE_CHECKING:
+    from sparkforge.trainer.architectures import Engine
+
+
+def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+    """Reasons ``engine`` could not serve this draft correctly (empty when it can)."""
+    problems = []
+    last = cfg.num_target_layers - 1
+    bad_ids = [i for i in cfg.target_layer_ids if i < 0 or i >= last]
+    if bad_ids:
+        problems.append(
+            f"target_layer_ids {bad_ids} outside [0, {last - 1}]: vLLM serves id {last} (the last "
+            "layer) pre-norm while training saw it post-norm, and SGLang cannot capture -1")
+    if not 0 <= cfg.mask_token_id < cfg.vocab_size:
+        problems.append(f"mask_token_id={cfg.mask_token_id} must be below "
+                        f"vocab_size={cfg.vocab_size}")
+    if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
+        problems.append("the draft uses a Gemma-style embedding scale or logit softcap, which the "
+                        "Qwen3-shaped serving format cannot express")
+    if engine in ("vllm", "any"):
+        if cfg.markov_rank == 0:
+            problems.append("markov_rank=0: vLLM's DSpark draft has no rank-0 path (markov_rank "
+                            "must be > 0)")
+        elif cfg.markov_head_type != "vanilla":
+            problems.append(f"markov_head_type={cfg.markov_head_type!r}: vLLM builds only the "
+                            "vanilla Markov head and fails to load gated/rnn weights")
+    if engine in ("sglang", "any") and not cfg.enable_confidence_head:
+        problems.append("enable_confidence_head=False: SGLang builds the confidence head anyway "
+                        "and refuses a draft without its weights")
+    return problems
+
+
+def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """``config.json`` contents: a Qwen3Config with the DSpark fields."""
+    from transformers import Qwen3Config
+
+    fields = serving_config(cfg)
+    fields["max_window_layers"] = cfg.num_hidden_layers
+    out: dict[str, Any] = Qwen3Config(**fields, dtype="bfloat16").to_dict()
+    assert out["model_type"] == "qwen3", out["model_type"]
+    assert out["architectures"] == ["Qwen3DSparkModel"], out["architectures"]
+    return out
+
+
+def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
+    """Every required tensor and its shape for this config (11 per draft layer + 7 shared)."""
+    h, hd, i_sz, v, r = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size,
+                         cfg.markov_rank)
+    nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (h, cfg.num_features * h), "hidden_norm.weight": (h,), "norm.weight": (h,)}
+    for layer in range(cfg.num_hidden_layers):
+        p = f"layers.{layer}."
+        shapes |= {
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (nq, h), p + "self_attn.k_proj.weight": (nkv, h),
+            p + "self_attn.v_proj.weight": (nkv, h), p + "self_attn.o_proj.weight": (h, nq),
+            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+            p + "mlp.gate_proj.weight": (i_sz, h), p + "mlp.up_proj.weight": (i_sz, h),
+            p + "mlp.down_proj.weight": (h, i_sz),
+        }
+        if cfg.attention_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (nq,), p + "self_attn.k_proj.bias": (nkv,),
+                       p + "self_attn.v_proj.bias": (nkv,)}
+    if r > 0:
+        shapes |= {"markov_head.markov_w1.weight": (v, r), "markov_head.markov_w2.weight": (v, r)}
+    if cfg.enable_confidence_head:
+        width = h + (r if cfg.confidence_head_with_markov and r > 0 else 0)
+        shapes |= {"confidence_head.proj.weight": (1, width), "confidence_head.proj.bias": (1,)}
+    return shapes
+
+
+def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+    """Read a DSpark ``config.json`` (ours, DeepSpec's or NeMo's Qwen3-shaped drafts)."""
+    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "intermediate_size", "vocab_size", "rms_norm_eps", "rope_parameters",
+            "max_position_embeddings", "attention_bias", "num_hidden_layers", "block_size",
+            "num_anchors", "markov_rank", "markov_head_type", "enable_confidence_head",
+            "confidence_head_with_markov", "mask_token_id", "target_layer_ids",
+            "num_target_layers", "initializer_range")
+    fields = {k: config[k] for k in keys if config.get(k) is not None}
+    return DSparkDraftConfig(**fields)
