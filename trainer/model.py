@@ -4,10 +4,11 @@ Parameter names equal the checkpoint keys vLLM and SGLang load for a Qwen3-shape
 export is a plain ``state_dict`` save.
 
 Shape legend of every trainer module: a name ending ``_BAK`` is a tensor of shape [B, A, K].
-B batch, S context length, C = S-1 anchor candidates, A anchors, K block size, Q = A*K block
-queries, P key/value positions, H hidden, F captured target layers, X = F*H concatenated
-features, N attention heads, G kv heads, D head_dim, V vocab, W supervised rows (the slots of
-[B, A, K] with weight > 0, flattened), T tokens of one sequence; lowercase letters are counts:
+B batch, S context length, C = S-1 anchor candidates, A anchors, K draft positions per block
+(the block size for DSpark, one less for DFlash: see ``anchors.BlockLayout``), Q block
+queries, P key/value positions, H hidden, F captured target layers, X = F*H concatenated features,
+N attention heads, G kv heads, D head_dim, V vocab, W supervised rows (the slots of [B, A, K]
+with weight > 0, flattened), T tokens of one sequence; lowercase letters are counts:
 r Markov rank, m verified draft tokens (``m1`` = m + 1).
 """
 
@@ -20,6 +21,8 @@ import torch
 from torch import nn
 
 from sparkforge.trainer.anchors import (
+    DSPARK_LAYOUT,
+    BlockLayout,
     anchor_candidates,
     build_eval_mask,
     label_indices,
@@ -39,11 +42,12 @@ class DSparkOutput:
     """One training forward's outputs; ``[B, A, K]`` tensors are indexed (batch, block, slot)."""
 
     draft_logits: torch.Tensor
-    """[B, A, K, V] base logits (softcapped) + Markov bias; slot k predicts anchor+k+1."""
+    """[B, A, K, V] base logits (softcapped) + Markov bias; draft position k predicts
+    anchor+k+1."""
     target_ids: torch.Tensor
     """[B, A, K] data tokens at anchor+k+1 (clamped index, 0 for dummy blocks)."""
     eval_mask: torch.Tensor
-    """[B, A, K] bool, prefix-contiguous supervised slots."""
+    """[B, A, K] bool, supervised draft positions (prefix-contiguous for DSpark)."""
     block_keep_mask: torch.Tensor
     """[B, A] bool, False for dummy anchors."""
     anchor_positions: torch.Tensor
@@ -81,6 +85,7 @@ class DSparkDraftModel(nn.Module):
         embed_weight: Target ``embed_tokens.weight`` [V, H]; copied and frozen.
         lm_head_weight: Target ``lm_head.weight`` [V, H]; copied and frozen (also the teacher).
         attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
+        layout: Which block slots draft and which anchors train (DSpark's, or DFlash's).
     """
 
     def __init__(
@@ -90,11 +95,13 @@ class DSparkDraftModel(nn.Module):
         embed_weight: torch.Tensor | None = None,
         lm_head_weight: torch.Tensor | None = None,
         attn_implementation: AttnImpl = "sdpa",
+        layout: BlockLayout = DSPARK_LAYOUT,
     ) -> None:
         super().__init__()
         cfg = config
         self.config = cfg
         self.attn_implementation = attn_implementation
+        self.layout = layout
         h, v = cfg.hidden_size, cfg.vocab_size
         self.embed_tokens = nn.Embedding(v, h)
         self.fc = nn.Linear(cfg.num_features * h, h, bias=False)
@@ -138,6 +145,11 @@ class DSparkDraftModel(nn.Module):
             module.weight.requires_grad_(False)
 
     # ---- shared pieces -------------------------------------------------------------------
+    @property
+    def num_draft_tokens(self) -> int:
+        """Draft tokens per block (K of the output shapes)."""
+        return self.layout.num_drafts(self.config.block_size)
+
     def decoder_layers(self) -> list[DSparkLayer]:
         """The draft layers, typed."""
         return [cast(DSparkLayer, layer) for layer in self.layers]
@@ -218,13 +230,15 @@ class DSparkDraftModel(nn.Module):
             block_keep_mask: [B, A] bool, required with anchor_positions.
             generator: RNG for anchor sampling (default: the global torch RNG).
         """
-        cfg, k = self.config, self.config.block_size
+        cfg, k, layout = self.config, self.config.block_size, self.layout
         if attention_mask is not None:
             loss_mask = loss_mask * attention_mask.to(loss_mask.dtype)
         batch, seq_len = input_ids.shape
+        lengths_B = None if attention_mask is None else attention_mask.sum(dim=1)
+        candidates_BC = anchor_candidates(loss_mask, layout, block_size=k, lengths_B=lengths_B)
         if anchor_positions is None:
             anchor_positions, block_keep_mask = sample_anchors(
-                loss_mask, cfg.num_anchors, generator=generator)
+                loss_mask, cfg.num_anchors, generator=generator, candidates_BC=candidates_BC)
         assert block_keep_mask is not None, "block_keep_mask is required with anchor_positions"
         anchors, keep = anchor_positions, block_keep_mask
         num_a = anchors.shape[1]
@@ -243,9 +257,10 @@ class DSparkDraftModel(nn.Module):
         else:
             mask = dense_allowed(anchors, keep, seq_len, k)
         h_BAKH = self._run_layers(x_BQH, pos_BQ, ctx_BSH, pos_BS, None, mask).view(
-            batch, num_a, k, -1)
+            batch, num_a, k, -1)[:, :, layout.first_draft_slot:]
 
-        _, safe_BAK = label_indices(anchors, keep, k, seq_len)
+        num_drafts = self.num_draft_tokens
+        _, safe_BAK = label_indices(anchors, keep, num_drafts, seq_len)
         target_ids = torch.gather(input_ids, 1, safe_BAK.flatten(1)).view_as(safe_BAK)
         target_logits = None
         if target_last_hidden_states is not None:
@@ -254,7 +269,7 @@ class DSparkDraftModel(nn.Module):
                 t_hid = torch.gather(target_last_hidden_states, 1, t_idx[..., None].expand(
                     -1, -1, target_last_hidden_states.shape[-1]))
                 target_logits = self.logits(t_hid.to(self.lm_head.weight.dtype)).view(
-                    batch, num_a, k, -1)
+                    batch, num_a, num_drafts, -1)
         prev_BAK = torch.cat([anchor_tok_BA[..., None], target_ids[..., :-1]], dim=-1)
         draft_logits = self.logits(h_BAKH)
         if self.markov_head is not None:
@@ -262,13 +277,14 @@ class DSparkDraftModel(nn.Module):
         return DSparkOutput(
             draft_logits=draft_logits,
             target_ids=target_ids,
-            eval_mask=build_eval_mask(loss_mask, anchors, keep, k),
+            eval_mask=build_eval_mask(loss_mask, anchors, keep, num_drafts,
+                                      prefix=layout.prefix_mask),
             block_keep_mask=keep,
             anchor_positions=anchors,
             prev_token_ids=prev_BAK,
             confidence_logits=self.confidence(h_BAKH, prev_BAK),
             target_logits=target_logits,
-            num_valid_anchors=anchor_candidates(loss_mask).sum(dim=1),
+            num_valid_anchors=candidates_BC.sum(dim=1),
             seq_len=seq_len,
         )
 
@@ -297,12 +313,13 @@ class DSparkDraftModel(nn.Module):
     def draft_block(
         self, anchor_ids_B: torch.Tensor, cache: DraftContextCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One block ``[anchor, MASK x (K-1)]`` at positions ``cache.length + k``.
+        """One block ``[anchor, MASK x (block_size-1)]`` at positions ``cache.length + k``.
 
         The block's own K/V are never stored, which is the "crop back to start" of the doc.
 
         Returns:
-            hidden [B, K, H] (post-norm) and base logits [B, K, V] (softcapped, no Markov bias).
+            hidden [B, K, H] (post-norm) and base logits [B, K, V] (softcapped, no Markov bias)
+            of the K draft positions (the DFlash anchor slot is left out).
         """
         k, batch = self.config.block_size, anchor_ids_B.shape[0]
         ids = torch.full((batch, k), self.config.mask_token_id, dtype=anchor_ids_B.dtype,
@@ -310,5 +327,5 @@ class DSparkDraftModel(nn.Module):
         ids[:, 0] = anchor_ids_B
         x = self.embed(ids).to(self.fc.weight.dtype)
         pos = torch.arange(cache.length, cache.length + k, device=ids.device).expand(batch, k)
-        hidden = self._run_layers(x, pos, None, None, cache, None)
+        hidden = self._run_layers(x, pos, None, None, cache, None)[:, self.layout.first_draft_slot:]
         return hidden, self.logits(hidden)
