@@ -46,7 +46,8 @@ def attend_with_sink(q_BNQD: torch.Tensor, kv_B1PD: torch.Tensor, sink_N: torch.
         out, aux = fn(q_BNQD, kv_B1PD, kv_B1PD, block_mask=mask, scale=scale, enable_gqa=True,
                       return_aux=AuxRequest(lse=True))
         keep_BNQ = torch.sigmoid(aux.lse.float() - sink_N.float()[:, None])
-        return (out.float() * keep_BNQ[..., None]).to(q_BNQD.dtype)
+        sunk: torch.Tensor = (out.float() * keep_BNQ[..., None]).to(q_BNQD.dtype)
+        return sunk
     scores = torch.matmul(q_BNQD, kv_B1PD.transpose(-1, -2)).float() * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))

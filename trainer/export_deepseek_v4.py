@@ -5,8 +5,9 @@ stages inside the target checkpoint, each a full V4 decoder layer. That layer mi
 hyper-connection streams (``hc_attn_*``, ``hc_ffn_*``, and ``hc_head_*`` on the last stage),
 routes tokens through experts (``ffn.gate``, ``ffn.experts.*``) and attends to a sliding window
 of the context. The ``deepseek_v4`` draft (NeMo's layout) is dense, has one residual stream and
-attends to the whole context, so no renaming of its tensors makes an engine compute what it
-learned: export refuses it, naming these reasons. Its checkpoint still trains and evaluates.
+attends to the whole context, and the stages run with the target checkpoint's quantization, so no
+renaming of its tensors makes an engine compute what it learned: export refuses it, naming these
+reasons. Its checkpoint still trains and evaluates.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ NOT_SERVABLE = (
     "mixing (hc_attn_*, hc_ffn_*, hc_head_*), routed experts (ffn.gate, ffn.experts.*) and "
     "sliding-window attention; this dense single-stream draft has none of them and attends to "
     "the whole context, so a pack would have to invent those tensors and would still serve "
-    "another attention window. Train architecture='qwen3' to serve a V4 target (vLLM's "
-    "Qwen3DSparkForCausalLM loads it)",
+    "another attention window. The stages also take the target checkpoint's quantization (FP8 "
+    "in the released V4 checkpoints), so bf16 draft tensors would be re-quantized, not loaded as "
+    "trained. Train "
+    "architecture='qwen3' to serve a V4 target (vLLM's Qwen3DSparkForCausalLM loads it)",
     "vLLM 0.32's CPU build has no V4 DSpark class (its CPU DSparkDeepseekV4ForCausalLM raises "
     "NotImplementedError), so no load of such an artifact can be checked here",
 )
