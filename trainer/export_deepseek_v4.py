@@ -32,7 +32,8 @@ NOT_SERVABLE = (
     "trained. Train "
     "architecture='qwen3' to serve a V4 target (vLLM's Qwen3DSparkForCausalLM loads it)",
     "vLLM 0.32's CPU build has no V4 DSpark class (its CPU DSparkDeepseekV4ForCausalLM raises "
-    "NotImplementedError), so no load of such an artifact can be checked here",
+    "NotImplementedError, and the CUDA class asserts a CUDA device while building its "
+    "attention), so no load of such an artifact can be checked without a GPU",
 )
 
 
