@@ -84,8 +84,9 @@ class DraftSpec:
     num_anchors: int = DSparkDraftConfig.num_anchors
     """A: blocks sampled per sequence per step."""
     architecture: str | None = None
-    """The draft's layer stack and serving format (``qwen3``: the DSpark draft; ``dflash``);
-    None: the recipe's."""
+    """The draft's layer stack: ``qwen3`` (every engine loads it, any target), ``deepseek_v4`` (a
+    DeepSeek-V4 target's attention; export refused for now) or ``dflash`` (the DFlash draft);
+    None: the recipe's (dspark: qwen3)."""
     markov_rank: int | None = None
     """r: rank of the Markov bigram bias; 0 disables the head. None: the recipe's (dspark 256,
     dflash 0)."""
