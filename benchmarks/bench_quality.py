@@ -17,8 +17,9 @@ record and two PNGs (acceptance by position; loss and teacher-forced tau vs step
 Reproduce (the defaults are the recorded run's sizes; about 25 minutes on 2 shared CPU cores):
     nice -n 10 .venv/bin/python -P benchmarks/bench_quality.py
 
-``--sweep`` then trains the dspark recipe with a few changed defaults (learning rate, anchors) on
-the same cache and compares tau at T=1 (``sweep.json``).
+``--sweep`` then trains the dspark recipe with a few changed defaults (learning rate, anchors,
+loss decay gamma, warmup) and once more with other seeds (the run-to-run noise) on the same cache,
+and compares tau at T=1 (``sweep.json``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ SWEEP: dict[str, list[str]] = {
     "lr 6e-4 (the package default)": ["--model.optimizer.lr", "6e-4"],
     "lr 1e-2": ["--model.optimizer.lr", "1e-2"],
     "anchors 64": ["--model.draft.num_anchors", "64"],
+    "gamma 7 (slower decay)": ["--model.loss.loss_decay_gamma", "7"],
+    "warmup 5": ["--model.scheduler.warmup_steps", "5"],
+    # The recipe unchanged but for every seed (init, anchors, data order): run-to-run noise.
+    "example, seed 1 (noise)": ["--seed_everything", "1", "--model.seed", "1", "--data.seed", "1"],
 }
 
 
