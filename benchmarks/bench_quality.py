@@ -64,8 +64,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "and writes the results)")
     p.add_argument("--sweep", nargs="*", type=int, default=None,
                    help="instead: train the dspark recipe with the SWEEP changes of these "
-                        "indices (none given: all) on the caches of an earlier run in --out_dir "
-                        "and compare tau (T=1)")
+                        "indices (none given: all; 0 is the recipe unchanged, the main run's "
+                        "dspark draft) on the caches of an earlier run in --out_dir and compare "
+                        "tau (T=1); runs of other indices can go in parallel")
     return p.parse_args(argv)
 
 
@@ -89,7 +90,7 @@ def _sweep(out: Path, ns: argparse.Namespace, results: Path) -> int:
     timings: dict[str, float] = {}
     rows = []
     for i, (label, extra) in enumerate(SWEEP.items()):
-        if ns.sweep and i not in ns.sweep and extra:
+        if ns.sweep and i not in ns.sweep:
             continue
         # The unchanged recipe is the main run's dspark draft (reused when it exists).
         rec = _train_and_eval(out, ns, "dspark" if not extra else f"sweep{i}", "cache", extra,
