@@ -28,6 +28,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -146,7 +147,9 @@ def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
     """Train one draft and evaluate it; a stage whose output an earlier run left is reused."""
     run_dir = out / "train" / name
     ckpt = run_dir / "ckpt" / "last.ckpt"
-    if not ckpt.is_file():
+    # last.ckpt is also written at every epoch end: only the step-N checkpoint marks a finished run.
+    if not any((run_dir / "ckpt").glob(f"*-step={ns.steps}.ckpt")):
+        shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted run is trained again
         _run(["train", "--config", str(TRAIN_EXAMPLE), "--data.uri", str(out / cache),
               "--trainer.max_steps", str(ns.steps), "--data.batch_size", str(ns.batch_size),
               "--trainer.default_root_dir", str(run_dir),
