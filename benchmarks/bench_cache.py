@@ -210,7 +210,8 @@ def main() -> int:
           f"through open_cache, best of 3; MB/s over {mb:.0f} MB of aux + final hidden; "
           f"'1 of {f}' reads one layer with crc32c; MB read counts every zarr store get()):")
     print(f"{'format':<26} {'aux ratio':>9} {'write MB/s':>11} {'full MB/s':>10} "
-          f"{'full+crc MB/s':>14} {f'1 of {f} s':>9} {'full MB read':>13} {f'1 of {f} MB read':>15}")
+          f"{'full+crc MB/s':>14} {f'1 of {f} s':>9} {'full MB read':>13} "
+          f"{f'1 of {f} MB read':>15}")
     names = {1: "1: (c, F, H) chunks", 2: "2: one array per layer"}
     for v, r in layouts:
         print(f"{names[v]:<26} {r['ratio']:>9.3f} {mb / r['write_s']:>11.0f} "
@@ -218,7 +219,8 @@ def main() -> int:
               f"{r['full_crc_bytes'] / 1e6:>13.1f} {r['subset_bytes'] / 1e6:>15.1f}")
     old, new = layouts[0][1], layouts[1][1]
     print(f"format 2 / format 1: write {old['write_s'] / new['write_s']:.2f}x, full read "
-          f"{old['full_s'] / new['full_s']:.2f}x, full+crc {old['full_crc_s'] / new['full_crc_s']:.2f}x, "
+          f"{old['full_s'] / new['full_s']:.2f}x, "
+          f"full+crc {old['full_crc_s'] / new['full_crc_s']:.2f}x, "
           f"1-of-{f} read {old['subset_s'] / new['subset_s']:.2f}x faster, "
           f"{new['subset_bytes'] / old['subset_bytes']:.2f}x the bytes")
     print("reproduce: .venv/bin/python benchmarks/bench_cache.py "

@@ -103,12 +103,14 @@ def plan_cache(spec: CacheSpec, *, num_tokens: int, mean_seq_len: float,
             writer cores it needs.
     """
     layouts = array_layouts(spec)
-    arrays = {}
-    for name, a in layouts.items():
+    arrays: dict[str, dict[str, Any]] = {}  # per sample field: all layers of aux_hidden together
+    for a in layouts.values():
         raw = a.dtype.itemsize * math.prod(a.row_shape)
-        ratio = array_ratio(a.field, spec)
-        arrays[name] = {"raw_bytes_per_token": raw, "ratio": ratio,
-                        "bytes_per_token": raw / ratio}
+        entry = arrays.setdefault(a.field, {"raw_bytes_per_token": 0,
+                                            "ratio": array_ratio(a.field, spec),
+                                            "bytes_per_token": 0.0})
+        entry["raw_bytes_per_token"] += raw
+        entry["bytes_per_token"] += raw / entry["ratio"]
     num_samples = math.ceil(num_tokens / mean_seq_len) if num_tokens else 0
     full_units, rest = divmod(num_samples, spec.rows_per_unit)
     slots = (full_units * slots_per_unit(spec.rows_per_unit * mean_seq_len, mean_seq_len,

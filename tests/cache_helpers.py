@@ -14,7 +14,6 @@ import numpy as np
 from zarr.storage import WrapperStore
 
 from sparkforge.shared import storage
-
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting

@@ -121,7 +121,7 @@ def test_stale_partial_files_are_removed_on_the_next_run(tiny_target: Path, sour
     run(cfg, source=source)
     cache = Path(cfg.output)
     stale = [cache / "_commits" / f".unit_00000007.json.{'a' * 32}.partial",
-             cache / "aux_hidden" / "c" / "9" / "0" / f"0.{'b' * 32}.partial"]
+             cache / "aux_hidden.0" / "c" / "9" / f"0.{'b' * 32}.partial"]
     fresh = cache / "_commits" / f".unit_00000008.json.{'c' * 32}.partial"
     old = time.time() - STALE_PARTIAL_S - 60
     for path in [*stale, fresh]:
