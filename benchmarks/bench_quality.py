@@ -1,4 +1,4 @@
-"""Draft quality on the real small target: DSpark vs the DFlash-style draft vs DSpark from fp8.
+"""Draft quality on the real small target: DSpark vs the DFlash recipe vs DSpark from fp8.
 
 From one set of regenerated chats of the shipped code target (``sparkforge.app.code_target``),
 two caches are produced (bf16 lossless and fp8 aux), and three drafts are trained with the same
@@ -6,7 +6,9 @@ steps, batches and seed through the public CLI:
 
 - ``dspark``: ``trainer/examples/code_target.yaml`` as it ships (Markov head, confidence head,
   0.1 CE + 0.9 L1 + 1.0 BCE);
-- ``dflash``: the DFlash-style ablation (no Markov head, no confidence head, CE only);
+- ``dflash``: the DFlash recipe (``--model.recipe dflash``: the DFlash draft, no Markov or
+  confidence head, CE with the DFlash decay), with block size 8, i.e. 7 drafts per block like
+  dspark's K=7;
 - ``dspark_fp8``: the dspark recipe trained from the fp8 cache.
 
 Each is evaluated with ``sparkforge eval`` on the bf16 cache's eval split (held-out prompts,
@@ -41,11 +43,9 @@ PRODUCER_EXAMPLE = REPO / "producer" / "examples" / "code_target.yaml"
 
 DRAFTS: dict[str, tuple[str, list[str]]] = {
     "dspark": ("cache", []),
-    "dflash": ("cache", ["--model.draft.markov_rank", "0",
-                         "--model.draft.enable_confidence_head", "false",
-                         "--model.draft.confidence_head_with_markov", "false",
-                         "--model.loss.ce_loss_alpha", "1.0", "--model.loss.l1_loss_alpha", "0",
-                         "--model.loss.confidence_head_alpha", "0"]),
+    # The DFlash recipe: its draft (the anchor slot drafts nothing, so block_size 8 drafts the
+    # same 7 tokens per block as dspark's 7) and objective (CE with the DFlash decay).
+    "dflash": ("cache", ["--model.recipe", "dflash", "--model.draft.block_size", "8"]),
     "dspark_fp8": ("cache_fp8", []),
 }
 
