@@ -107,7 +107,7 @@ def append_output_to_aux(model: nn.Module) -> None:
         return hidden, [*aux, hidden]
 
     setattr(forward_with_lm_head_input, _WRAPPED, True)
-    model.forward = forward_with_lm_head_input  # type: ignore[method-assign]
+    model.forward = forward_with_lm_head_input
 
 
 def _shape(x: object) -> str:

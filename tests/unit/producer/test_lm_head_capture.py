@@ -1,4 +1,4 @@
-"""The lm_head-input plugin's parts: the entry point vLLM finds, the forward wrap, the class wrap."""
+"""The lm_head-input plugin: the entry point vLLM finds, the forward wrap, the class wrap."""
 
 from __future__ import annotations
 
