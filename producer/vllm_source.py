@@ -121,6 +121,7 @@ class VllmSource:
     ) -> None:
         config = read_target_config(engine.model)
         self.family = family_of(config.model_type)
+        self.scaling = self.family.scaling(config.text)
         self.num_hidden_layers = config.positive_int("num_hidden_layers")
         self.hidden_size = config.positive_int("hidden_size")
         self.layer_ids = check_hf_ids(layer_ids, self.num_hidden_layers)
@@ -192,6 +193,8 @@ class VllmSource:
             "final_norm": (f"captured: aux id {lm_head_input_id(self.num_hidden_layers)} is the "
                            "lm_head input" if self.lm_head_input
                            else "offline RMSNorm(aux id L) in fp32"),
+            "embedding_scale": self.scaling.embedding_scale,
+            "final_logit_softcapping": self.scaling.final_logit_softcapping,
             "dtype": str(self.dtype).removeprefix("torch."),
             "quantization": e.quantization,
             "kv_cache_dtype": e.kv_cache_dtype,
