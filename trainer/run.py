@@ -18,8 +18,7 @@ logger = logging.getLogger(__name__)
 def run_contract(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> RunContract:
     """What this run needs from its cache."""
     return model.draft.contract(max_seq_len=data.max_seq_len,
-                                need_eval_split=validation_on(trainer.limit_val_batches),
-                                target_config=data.target_config())
+                                need_eval_split=validation_on(trainer.limit_val_batches))
 
 
 def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> None:

@@ -20,7 +20,6 @@ from sparkforge.shared.target_families import (
     FINAL_SEMANTICS,
     FeatureSemantics,
     FinalSemantics,
-    TargetScaling,
     family_of,
 )
 from sparkforge.trainer.draft_config import DSparkDraftConfig, MarkovHeadType, from_target_config
@@ -76,18 +75,10 @@ class DraftSpec:
             return tuple(self.target_layer_ids)
         return default_feature_ids(self.num_target_layers, self.num_hidden_layers)
 
-    def contract(self, *, max_seq_len: int, need_eval_split: bool,
-                 target_config: Mapping[str, Any] | None = None) -> RunContract:
-        """What this draft needs from a cache; with the target's HF config (the cache's), also
-        the embedding scale and logit softcap of the draft built from it."""
+    def contract(self, *, max_seq_len: int, need_eval_split: bool) -> RunContract:
+        """What this draft needs from a cache."""
         family = family_of(self.target_model_type)
-        scaling = None
-        if target_config is not None:
-            draft = self.draft_config(target_config)
-            scaling = TargetScaling(embedding_scale=draft.embedding_scale,
-                                    final_logit_softcapping=draft.final_logit_softcapping)
         return RunContract(
-            scaling=scaling,
             target_layer_ids=self.layer_ids(), hidden_size=self.hidden_size,
             vocab_size=self.vocab_size, num_target_layers=self.num_target_layers,
             mask_token_id=self.mask_token_id, max_seq_len=max_seq_len,
