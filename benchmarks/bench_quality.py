@@ -17,8 +17,9 @@ record and two PNGs (acceptance by position; loss and teacher-forced tau vs step
 Reproduce (the defaults are the recorded run's sizes; about 25 minutes on 2 shared CPU cores):
     nice -n 10 .venv/bin/python -P benchmarks/bench_quality.py
 
-``--sweep`` then trains the dspark recipe with a few changed defaults (learning rate, anchors) on
-the same cache and compares tau at T=1 (``sweep.json``).
+``--sweep`` then trains the dspark recipe with a few changed defaults (learning rate, anchors,
+loss decay gamma, warmup) and once more with other seeds (the run-to-run noise) on the same cache,
+and compares tau at T=1 (``sweep.json``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -63,8 +65,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "and writes the results)")
     p.add_argument("--sweep", nargs="*", type=int, default=None,
                    help="instead: train the dspark recipe with the SWEEP changes of these "
-                        "indices (none given: all) on the caches of an earlier run in --out_dir "
-                        "and compare tau (T=1)")
+                        "indices (none given: all; 0 is the recipe unchanged, the main run's "
+                        "dspark draft) on the caches of an earlier run in --out_dir and compare "
+                        "tau (T=1); runs of other indices can go in parallel")
     return p.parse_args(argv)
 
 
@@ -74,6 +77,10 @@ SWEEP: dict[str, list[str]] = {
     "lr 6e-4 (the package default)": ["--model.optimizer.lr", "6e-4"],
     "lr 1e-2": ["--model.optimizer.lr", "1e-2"],
     "anchors 64": ["--model.draft.num_anchors", "64"],
+    "gamma 7 (slower decay)": ["--model.loss.loss_decay_gamma", "7"],
+    "warmup 5": ["--model.scheduler.warmup_steps", "5"],
+    # The recipe unchanged but for every seed (init, anchors, data order): run-to-run noise.
+    "example, seed 1 (noise)": ["--seed_everything", "1", "--model.seed", "1", "--data.seed", "1"],
 }
 
 
@@ -84,7 +91,7 @@ def _sweep(out: Path, ns: argparse.Namespace, results: Path) -> int:
     timings: dict[str, float] = {}
     rows = []
     for i, (label, extra) in enumerate(SWEEP.items()):
-        if ns.sweep and i not in ns.sweep and extra:
+        if ns.sweep and i not in ns.sweep:
             continue
         # The unchanged recipe is the main run's dspark draft (reused when it exists).
         rec = _train_and_eval(out, ns, "dspark" if not extra else f"sweep{i}", "cache", extra,
@@ -140,7 +147,9 @@ def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
     """Train one draft and evaluate it; a stage whose output an earlier run left is reused."""
     run_dir = out / "train" / name
     ckpt = run_dir / "ckpt" / "last.ckpt"
-    if not ckpt.is_file():
+    # last.ckpt is also written at every epoch end: only the step-N checkpoint marks a finished run.
+    if not any((run_dir / "ckpt").glob(f"*-step={ns.steps}.ckpt")):
+        shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted run is trained again
         _run(["train", "--config", str(TRAIN_EXAMPLE), "--data.uri", str(out / cache),
               "--trainer.max_steps", str(ns.steps), "--data.batch_size", str(ns.batch_size),
               "--trainer.default_root_dir", str(run_dir),
