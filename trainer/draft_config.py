@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +16,14 @@ from sparkforge.shared.layer_ids import (
     portable_feature_range,
     range_problems,
 )
+from sparkforge.shared.target_config import TargetConfig
 from sparkforge.shared.target_families import family_of
 
 logger = logging.getLogger(__name__)
 
 MarkovHeadType = Literal["vanilla", "gated", "rnn"]
 MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla", "gated", "rnn")
-DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3",)
+DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3", "gemma4")
 """Names of ``sparkforge.trainer.architectures.ARCHITECTURES`` (kept torch-free here)."""
 
 
@@ -83,7 +83,8 @@ class DSparkDraftConfig:
     """The target's HF model_type, recorded with the draft."""
     architecture: str = "qwen3"
     """The draft's layer stack and serving format (``DRAFT_ARCHITECTURES``): ``qwen3`` is the
-    Qwen3-shaped draft every engine loads, for targets of any family."""
+    Qwen3-shaped draft every engine loads, for targets of any family; ``gemma4`` is the Gemma4
+    draft vLLM's ``Gemma4DSparkForCausalLM`` loads (k_eq_v attention, sandwich norms)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
@@ -165,10 +166,13 @@ def _warn_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> None:
                            "agrees", bad, lo, hi)
 
 
-def text_config(target_config: Any) -> Any:
-    """The text sub-config of a multimodal target (``text_config``), or the config itself."""
-    sub = getattr(target_config, "text_config", None)
-    return sub if sub is not None else target_config
+def _as_mapping(config: Any) -> dict[str, Any]:
+    """A config's fields as JSON-like data: a transformers config or a plain namespace."""
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
+    sub = data.get("text_config")
+    if sub is not None and not isinstance(sub, Mapping):
+        data["text_config"] = _as_mapping(sub)
+    return data
 
 
 def from_target_config(
@@ -180,20 +184,25 @@ def from_target_config(
 ) -> DSparkDraftConfig:
     """Derive a draft config from a target HF config (nested ``text_config`` handled).
 
+    Attention sizes and RoPE are those of the target's full-attention layers (Gemma4 sizes them
+    per layer; see ``TargetConfig.attention``). Gemma targets give the sqrt(H) embedding scale
+    and their final logit softcap.
+
     Args:
-        target_config: A transformers ``PretrainedConfig`` of the target.
+        target_config: A transformers ``PretrainedConfig`` of the target (or any object whose
+            attributes are its ``config.json`` fields).
         mask_token_id: Required; never defaulted to the pad id.
         target_layer_ids: Feature ids; default = DFlash rule for the draft depth.
         **overrides: Any DSpark field (num_hidden_layers, block_size, markov_rank, ...).
     """
-    tc = text_config(target_config)
-    model_type = str(getattr(tc, "model_type", "") or getattr(target_config, "model_type", ""))
+    target = TargetConfig(raw=_as_mapping(target_config), source="target config")
+    text, attention = target.text, target.attention
+    model_type = str(text.get("model_type") or target.model_type or "")
     family = family_of(model_type)
-    heads = int(tc.num_attention_heads)
-    hidden = int(tc.hidden_size)
+    heads = target.positive_int("num_attention_heads")
     depth = int(overrides.get("num_hidden_layers", 5))
-    rope = getattr(tc, "rope_parameters", None) or {
-        "rope_type": "default", "rope_theta": float(getattr(tc, "rope_theta", 10_000.0))
+    rope = attention.get("rope_parameters") or {
+        "rope_type": "default", "rope_theta": float(text.get("rope_theta") or 10_000.0)
     }
     if family.rope_section is not None:
         # Per-layer-type RoPE (DeepSeek-V4): the draft's full RoPE uses the main section's base.
@@ -201,20 +210,20 @@ def from_target_config(
         rope = {"rope_type": section.get("rope_type", "default"),
                 "rope_theta": float(section["rope_theta"])}
     base: dict[str, Any] = {
-        "hidden_size": hidden,
+        "hidden_size": target.positive_int("hidden_size"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(getattr(tc, "num_key_value_heads", None) or heads),
-        "head_dim": int(getattr(tc, "head_dim", None) or hidden // heads),
-        "intermediate_size": int(tc.intermediate_size),
-        "vocab_size": int(tc.vocab_size),
-        "rms_norm_eps": float(getattr(tc, "rms_norm_eps", 1e-6)),
+        "num_key_value_heads": int(attention.get("num_key_value_heads") or heads),
+        "head_dim": target.head_dim(),
+        "intermediate_size": target.positive_int("intermediate_size"),
+        "vocab_size": target.positive_int("vocab_size"),
+        "rms_norm_eps": float(text.get("rms_norm_eps") or 1e-6),
         "rope_parameters": dict(rope),
-        "max_position_embeddings": int(getattr(tc, "max_position_embeddings", 40_960)),
-        "attention_bias": bool(getattr(tc, "attention_bias", False)),
-        "initializer_range": float(getattr(tc, "initializer_range", 0.02)),
-        "num_target_layers": int(tc.num_hidden_layers),
-        "embedding_scale": math.sqrt(hidden) if family.embedding_scale_sqrt_hidden else 1.0,
-        "final_logit_softcapping": getattr(tc, "final_logit_softcapping", None),
+        "max_position_embeddings": int(text.get("max_position_embeddings") or 40_960),
+        "attention_bias": bool(text.get("attention_bias", False)),
+        "initializer_range": float(text.get("initializer_range") or 0.02),
+        "num_target_layers": target.positive_int("num_hidden_layers"),
+        "embedding_scale": target.embedding_scale,
+        "final_logit_softcapping": target.final_logit_softcapping,
         "target_model_type": model_type,
     }
     ids = target_layer_ids
@@ -246,19 +255,9 @@ def draft_qwen3_small(*, mask_token_id: int = 151_669) -> DSparkDraftConfig:
     )
 
 
-def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
-    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft."""
-    layers = cfg.num_hidden_layers
+def dspark_fields(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """The DSpark fields every served ``config.json`` carries, whatever its backbone."""
     out: dict[str, Any] = {
-        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
-        "hidden_size": cfg.hidden_size, "num_hidden_layers": layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.intermediate_size, "hidden_act": "silu",
-        "rms_norm_eps": cfg.rms_norm_eps, "rope_parameters": dict(cfg.rope_parameters),
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "attention_bias": cfg.attention_bias, "vocab_size": cfg.vocab_size,
-        "tie_word_embeddings": False, "layer_types": ["full_attention"] * layers,
         "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
         "target_layer_ids": list(cfg.target_layer_ids),
         "num_target_layers": cfg.num_target_layers, "markov_rank": cfg.markov_rank,
@@ -270,3 +269,26 @@ def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     if cfg.markov_rank > 0:
         out["markov_head_type"] = cfg.markov_head_type
     return out
+
+
+DSPARK_KEYS: tuple[str, ...] = (
+    "block_size", "num_anchors", "markov_rank", "markov_head_type", "enable_confidence_head",
+    "confidence_head_with_markov", "mask_token_id", "target_layer_ids", "num_target_layers")
+"""The DSpark fields a served ``config.json`` is read back with (see ``dspark_fields``)."""
+
+
+def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft."""
+    layers = cfg.num_hidden_layers
+    return {
+        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
+        "hidden_size": cfg.hidden_size, "num_hidden_layers": layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size, "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_parameters": dict(cfg.rope_parameters),
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "attention_bias": cfg.attention_bias, "vocab_size": cfg.vocab_size,
+        "tie_word_embeddings": False, "layer_types": ["full_attention"] * layers,
+        **dspark_fields(cfg),
+    }

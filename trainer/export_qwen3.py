@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.trainer.draft_config import DSparkDraftConfig, serving_config
+from sparkforge.trainer.draft_config import DSPARK_KEYS, DSparkDraftConfig, serving_config
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine
@@ -18,6 +18,15 @@ if TYPE_CHECKING:
 
 def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     """Reasons ``engine`` could not serve this draft correctly (empty when it can)."""
+    problems = dspark_problems(cfg, engine)
+    if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
+        problems.append("the draft uses a Gemma-style embedding scale or logit softcap, which the "
+                        "Qwen3-shaped serving format cannot express (use architecture 'gemma4')")
+    return problems
+
+
+def dspark_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+    """Serving problems of the DSpark parts every format shares (ids, mask, heads)."""
     problems = []
     last = cfg.num_target_layers - 1
     bad_ids = [i for i in cfg.target_layer_ids if i < 0 or i >= last]
@@ -28,9 +37,6 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         problems.append(f"mask_token_id={cfg.mask_token_id} must be below "
                         f"vocab_size={cfg.vocab_size}")
-    if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
-        problems.append("the draft uses a Gemma-style embedding scale or logit softcap, which the "
-                        "Qwen3-shaped serving format cannot express")
     if engine in ("vllm", "any"):
         if cfg.markov_rank == 0:
             problems.append("markov_rank=0: vLLM's DSpark draft has no rank-0 path (markov_rank "
@@ -58,11 +64,9 @@ def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
 
 def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
     """Every required tensor and its shape for this config (11 per draft layer + 7 shared)."""
-    h, hd, i_sz, v, r = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size,
-                         cfg.markov_rank)
+    h, hd, i_sz = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {
-        "fc.weight": (h, cfg.num_features * h), "hidden_norm.weight": (h,), "norm.weight": (h,)}
+    shapes: dict[str, tuple[int, ...]] = {}
     for layer in range(cfg.num_hidden_layers):
         p = f"layers.{layer}."
         shapes |= {
@@ -76,6 +80,14 @@ def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
         if cfg.attention_bias:
             shapes |= {p + "self_attn.q_proj.bias": (nq,), p + "self_attn.k_proj.bias": (nkv,),
                        p + "self_attn.v_proj.bias": (nkv,)}
+    return shapes | head_shapes(cfg)
+
+
+def head_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
+    """The shared tensors: fc, the two norms, the Markov and the confidence head."""
+    h, v, r = cfg.hidden_size, cfg.vocab_size, cfg.markov_rank
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (h, cfg.num_features * h), "hidden_norm.weight": (h,), "norm.weight": (h,)}
     if r > 0:
         shapes |= {"markov_head.markov_w1.weight": (v, r), "markov_head.markov_w2.weight": (v, r)}
     if cfg.enable_confidence_head:
@@ -88,9 +100,7 @@ def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
     """Read a DSpark ``config.json`` (ours, DeepSpec's or NeMo's Qwen3-shaped drafts)."""
     keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "rms_norm_eps", "rope_parameters",
-            "max_position_embeddings", "attention_bias", "num_hidden_layers", "block_size",
-            "num_anchors", "markov_rank", "markov_head_type", "enable_confidence_head",
-            "confidence_head_with_markov", "mask_token_id", "target_layer_ids",
-            "num_target_layers", "initializer_range")
+            "max_position_embeddings", "attention_bias", "num_hidden_layers",
+            "initializer_range", *DSPARK_KEYS)
     fields = {k: config[k] for k in keys if config.get(k) is not None}
     return DSparkDraftConfig(**fields)

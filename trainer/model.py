@@ -13,8 +13,9 @@ r Markov rank, m verified draft tokens (``m1`` = m + 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 import torch
 from torch import nn
@@ -28,10 +29,21 @@ from sparkforge.trainer.anchors import (
 from sparkforge.trainer.attention_mask import dense_allowed, flex_block_mask
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.heads import ConfidenceHead, MarkovHead
-from sparkforge.trainer.layers import DSparkLayer, RMSNorm
+from sparkforge.trainer.layers import DSparkAttention, DSparkLayer, RMSNorm
 from sparkforge.trainer.rope import RotaryEmbedding
 
 AttnImpl = Literal["sdpa", "flex"]
+
+
+class DraftLayer(Protocol):
+    """One draft layer: its attention projects context K/V, the layer runs the block stream."""
+
+    self_attn: DSparkAttention
+
+    def __call__(self, x: torch.Tensor, rope_q: tuple[torch.Tensor, torch.Tensor],
+                 ctx_kv: tuple[torch.Tensor, torch.Tensor], mask: Any) -> torch.Tensor:
+        """The block stream after this layer."""
+        ...
 
 
 @dataclass
@@ -81,6 +93,7 @@ class DSparkDraftModel(nn.Module):
         embed_weight: Target ``embed_tokens.weight`` [V, H]; copied and frozen.
         lm_head_weight: Target ``lm_head.weight`` [V, H]; copied and frozen (also the teacher).
         attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
+        layer: Builds one draft layer from the config (default: the Qwen3-style layer).
     """
 
     def __init__(
@@ -90,6 +103,7 @@ class DSparkDraftModel(nn.Module):
         embed_weight: torch.Tensor | None = None,
         lm_head_weight: torch.Tensor | None = None,
         attn_implementation: AttnImpl = "sdpa",
+        layer: Callable[[DSparkDraftConfig], nn.Module] = DSparkLayer,
     ) -> None:
         super().__init__()
         cfg = config
@@ -99,7 +113,7 @@ class DSparkDraftModel(nn.Module):
         self.embed_tokens = nn.Embedding(v, h)
         self.fc = nn.Linear(cfg.num_features * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DSparkLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(layer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, v, bias=False)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters,
@@ -138,9 +152,9 @@ class DSparkDraftModel(nn.Module):
             module.weight.requires_grad_(False)
 
     # ---- shared pieces -------------------------------------------------------------------
-    def decoder_layers(self) -> list[DSparkLayer]:
+    def decoder_layers(self) -> list[DraftLayer]:
         """The draft layers, typed."""
-        return [cast(DSparkLayer, layer) for layer in self.layers]
+        return [cast(DraftLayer, layer) for layer in self.layers]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Frozen embedding times the target's embedding scale (Gemma: sqrt(H))."""

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_tiny
 from sparkforge.trainer.model import DSparkDraftModel
 
@@ -40,13 +41,14 @@ def tiny_cfg() -> DSparkDraftConfig:
 
 @pytest.fixture
 def build() -> Callable[..., tuple[DSparkDraftModel, Batch]]:
-    """Factory: a seeded model for draft_tiny() with field overrides, and a batch."""
+    """Factory: a seeded model for draft_tiny() with field overrides (``architecture`` picks the
+    layer stack), and a batch."""
 
     def _build(seed: int = 0, attn: str = "sdpa", **overrides: Any) -> tuple[
             DSparkDraftModel, Batch]:
         cfg = dataclasses.replace(draft_tiny(), **overrides)
         torch.manual_seed(seed)
-        model = DSparkDraftModel(cfg, attn_implementation=attn)  # type: ignore[arg-type]
+        model = build_draft(cfg, attn_implementation=attn)
         return model, make_batch(cfg, seed=seed)
 
     return _build

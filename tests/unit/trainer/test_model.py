@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
+from sparkforge.trainer.draft_config import DRAFT_ARCHITECTURES
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.model import DSparkDraftModel
 from sparkforge.trainer.rope import compute_inv_freq
 from sparkforge.trainer.run_config import LossSpec
 
 Build = Callable[..., Any]
+
+
+@pytest.fixture(params=DRAFT_ARCHITECTURES)
+def build(request: pytest.FixtureRequest, build: Build) -> Build:
+    """Every test here runs on each draft architecture (same forward contract)."""
+    return functools.partial(build, architecture=request.param)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +139,7 @@ def test_sdpa_and_flex_agree(build: Build) -> None:
     # On CPU torch 2.13 flex attention runs forward only ("FlexAttention does not support
     # backward on CPU"), so this compares forward values under no_grad.
     sdpa, batch = build(seed=3, markov_head_type="gated")
-    flex = DSparkDraftModel(sdpa.config, attn_implementation="flex")
+    flex = type(sdpa)(sdpa.config, attn_implementation="flex")
     flex.load_state_dict(sdpa.state_dict())
     with torch.no_grad():
         a = sdpa(**batch)
