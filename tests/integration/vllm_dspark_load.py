@@ -4,7 +4,9 @@ Run in a separate interpreter (``python vllm_dspark_load.py TARGET DRAFT``) so t
 environment never imports vLLM. Two vLLM code paths run, no forward pass:
 1. config resolution: ``EngineArgs(..., speculative_config={"method": "dspark", "model": DRAFT})``
    ``.create_engine_config()`` and the aux-layer ids vLLM derives from the draft config;
-2. ``Qwen3DSparkForCausalLM(vllm_config).load_weights(...)`` on CPU.
+2. the DSpark class the draft's ``architectures`` names (``Qwen3DSparkForCausalLM`` or
+   ``Gemma4DSparkForCausalLM``): ``cls(vllm_config).load_weights(...)`` on CPU, then every
+   parameter is compared with the checkpoint tensor(s) it was loaded from.
 
 One in-process patch: vLLM accepts DSpark only on its
 V2 GPU runner, which needs Triton, so ``VllmConfig`` rejects "dspark speculative decoding" on the
@@ -14,6 +16,7 @@ for the duration of the process; nothing else is patched.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -24,6 +27,10 @@ import torch
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+# Draft ``architectures`` name -> vLLM module and class that loads it.
+LOADERS = {"Qwen3DSparkModel": ("qwen3_dspark", "Qwen3DSparkForCausalLM"),
+           "Gemma4DSparkModel": ("gemma4_dspark", "Gemma4DSparkForCausalLM")}
 
 
 def _patch_v1_rejection() -> None:
@@ -53,7 +60,6 @@ def main(target: str, draft: str) -> dict[str, object]:
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
         get_eagle3_aux_layers_from_config,
     )
@@ -62,6 +68,8 @@ def main(target: str, draft: str) -> dict[str, object]:
                      max_model_len=256, enable_prefix_caching=False,
                      enforce_eager=True).create_engine_config()
     spec = cfg.speculative_config
+    module, name = LOADERS[spec.draft_model_config.hf_config.architectures[0]]
+    loader = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -70,9 +78,17 @@ def main(target: str, draft: str) -> dict[str, object]:
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{port}")
         initialize_model_parallel(1, 1)
-        model = Qwen3DSparkForCausalLM(vllm_config=cfg)
+        model = loader(vllm_config=cfg)
         model.load_weights(iter(ckpt.items()))
     params = dict(model.named_parameters())
+    # The Markov bias as served for the first tokens, against W2 @ W1[token] computed here.
+    ids = torch.arange(4)
+    with set_current_vllm_config(cfg), torch.no_grad():
+        served_bias = model.markov_bias(model.markov_embed(ids)).float()
+    plain_bias = ckpt["markov_head.markov_w1.weight"][ids].float() @ ckpt[
+        "markov_head.markov_w2.weight"].float().T
+    cap = getattr(spec.draft_model_config.hf_config, "final_logit_softcapping", None)
+    capped_bias = torch.tanh(plain_bias / cap) * cap if cap else plain_bias
     unmatched, mismatched, used = [], [], set()
     for name, param in params.items():
         keys = _sources(name, ckpt)
@@ -88,11 +104,14 @@ def main(target: str, draft: str) -> dict[str, object]:
         "num_speculative_tokens": spec.num_speculative_tokens,
         "aux_layer_ids": list(get_eagle3_aux_layers_from_config(spec) or ()),
         "draft_architecture": spec.draft_model_config.hf_config.architectures,
+        "loader": type(model).__name__,
         "num_params": len(params),
         "params_without_tensor": unmatched,
         "params_not_equal": mismatched,
         "tensors_not_loaded": sorted(set(ckpt) - used),
         "confidence_head": model.model.confidence_head is not None,
+        "markov_bias_vs_plain": float((served_bias - plain_bias).abs().max()),
+        "markov_bias_vs_softcapped": float((served_bias - capped_bias).abs().max()),
     }
 
 
