@@ -20,7 +20,7 @@ from torch import nn
 
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.layers import MLP, DSparkAttention, RMSNorm, gelu_tanh
-from sparkforge.trainer.model import AttnImpl, DSparkDraftModel
+from sparkforge.trainer.model import DSparkDraftModel
 
 
 class Gemma4DSparkLayer(nn.Module):
@@ -54,20 +54,9 @@ class Gemma4DSparkLayer(nn.Module):
 class Gemma4DSparkModel(DSparkDraftModel):
     """The DSpark draft with Gemma4 layers; same batch, outputs and inference API.
 
-    Args:
-        config: The draft config (``architecture="gemma4"``).
-        embed_weight: Target ``embed_tokens.weight`` [V, H]; copied and frozen.
-        lm_head_weight: Target ``lm_head.weight`` [V, H]; copied and frozen (also the teacher).
-        attn_implementation: "sdpa" (dense mask) or "flex" (BlockMask).
+    Takes ``DSparkDraftModel``'s arguments (config, embed/lm_head weights, attention
+    implementation) except ``layer``.
     """
 
-    def __init__(
-        self,
-        config: DSparkDraftConfig,
-        *,
-        embed_weight: torch.Tensor | None = None,
-        lm_head_weight: torch.Tensor | None = None,
-        attn_implementation: AttnImpl = "sdpa",
-    ) -> None:
-        super().__init__(config, embed_weight=embed_weight, lm_head_weight=lm_head_weight,
-                         attn_implementation=attn_implementation, layer=Gemma4DSparkLayer)
+    def __init__(self, config: DSparkDraftConfig, **kwargs: Any) -> None:
+        super().__init__(config, layer=Gemma4DSparkLayer, **kwargs)
