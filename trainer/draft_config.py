@@ -166,6 +166,12 @@ def _warn_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> None:
                            "agrees", bad, lo, hi)
 
 
+def text_config(target_config: Any) -> Any:
+    """The text sub-config of a multimodal target (``text_config``), or the config itself."""
+    sub = getattr(target_config, "text_config", None)
+    return sub if sub is not None else target_config
+
+
 def _as_mapping(config: Any) -> dict[str, Any]:
     """A config's fields as JSON-like data: a transformers config or a plain namespace."""
     data = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
@@ -195,14 +201,18 @@ def from_target_config(
         target_layer_ids: Feature ids; default = DFlash rule for the draft depth.
         **overrides: Any DSpark field (num_hidden_layers, block_size, markov_rank, ...).
     """
+    tc = text_config(target_config)
+    # Per-layer and derived facts (Gemma4's full-attention sizes and RoPE, the embedding scale,
+    # the softcap) are read from the config's JSON form by the one target-config reader; plain
+    # sizes from the config object, whose properties also derive sizes its JSON leaves null.
     target = TargetConfig(raw=_as_mapping(target_config), source="target config")
-    text, attention = target.text, target.attention
-    model_type = str(text.get("model_type") or target.model_type or "")
+    attention = target.attention
+    model_type = str(getattr(tc, "model_type", "") or getattr(target_config, "model_type", ""))
     family = family_of(model_type)
-    heads = target.positive_int("num_attention_heads")
+    heads = int(tc.num_attention_heads)
     depth = int(overrides.get("num_hidden_layers", 5))
     rope = attention.get("rope_parameters") or {
-        "rope_type": "default", "rope_theta": float(text.get("rope_theta") or 10_000.0)
+        "rope_type": "default", "rope_theta": float(getattr(tc, "rope_theta", 10_000.0))
     }
     if family.rope_section is not None:
         # Per-layer-type RoPE (DeepSeek-V4): the draft's full RoPE uses the main section's base.
@@ -210,18 +220,18 @@ def from_target_config(
         rope = {"rope_type": section.get("rope_type", "default"),
                 "rope_theta": float(section["rope_theta"])}
     base: dict[str, Any] = {
-        "hidden_size": target.positive_int("hidden_size"),
+        "hidden_size": int(tc.hidden_size),
         "num_attention_heads": heads,
         "num_key_value_heads": int(attention.get("num_key_value_heads") or heads),
         "head_dim": target.head_dim(),
-        "intermediate_size": target.positive_int("intermediate_size"),
-        "vocab_size": target.positive_int("vocab_size"),
-        "rms_norm_eps": float(text.get("rms_norm_eps") or 1e-6),
+        "intermediate_size": int(tc.intermediate_size),
+        "vocab_size": int(tc.vocab_size),
+        "rms_norm_eps": float(getattr(tc, "rms_norm_eps", 1e-6)),
         "rope_parameters": dict(rope),
-        "max_position_embeddings": int(text.get("max_position_embeddings") or 40_960),
-        "attention_bias": bool(text.get("attention_bias", False)),
-        "initializer_range": float(text.get("initializer_range") or 0.02),
-        "num_target_layers": target.positive_int("num_hidden_layers"),
+        "max_position_embeddings": int(getattr(tc, "max_position_embeddings", 40_960)),
+        "attention_bias": bool(getattr(tc, "attention_bias", False)),
+        "initializer_range": float(getattr(tc, "initializer_range", 0.02)),
+        "num_target_layers": int(tc.num_hidden_layers),
         "embedding_scale": target.embedding_scale,
         "final_logit_softcapping": target.final_logit_softcapping,
         "target_model_type": model_type,
