@@ -35,6 +35,33 @@ def tiny_v4_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_deepseek_v4(tmp_path_factory.mktemp("tiny_v4"))
 
 
+# A tiny V4 target's HF capture: 16 chat rows, feature ids [0, 1, 2], fp32, 1/4 held out.
+V4_PRODUCER = {"backend": "hf", "layer_ids": [0, 1, 2], "hidden_dtype": "float32",
+               "rows_per_unit": 8, "shard_rows": 1024, "max_seq_len": 512, "eval_fraction": 0.25,
+               "overlong": "truncate", "parity_samples": 0}
+
+
+@pytest.fixture(scope="session")
+def tiny_v4_cache(tmp_path_factory: pytest.TempPathFactory, tiny_v4_target: Path) -> Path:
+    """``sparkforge produce`` of ``tiny_v4_target`` through the HF backend (V4_PRODUCER)."""
+    import json
+
+    import yaml
+
+    from sparkforge.app.cli import main
+    from sparkforge.app.tiny_target import demo_conversations
+
+    root = tmp_path_factory.mktemp("tiny_v4_cache")
+    rows = root / "chat.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in demo_conversations(16)))
+    cache, producer = root / "cache", root / "producer.yaml"
+    producer.write_text(yaml.safe_dump({**V4_PRODUCER, "data": str(rows), "output": str(cache),
+                                        "engine": {"model": str(tiny_v4_target),
+                                                   "dtype": "float32"}}))
+    assert main(["produce", "--config", str(producer)]) == 0
+    return cache
+
+
 @pytest.fixture(scope="session")
 def tiny_target_plain_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same target whose chat template has no {% generation %} markers."""

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from sparkforge.shared.target_config import FULL_ATTENTION, TargetConfig
 from sparkforge.trainer.draft_config import DSPARK_KEYS, DSparkDraftConfig, dspark_fields
-from sparkforge.trainer.export_qwen3 import dspark_problems, head_shapes
+from sparkforge.trainer.export_qwen3 import dspark_problems
+from sparkforge.trainer.heads import head_shapes
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine
@@ -80,8 +81,9 @@ def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
     """Every required tensor and its shape: 12 per layer (+ biases), the heads, embed, lm_head."""
     h, hd, i_sz, v = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
     nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (v, h),
-                                          "lm_head.weight": (v, h)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "embed_tokens.weight": (v, h), "lm_head.weight": (v, h),
+        "fc.weight": (h, cfg.num_features * h), "hidden_norm.weight": (h,), "norm.weight": (h,)}
     for layer in range(cfg.num_hidden_layers):
         p = f"layers.{layer}."
         shapes |= {

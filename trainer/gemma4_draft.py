@@ -36,6 +36,12 @@ class Gemma4DSparkLayer(nn.Module):
         self.mlp = MLP(h, cfg.intermediate_size, act=gelu_tanh)
         self.post_feedforward_layernorm = RMSNorm(h, eps)
 
+    def key_values(
+        self, x_BPH: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention's keys and values [B, G, P, D] for context rows ``x``."""
+        return self.self_attn.key_values(x_BPH, cos, sin)
+
     def forward(
         self,
         x: torch.Tensor,

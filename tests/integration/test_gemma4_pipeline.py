@@ -23,7 +23,7 @@ PRODUCER = {"backend": "hf", "layer_ids": [0, 1, 2], "hidden_dtype": "float32",
 DRAFT = {"mask_token_id": 3, "hidden_size": 64, "vocab_size": 1024, "num_target_layers": 4,
          "target_layer_ids": [0, 1, 2], "num_hidden_layers": 2, "block_size": 4,
          "num_anchors": 8, "markov_rank": 16, "target_model_type": "gemma4_text",
-         "overrides": {"architecture": "gemma4"}}
+         "architecture": "gemma4"}
 
 
 @pytest.mark.slow

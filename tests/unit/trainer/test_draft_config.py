@@ -85,7 +85,7 @@ def test_gemma4_train_config_path_builds_the_draft_config() -> None:
     from sparkforge.trainer.run_config import DraftSpec
 
     spec = DraftSpec(mask_token_id=3, hidden_size=64, vocab_size=1024, num_target_layers=4,
-                     target_layer_ids=(0, 2), overrides={"architecture": "gemma4"})
+                     target_layer_ids=(0, 2), architecture="gemma4")
     cfg = spec.draft_config(tiny_gemma4_config(multimodal=True).to_dict())
     assert (cfg.head_dim, cfg.architecture, cfg.final_logit_softcapping) == (64, "gemma4", 30.0)
 
