@@ -119,7 +119,7 @@ FAMILIES: tuple[TargetFamily, ...] = (
     TargetFamily(name="qwen3", model_types=("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5",
                                             "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")),
     TargetFamily(name="gemma", model_types=("gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
-                                            "gemma4_text"),
+                                            "gemma4_text", "gemma4_unified", "gemma4_unified_text"),
                  final_state="lm_head_input", embedding_scale_sqrt_hidden=True),
     TargetFamily(name="deepseek_v4", model_types=("deepseek_v4",), pieces=_V4_PIECES,
                  features="hc_mean", final_state="lm_head_input", rope_section="main"),

@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 from torch import nn
 
-from sparkforge.trainer import export_deepseek_v4, export_dflash, export_qwen3
+from sparkforge.trainer import export_deepseek_v4, export_dflash, export_gemma4, export_qwen3
 from sparkforge.trainer.deepseek_v4_draft import DeepseekV4DSparkModel
 from sparkforge.trainer.dflash_draft import dflash_draft
 from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.gemma4_draft import Gemma4DSparkModel
 from sparkforge.trainer.model import DSparkDraftModel
 
 Engine = Literal["vllm", "sglang", "any"]
@@ -32,7 +33,8 @@ class DraftArchitecture:
     model: Callable[..., nn.Module]
     """``model(cfg, *, embed_weight=None, lm_head_weight=None, attn_implementation="sdpa")``."""
     expected_shapes: Callable[[DSparkDraftConfig], dict[str, tuple[int, ...]]]
-    """Every required exported tensor and its shape (the frozen embed/lm_head excluded)."""
+    """Every required exported tensor and its shape; ``embed_tokens``/``lm_head`` are optional
+    unless listed here."""
     hf_config: Callable[[DSparkDraftConfig], dict[str, Any]]
     """The exported ``config.json`` contents."""
     serving_problems: Callable[[DSparkDraftConfig, Engine], list[str]]
@@ -58,6 +60,11 @@ ARCHITECTURES: dict[str, DraftArchitecture] = {
         hf_config=export_deepseek_v4.refuse_hf_config,
         serving_problems=export_deepseek_v4.serving_problems,
         config_from_hf=export_deepseek_v4.refuse_config_from_hf),
+    "gemma4": DraftArchitecture(
+        name="gemma4", served_as=("Gemma4DSparkModel",), model=Gemma4DSparkModel,
+        expected_shapes=export_gemma4.expected_shapes, hf_config=export_gemma4.hf_config,
+        serving_problems=export_gemma4.serving_problems,
+        config_from_hf=export_gemma4.draft_config_from_hf),
 }
 
 

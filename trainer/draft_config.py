@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +16,14 @@ from sparkforge.shared.layer_ids import (
     portable_feature_range,
     range_problems,
 )
+from sparkforge.shared.target_config import TargetConfig
 from sparkforge.shared.target_families import family_of
 
 logger = logging.getLogger(__name__)
 
 MarkovHeadType = Literal["vanilla", "gated", "rnn"]
 MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla", "gated", "rnn")
-DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3", "deepseek_v4", "dflash")
+DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3", "deepseek_v4", "dflash", "gemma4")
 """Names of ``sparkforge.trainer.architectures.ARCHITECTURES`` (kept torch-free here)."""
 
 
@@ -87,7 +87,8 @@ class DSparkDraftConfig:
     Qwen3-shaped draft every engine loads, for targets of any family; ``deepseek_v4`` follows a
     DeepSeek-V4 target's attention (its sizes below come from that target); ``dflash`` is the
     Qwen3-shaped backbone with the DFlash block layout and no Markov or confidence head, served
-    as a DFlash draft (vLLM ``method: dflash``)."""
+    as a DFlash draft (vLLM ``method: dflash``); ``gemma4`` is the Gemma4 draft vLLM's
+    ``Gemma4DSparkForCausalLM`` loads (k_eq_v attention, sandwich norms)."""
     q_lora_rank: int = 0
     """deepseek_v4: width of the query low-rank bottleneck (wq_a -> q_norm -> wq_b)."""
     o_lora_rank: int = 0
@@ -250,6 +251,15 @@ def text_config(target_config: Any) -> Any:
     return sub if sub is not None else target_config
 
 
+def _as_mapping(config: Any) -> dict[str, Any]:
+    """A config's fields as JSON-like data: a transformers config or a plain namespace."""
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
+    sub = data.get("text_config")
+    if sub is not None and not isinstance(sub, Mapping):
+        data["text_config"] = _as_mapping(sub)
+    return data
+
+
 def from_target_config(
     target_config: Any,
     *,
@@ -259,19 +269,28 @@ def from_target_config(
 ) -> DSparkDraftConfig:
     """Derive a draft config from a target HF config (nested ``text_config`` handled).
 
+    Attention sizes and RoPE are those of the target's full-attention layers (Gemma4 sizes them
+    per layer; see ``TargetConfig.attention``). Gemma targets give the sqrt(H) embedding scale
+    and their final logit softcap.
+
     Args:
-        target_config: A transformers ``PretrainedConfig`` of the target.
+        target_config: A transformers ``PretrainedConfig`` of the target (or any object whose
+            attributes are its ``config.json`` fields).
         mask_token_id: Required; never defaulted to the pad id.
         target_layer_ids: Feature ids; default = DFlash rule for the draft depth.
         **overrides: Any DSpark field (num_hidden_layers, block_size, markov_rank, ...).
     """
     tc = text_config(target_config)
+    # Per-layer and derived facts (Gemma4's full-attention sizes and RoPE, the embedding scale,
+    # the softcap) are read from the config's JSON form by the one target-config reader; plain
+    # sizes from the config object, whose properties also derive sizes its JSON leaves null.
+    target = TargetConfig(raw=_as_mapping(target_config), source="target config")
+    attention = target.attention
     model_type = str(getattr(tc, "model_type", "") or getattr(target_config, "model_type", ""))
     family = family_of(model_type)
     heads = int(tc.num_attention_heads)
-    hidden = int(tc.hidden_size)
     depth = int(overrides.get("num_hidden_layers", 5))
-    rope = getattr(tc, "rope_parameters", None) or {
+    rope = attention.get("rope_parameters") or {
         "rope_type": "default", "rope_theta": float(getattr(tc, "rope_theta", 10_000.0))
     }
     if family.rope_section is not None:
@@ -280,10 +299,10 @@ def from_target_config(
         rope = {"rope_type": section.get("rope_type", "default"),
                 "rope_theta": float(section["rope_theta"])}
     base: dict[str, Any] = {
-        "hidden_size": hidden,
+        "hidden_size": int(tc.hidden_size),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(getattr(tc, "num_key_value_heads", None) or heads),
-        "head_dim": int(getattr(tc, "head_dim", None) or hidden // heads),
+        "num_key_value_heads": int(attention.get("num_key_value_heads") or heads),
+        "head_dim": target.head_dim(),
         "intermediate_size": int(tc.intermediate_size),
         "vocab_size": int(tc.vocab_size),
         "rms_norm_eps": float(getattr(tc, "rms_norm_eps", 1e-6)),
@@ -292,8 +311,8 @@ def from_target_config(
         "attention_bias": bool(getattr(tc, "attention_bias", False)),
         "initializer_range": float(getattr(tc, "initializer_range", 0.02)),
         "num_target_layers": int(tc.num_hidden_layers),
-        "embedding_scale": math.sqrt(hidden) if family.embedding_scale_sqrt_hidden else 1.0,
-        "final_logit_softcapping": getattr(tc, "final_logit_softcapping", None),
+        "embedding_scale": target.embedding_scale,
+        "final_logit_softcapping": target.final_logit_softcapping,
         "target_model_type": model_type,
     }
     if overrides.get("architecture") == "deepseek_v4":
@@ -355,12 +374,12 @@ def backbone_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     }
 
 
-def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
-    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft."""
+def dspark_fields(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """The DSpark fields every served ``config.json`` carries, whatever its backbone."""
     out: dict[str, Any] = {
-        **backbone_config(cfg), "architectures": ["Qwen3DSparkModel"],
-        "mask_token_id": cfg.mask_token_id,
-        "target_layer_ids": list(cfg.target_layer_ids), "markov_rank": cfg.markov_rank,
+        "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
+        "target_layer_ids": list(cfg.target_layer_ids),
+        "num_target_layers": cfg.num_target_layers, "markov_rank": cfg.markov_rank,
         "enable_confidence_head": cfg.enable_confidence_head,
         "confidence_head_with_markov": cfg.enable_confidence_head
         and cfg.confidence_head_with_markov,
@@ -369,3 +388,14 @@ def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     if cfg.markov_rank > 0:
         out["markov_head_type"] = cfg.markov_head_type
     return out
+
+
+DSPARK_KEYS: tuple[str, ...] = (
+    "block_size", "num_anchors", "markov_rank", "markov_head_type", "enable_confidence_head",
+    "confidence_head_with_markov", "mask_token_id", "target_layer_ids", "num_target_layers")
+"""The DSpark fields a served ``config.json`` is read back with (see ``dspark_fields``)."""
+
+
+def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft."""
+    return {**backbone_config(cfg), "architectures": ["Qwen3DSparkModel"], **dspark_fields(cfg)}

@@ -1,9 +1,10 @@
-"""Export a training checkpoint as the HF-style DSpark draft that vLLM and SGLang load as-is.
+"""Export a training checkpoint as the HF-style DSpark draft that vLLM (and SGLang) load as-is.
 
-The layout is the one format both engines load: a Qwen3-shaped ``config.json`` built with
-``transformers.Qwen3Config`` plus the DSpark fields, bare tensor keys in bf16 ``model.safetensors``,
-and a provenance file beside it. The exporter refuses drafts an engine would load wrongly or
-silently half-initialise, and checks its own key set and shapes before writing anything.
+The draft config's architecture picks the format (``sparkforge.trainer.architectures``): the
+Qwen3-shaped draft both engines load, or the Gemma4 draft vLLM loads. Either way the draft is a
+``config.json``, bare tensor keys in bf16 ``model.safetensors`` and a provenance file beside
+them. The exporter refuses drafts an engine would load wrongly or silently half-initialise, and
+checks its own key set and shapes before writing anything.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ class ExportError(ValueError):
 
 def key_problems(cfg: DSparkDraftConfig, tensors: Mapping[str, torch.Tensor]) -> list[str]:
     """Exact key-set and shape check: vLLM never reports a missing tensor, so we must."""
-    frozen = {k: (cfg.vocab_size, cfg.hidden_size) for k in OPTIONAL_KEYS}
-    want = architecture_of(cfg).expected_shapes(cfg) | frozen
-    problems = [f"missing tensor {k} {list(s)}" for k, s in want.items()
-                if k not in tensors and k not in OPTIONAL_KEYS]
+    required = architecture_of(cfg).expected_shapes(cfg)
+    want = {k: (cfg.vocab_size, cfg.hidden_size) for k in OPTIONAL_KEYS} | required
+    problems = [f"missing tensor {k} {list(s)}" for k, s in required.items()
+                if k not in tensors]
     problems += [f"unexpected tensor {k}" for k in tensors if k not in want]
     problems += [f"{k}: shape {list(tensors[k].shape)}, expected {list(s)}"
                  for k, s in want.items() if k in tensors and tuple(tensors[k].shape) != s]

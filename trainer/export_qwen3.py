@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.trainer.draft_config import DSparkDraftConfig, serving_config
+from sparkforge.trainer.draft_config import DSPARK_KEYS, DSparkDraftConfig, serving_config
 from sparkforge.trainer.heads import head_shapes
 
 if TYPE_CHECKING:
@@ -19,22 +19,25 @@ if TYPE_CHECKING:
 
 def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     """Reasons ``engine`` could not serve this draft correctly (empty when it can)."""
-    problems = backbone_problems(cfg)
-    if engine in ("vllm", "any"):
-        if cfg.markov_rank == 0:
-            problems.append("markov_rank=0: vLLM's DSpark draft has no rank-0 path (markov_rank "
-                            "must be > 0)")
-        elif cfg.markov_head_type != "vanilla":
-            problems.append(f"markov_head_type={cfg.markov_head_type!r}: vLLM builds only the "
-                            "vanilla Markov head and fails to load gated/rnn weights")
-    if engine in ("sglang", "any") and not cfg.enable_confidence_head:
-        problems.append("enable_confidence_head=False: SGLang builds the confidence head anyway "
-                        "and refuses a draft without its weights")
-    return problems
+    return backbone_problems(cfg) + head_problems(cfg, engine)
+
+
+def dspark_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+    """Serving problems of the DSpark parts every DSpark format shares (ids, mask, heads)."""
+    return id_problems(cfg) + head_problems(cfg, engine)
 
 
 def backbone_problems(cfg: DSparkDraftConfig) -> list[str]:
     """What no Qwen3-shaped serving format (DSpark or DFlash) can express for this draft."""
+    problems = id_problems(cfg)
+    if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
+        problems.append("the draft uses a Gemma-style embedding scale or logit softcap, which the "
+                        "Qwen3-shaped serving format cannot express (use architecture 'gemma4')")
+    return problems
+
+
+def id_problems(cfg: DSparkDraftConfig) -> list[str]:
+    """Feature ids and mask id every engine can serve as trained."""
     problems = []
     last = cfg.num_target_layers - 1
     bad_ids = [i for i in cfg.target_layer_ids if i < 0 or i >= last]
@@ -45,9 +48,22 @@ def backbone_problems(cfg: DSparkDraftConfig) -> list[str]:
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         problems.append(f"mask_token_id={cfg.mask_token_id} must be below "
                         f"vocab_size={cfg.vocab_size}")
-    if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
-        problems.append("the draft uses a Gemma-style embedding scale or logit softcap, which the "
-                        "Qwen3-shaped serving format cannot express")
+    return problems
+
+
+def head_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+    """Markov and confidence heads an engine would build differently from the trained ones."""
+    problems = []
+    if engine in ("vllm", "any"):
+        if cfg.markov_rank == 0:
+            problems.append("markov_rank=0: vLLM's DSpark draft has no rank-0 path (markov_rank "
+                            "must be > 0)")
+        elif cfg.markov_head_type != "vanilla":
+            problems.append(f"markov_head_type={cfg.markov_head_type!r}: vLLM builds only the "
+                            "vanilla Markov head and fails to load gated/rnn weights")
+    if engine in ("sglang", "any") and not cfg.enable_confidence_head:
+        problems.append("enable_confidence_head=False: SGLang builds the confidence head anyway "
+                        "and refuses a draft without its weights")
     return problems
 
 
@@ -89,9 +105,7 @@ def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
     """Read a DSpark ``config.json`` (ours, DeepSpec's or NeMo's Qwen3-shaped drafts)."""
     keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "rms_norm_eps", "rope_parameters",
-            "max_position_embeddings", "attention_bias", "num_hidden_layers", "block_size",
-            "num_anchors", "markov_rank", "markov_head_type", "enable_confidence_head",
-            "confidence_head_with_markov", "mask_token_id", "target_layer_ids",
-            "num_target_layers", "initializer_range")
+            "max_position_embeddings", "attention_bias", "num_hidden_layers",
+            "initializer_range", *DSPARK_KEYS)
     fields = {k: config[k] for k in keys if config.get(k) is not None}
     return DSparkDraftConfig(**fields)

@@ -1,4 +1,4 @@
-"""Qwen3-style draft layers: RMSNorm, SwiGLU MLP, KV-injected non-causal attention, the layer.
+"""Qwen3-style draft layers: RMSNorm, gated MLP, KV-injected non-causal attention, the layer.
 
 Shape suffixes follow the legend in ``sparkforge.trainer.model``.
 """
@@ -6,6 +6,7 @@ Shape suffixes follow the legend in ``sparkforge.trainer.model``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,32 +18,39 @@ from sparkforge.trainer.rope import apply_rotary
 
 
 class RMSNorm(nn.Module):
-    """Qwen3 RMSNorm: normalise in fp32, scale by a learned weight."""
+    """Qwen3/Gemma4 RMSNorm: normalise in fp32, scale by a learned weight (or by nothing)."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, *, with_weight: bool = True) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim)) if with_weight else None
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last axis."""
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        out = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return out if self.weight is None else self.weight * out
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (HF ``gelu_pytorch_tanh``, Gemma's activation)."""
+    return F.gelu(x, approximate="tanh")
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward."""
+    """Gated feed-forward: SwiGLU (Qwen3) by default, GeGLU with ``act=gelu_tanh`` (Gemma)."""
 
-    def __init__(self, hidden: int, inter: int) -> None:
+    def __init__(self, hidden: int, inter: int,
+                 act: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """down(silu(gate(x)) * up(x))."""
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        """down(act(gate(x)) * up(x))."""
+        out: torch.Tensor = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         return out
 
 
@@ -54,42 +62,59 @@ def compiled_flex() -> Any:
     return torch.compile(flex_attention)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any,
+            scale: float | None = None) -> torch.Tensor:
     """SDPA over a dense bool mask (or none), flex attention over a BlockMask; GQA either way.
 
-    Flex is compiled on CUDA (its fused kernel); on CPU it runs eagerly, forward only.
+    ``scale`` multiplies the q.k logits (None: 1/sqrt(D)). Flex is compiled on CUDA (its fused
+    kernel); on CPU it runs eagerly, forward only.
     """
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     if isinstance(mask, BlockMask):
         fn = compiled_flex() if q.is_cuda else flex_attention
-        out: torch.Tensor = fn(q, k, v, block_mask=mask, enable_gqa=True)
+        out: torch.Tensor = fn(q, k, v, block_mask=mask, scale=scale, enable_gqa=True)
         return out
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
 class DSparkAttention(nn.Module):
-    """Queries from the block only; keys/values = [projected context ; block], same weights."""
+    """Queries from the block only; keys/values = [projected context ; block], same weights.
 
-    def __init__(self, cfg: DSparkDraftConfig) -> None:
+    Args:
+        cfg: The draft config (sizes).
+        k_eq_v: Gemma4's ``attention_k_eq_v``: no ``v_proj``; the values are the raw key
+            projection normalised by a weightless RMSNorm (``v_norm``), without RoPE.
+        softmax_scale: Multiplier on the q.k logits (None: 1/sqrt(head_dim); Gemma4: 1.0).
+    """
+
+    def __init__(self, cfg: DSparkDraftConfig, *, k_eq_v: bool = False,
+                 softmax_scale: float | None = None) -> None:
         super().__init__()
         n, g, d, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
         self.num_heads, self.num_kv, self.head_dim = n, g, d
+        self.softmax_scale = softmax_scale
         self.q_proj = nn.Linear(h, n * d, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(h, g * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, g * d, bias=cfg.attention_bias)
+        self.v_proj = None if k_eq_v else nn.Linear(h, g * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(n * d, h, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.v_norm = RMSNorm(d, cfg.rms_norm_eps, with_weight=False) if k_eq_v else None
 
     def key_values(
         self, x_BPH: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """k_norm'ed, rotated keys and values [B, G, P, D] for the rows of ``x``."""
         b, p, _ = x_BPH.shape
-        k = self.k_norm(self.k_proj(x_BPH).view(b, p, self.num_kv, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x_BPH).view(b, p, self.num_kv, self.head_dim).transpose(1, 2)
-        return apply_rotary(k, cos, sin), v
+        k_BPGD = self.k_proj(x_BPH).view(b, p, self.num_kv, self.head_dim)
+        if self.v_proj is None:
+            assert self.v_norm is not None
+            v_BPGD = self.v_norm(k_BPGD)
+        else:
+            v_BPGD = self.v_proj(x_BPH).view(b, p, self.num_kv, self.head_dim)
+        k = apply_rotary(self.k_norm(k_BPGD).transpose(1, 2), cos, sin)
+        return k, v_BPGD.transpose(1, 2)
 
     def forward(
         self,
@@ -105,7 +130,7 @@ class DSparkAttention(nn.Module):
         k_blk, v_blk = self.key_values(x_BQH, *rope_q)
         k = torch.cat([ctx_kv[0].to(k_blk.dtype), k_blk], dim=2)
         v = torch.cat([ctx_kv[1].to(v_blk.dtype), v_blk], dim=2)
-        out = _attend(q, k, v, mask)
+        out = _attend(q, k, v, mask, self.softmax_scale)
         res: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, nq, -1))
         return res
 

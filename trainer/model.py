@@ -14,6 +14,8 @@ r Markov rank, m verified draft tokens (``m1`` = m + 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -41,6 +43,7 @@ class DSparkDraftModel(nn.Module):
         lm_head_weight: Target ``lm_head.weight`` [V, H]; copied and frozen (also the teacher).
         attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
         layout: Which block slots draft and which anchors train (DSpark's, or DFlash's).
+        layer: Builds one draft layer from the config (default: the Qwen3-style layer).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class DSparkDraftModel(nn.Module):
         lm_head_weight: torch.Tensor | None = None,
         attn_implementation: AttnImpl = "sdpa",
         layout: BlockLayout = DSPARK_LAYOUT,
+        layer: Callable[[DSparkDraftConfig], nn.Module] = DSparkLayer,
     ) -> None:
         super().__init__()
         cfg = config
@@ -61,7 +65,7 @@ class DSparkDraftModel(nn.Module):
         self.embed_tokens = nn.Embedding(v, h)
         self.fc = nn.Linear(cfg.num_features * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DSparkLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(layer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, v, bias=False)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters,

@@ -97,6 +97,12 @@ def _verify_length(conf_K: torch.Tensor | None, k: int, threshold: float | None)
     return int(below[0]) if below.numel() else k
 
 
+def _has_sliding_layers(target: Any) -> bool:
+    """Whether a transformers target has sliding-window attention layers."""
+    text = target.config.get_text_config()
+    return "sliding_attention" in (getattr(text, "layer_types", None) or ())
+
+
 @torch.no_grad()
 def speculative_generate(
     target: Any,
@@ -113,7 +119,8 @@ def speculative_generate(
 
     Args:
         target: A transformers causal LM (returns ``logits``, ``hidden_states`` and a croppable
-            ``past_key_values``, or is ``_is_stateful`` and is re-run over the whole sequence).
+            ``past_key_values``; one that is ``_is_stateful`` or has sliding-window layers is
+            re-run over the whole sequence).
         draft: The DSpark draft; its ``target_layer_ids`` select the features.
         prompt_ids: [T] or [1, T] prompt.
         max_new_tokens: Tokens to generate.
@@ -127,9 +134,10 @@ def speculative_generate(
     k = draft.num_draft_tokens
     layer_ids = draft.config.target_layer_ids
     family = family_of(getattr(target.config, "model_type", None))
-    # A target whose cache cannot be rewound (DeepSeek-V4's compressor state) re-runs the whole
+    # A target whose cache cannot be rewound (DeepSeek-V4's compressor state, the sliding-window
+    # layers of Gemma, which drop past states once the window is full) re-runs the whole
     # sequence each round instead of cropping the rejected tokens' K/V.
-    rewindable = not getattr(target, "_is_stateful", False)
+    rewindable = not getattr(target, "_is_stateful", False) and not _has_sliding_layers(target)
     res = SpecDecodeResult(tokens=[], position_accepted=[0] * k, position_trials=[0] * k)
     out = target(ids, use_cache=rewindable, output_hidden_states=True)
     cache_t = out.past_key_values

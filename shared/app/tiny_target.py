@@ -1,4 +1,4 @@
-"""Build a tiny Qwen3-shaped target (model, tokenizer, chat template) offline, for demos and tests.
+"""Build tiny targets (model, tokenizer, chat template) offline, for demos and tests.
 
 Nothing is downloaded: the tokenizer is a byte-level BPE trained on an embedded synthetic corpus and
 the weights are random (std 0.08, so next-token distributions are not near-uniform).
@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 # ChatML with {% generation %} markers around assistant content: HF's
 # ``return_assistant_tokens_mask`` reads them to build the loss mask.
@@ -170,54 +171,65 @@ def build_tiny_deepseek_v4(
     return out
 
 
-def build_tiny_gemma4(
-    out_dir: str | Path,
-    *,
-    multimodal: bool = False,
-    num_hidden_layers: int = 4,
-    hidden_size: int = 128,
-    vocab_size: int = 1024,
-    final_logit_softcapping: float = 5.0,
-    seed: int = 0,
-) -> Path:
-    """Write a tiny Gemma4 text model (or the multimodal top level with a tiny vision tower).
+def tiny_gemma4_config(
+    *, num_hidden_layers: int = 4, hidden_size: int = 64, vocab_size: int = 1024,
+    final_logit_softcapping: float | None = 30.0, multimodal: bool = False,
+) -> Any:
+    """A tiny Gemma4 text config (or the ``gemma4`` multimodal top level holding it).
 
-    Sliding and full attention layers alternate (window 16; head_dim 32, global_head_dim 64,
-    both sizes vLLM's CPU attention supports); tied embeddings scaled by sqrt(hidden_size), a
-    small logit softcap so it visibly bends the logits, and a final norm weight away from 1 so
-    the pre-norm and post-norm states differ; fp32 weights.
+    Sliding layers have head_dim 32 and 2 KV heads, the full-attention last layer head_dim 64 and
+    one KV head with ``attention_k_eq_v``; no per-layer inputs, no MoE.
+    """
+    from transformers import AutoConfig
+
+    layer_types = ["sliding_attention"] * (num_hidden_layers - 1) + ["full_attention"]
+    text = AutoConfig.for_model(
+        "gemma4_text", vocab_size=vocab_size, hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size, num_hidden_layers=num_hidden_layers,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=32, global_head_dim=64,
+        num_global_key_value_heads=1, attention_k_eq_v=True, layer_types=layer_types,
+        sliding_window=16, hidden_size_per_layer_input=0, vocab_size_per_layer_input=vocab_size,
+        final_logit_softcapping=final_logit_softcapping, max_position_embeddings=4096,
+        initializer_range=0.08, tie_word_embeddings=False, bos_token_id=None, eos_token_id=2,
+        pad_token_id=0,
+    )
+    if not multimodal:
+        return text
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+              "patch_size": 4, "image_size": 16}
+    return AutoConfig.for_model("gemma4", text_config=text.to_dict(), vision_config=vision)
+
+
+def build_tiny_gemma4(out_dir: str | Path, *, seed: int = 0, **config: Any) -> Path:
+    """Write a tiny Gemma4 target (see ``tiny_gemma4_config``; ``multimodal=True`` for the top
+    level with a tiny vision tower) + tokenizer.
+
+    fp32 weights, untied lm_head, and a final norm weight away from 1 so the pre-norm and
+    post-norm states differ.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(out, vocab_size=vocab_size)
-    text = AutoConfig.for_model(
-        "gemma4_text", vocab_size=vocab_size, hidden_size=hidden_size,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
-        intermediate_size=2 * hidden_size, max_position_embeddings=4096,
-        layer_types=["sliding_attention", "full_attention"] * (num_hidden_layers // 2),
-        sliding_window=16, hidden_size_per_layer_input=0, vocab_size_per_layer_input=vocab_size,
-        final_logit_softcapping=final_logit_softcapping, initializer_range=0.08,
-        bos_token_id=None, eos_token_id=2, pad_token_id=0,
-    )
+    hf = tiny_gemma4_config(**config)
+    build_tokenizer(out, vocab_size=text_vocab_size(hf))
     torch.manual_seed(seed)
-    if multimodal:
-        vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                  "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
-                  "patch_size": 4, "image_size": 16}
-        config = AutoConfig.for_model("gemma4", text_config=text.to_dict(),
-                                      vision_config=vision, pad_token_id=0, eos_token_id=2)
-        model = AutoModelForImageTextToText.from_config(config).float()
+    if config.get("multimodal"):
+        model = AutoModelForImageTextToText.from_config(hf).float()
     else:
-        model = AutoModelForCausalLM.from_config(text).float()
+        hf._attn_implementation = "eager"
+        model = AutoModelForCausalLM.from_config(hf).float()
     with torch.no_grad():
-        norm = model.get_decoder().norm.weight
-        norm.uniform_(0.5, 1.5)
+        model.get_decoder().norm.weight.uniform_(0.5, 1.5)
     model.save_pretrained(str(out))
     return out
+
+
+def text_vocab_size(config: Any) -> int:
+    """The vocabulary size of a text config or of a multimodal config's ``text_config``."""
+    return int(getattr(config, "text_config", config).vocab_size)
 
 
 def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object]]:

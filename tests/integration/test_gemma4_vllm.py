@@ -4,6 +4,7 @@ and the manifest records the embedding scale and the logit softcap."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def test_gemma4_vllm_cache_equals_transformers_rows(gemma4_target: Path, tmp_pat
     reader = open_cache(str(tmp_path / "vllm"))
     capture = reader.manifest.capture
     assert (capture.engine, capture.final_hidden) == ("vllm", "lm_head_input")
-    assert capture.embedding_scale == math.sqrt(128)
+    hidden_size = json.loads((gemma4_target / "config.json").read_text())["hidden_size"]
+    assert capture.embedding_scale == math.sqrt(hidden_size)
     assert capture.final_logit_softcapping == SOFTCAP
     samples = cache_samples(str(tmp_path / "vllm"))
     assert sorted(samples) == list(range(6))

@@ -6,7 +6,9 @@ paths run, no forward pass:
 1. config resolution: ``EngineArgs(..., speculative_config={"method": METHOD, "model": DRAFT})``
    ``.create_engine_config()`` and the aux-layer ids vLLM derives from the draft config;
 2. the class vLLM's registry resolves the draft's architecture to (``Qwen3DSparkForCausalLM``,
-   ``DFlashQwen3ForCausalLM``), built from that config, then its ``load_weights`` on CPU.
+   ``Gemma4DSparkForCausalLM``, ``DFlashQwen3ForCausalLM``), built from that config, then its
+   ``load_weights`` on CPU; every parameter is compared with the checkpoint tensor(s) it was
+   loaded from.
 
 One in-process patch, for dspark only: vLLM accepts DSpark only on its
 V2 GPU runner, which needs Triton, so ``VllmConfig`` rejects "dspark speculative decoding" on the
@@ -27,7 +29,7 @@ import torch
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-
+# Draft ``architectures`` name -> vLLM module and class that loads it.
 def _patch_v1_rejection() -> None:
     from vllm.config.vllm import VllmConfig
 
@@ -83,6 +85,17 @@ def main(target: str, draft: str, method: str = "dspark") -> dict[str, object]:
         model = model_cls(vllm_config=cfg)
         model.load_weights(iter(ckpt.items()))
     params = dict(model.named_parameters())
+    markov_bias = {}
+    if hasattr(model, "markov_bias"):  # DSpark: the bias as served vs W2 @ W1[token] computed here
+        ids = torch.arange(4)
+        with set_current_vllm_config(cfg), torch.no_grad():
+            served_bias = model.markov_bias(model.markov_embed(ids)).float()
+        plain_bias = ckpt["markov_head.markov_w1.weight"][ids].float() @ ckpt[
+            "markov_head.markov_w2.weight"].float().T
+        cap = getattr(spec.draft_model_config.hf_config, "final_logit_softcapping", None)
+        capped_bias = torch.tanh(plain_bias / cap) * cap if cap else plain_bias
+        markov_bias = {"markov_bias_vs_plain": float((served_bias - plain_bias).abs().max()),
+                       "markov_bias_vs_softcapped": float((served_bias - capped_bias).abs().max())}
     unmatched, mismatched, used = [], [], set()
     for name, param in params.items():
         keys = _sources(name, ckpt)
@@ -105,6 +118,7 @@ def main(target: str, draft: str, method: str = "dspark") -> dict[str, object]:
         "tensors_not_loaded": sorted(set(ckpt) - used),
         "confidence_head": getattr(model.model, "confidence_head", None) is not None,
         "mask_token_id": getattr(model.model, "mask_token_id", None),
+        **markov_bias,
     }
 
 

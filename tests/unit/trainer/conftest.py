@@ -39,7 +39,9 @@ def tiny_cfg() -> DSparkDraftConfig:
 
 
 TINY_DRAFTS: dict[str, Callable[[], DSparkDraftConfig]] = {
-    "qwen3": draft_tiny, "deepseek_v4": draft_tiny_deepseek_v4}
+    "qwen3": draft_tiny, "deepseek_v4": draft_tiny_deepseek_v4,
+    "gemma4": lambda: dataclasses.replace(draft_tiny(), architecture="gemma4",
+                                          embedding_scale=8.0)}
 """The tiny config of each draft architecture."""
 
 

@@ -61,6 +61,35 @@ def test_gemma_scale_and_softcap_come_from_the_target() -> None:
     assert from_target_config(_qwen3(), mask_token_id=1).embedding_scale == 1.0
 
 
+@pytest.mark.parametrize("multimodal", [False, True], ids=["gemma4_text", "gemma4"])
+def test_gemma4_target_gives_its_full_attention_shape_scale_and_cap(multimodal: bool) -> None:
+    """A real Gemma4 config (reading config.head_dim raises) gives head_dim 64, 1 KV head,
+    sqrt(H) and the softcap, for the text model and the multimodal top level alike."""
+    from sparkforge.app.tiny_target import tiny_gemma4_config
+
+    target = tiny_gemma4_config(multimodal=multimodal)
+    with pytest.raises(RuntimeError, match="per-layer attribute"):
+        _ = target.get_text_config().head_dim
+    cfg = from_target_config(target, mask_token_id=3, target_layer_ids=(0, 2))
+    assert (cfg.head_dim, cfg.num_key_value_heads, cfg.num_attention_heads) == (64, 1, 2)
+    assert cfg.embedding_scale == pytest.approx(8.0)
+    assert cfg.final_logit_softcapping == 30.0
+    assert cfg.rope_parameters == {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1_000_000.0}
+    assert (cfg.target_model_type, cfg.num_target_layers) == ("gemma4_text", 4)
+
+
+def test_gemma4_train_config_path_builds_the_draft_config() -> None:
+    """The trainer's path (the cache's config.json mapping) reads a Gemma4 target the same way."""
+    from sparkforge.app.tiny_target import tiny_gemma4_config
+    from sparkforge.trainer.run_config import DraftSpec
+
+    spec = DraftSpec(mask_token_id=3, hidden_size=64, vocab_size=1024, num_target_layers=4,
+                     target_layer_ids=(0, 2), architecture="gemma4")
+    cfg = spec.draft_config(tiny_gemma4_config(multimodal=True).to_dict())
+    assert (cfg.head_dim, cfg.architecture, cfg.final_logit_softcapping) == (64, "gemma4", 30.0)
+
+
 @pytest.mark.parametrize("mask_id", [-1, 300, 10_000])
 def test_mask_token_out_of_range_rejected(mask_id: int) -> None:
     """mask_token_id must lie in [0, V)."""

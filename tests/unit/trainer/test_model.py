@@ -18,7 +18,8 @@ from sparkforge.trainer.rope import compute_inv_freq
 from sparkforge.trainer.run_config import LossSpec
 
 Build = Callable[..., Any]
-CONTEXT_PROJECTION = {"qwen3": "fc.weight", "deepseek_v4": "main_proj.weight"}
+CONTEXT_PROJECTION = {"qwen3": "fc.weight", "deepseek_v4": "main_proj.weight",
+                      "gemma4": "fc.weight"}
 
 
 # The DSpark architectures (Markov and confidence heads, K drafts per block); the DFlash draft

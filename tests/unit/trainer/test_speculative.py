@@ -71,6 +71,27 @@ def test_greedy_speculative_on_a_v4_target_equals_its_greedy(tiny_v4_target: Pat
     assert max(res.verified_per_round) > 0
 
 
+def test_greedy_speculative_on_a_sliding_window_gemma4_target_equals_its_greedy() -> None:
+    """A Gemma4 target whose sequence outgrows its sliding window (cache not croppable) and a
+    Gemma4 draft stay greedy-exact."""
+    from sparkforge.app.tiny_target import tiny_gemma4_config
+    from sparkforge.trainer.architectures import build_draft
+
+    config = tiny_gemma4_config()
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_config(config).eval()
+    cfg = from_target_config(target.config, mask_token_id=3, target_layer_ids=(0, 1),
+                             num_hidden_layers=1, num_anchors=8, markov_rank=8, block_size=4,
+                             architecture="gemma4")
+    draft = build_draft(cfg, embed_weight=target.model.embed_tokens.weight,
+                        lm_head_weight=target.lm_head.weight).eval()
+    prompt = torch.tensor([5, 17, 99, 4, 250, 31, 7])
+    res = speculative_generate(target, draft, prompt, max_new_tokens=20)
+    assert prompt.numel() + 20 > config.sliding_window
+    assert res.tokens == _greedy_reference(target, prompt, 20)
+
+
 def test_greedy_lossless_with_accepted_drafts() -> None:
     """On a tiny vocabulary drafts do get accepted, and the output is still greedy-identical."""
     target = _small_target()
