@@ -50,6 +50,11 @@ class TargetFamily:
     ``l + 1`` for every family except DeepSeek-V4.1, whose ids vLLM uses as they are."""
     embedding_scale_sqrt_hidden: bool = False
     """The target scales embed_tokens output by sqrt(hidden_size) (Gemma); the draft does too."""
+    padding_sensitive: bool = False
+    """transformers gives a right-padded row other states than the same row alone, so the HF
+    backend forwards such rows one at a time. GLM-5's sparse-attention indexer keeps the top-k
+    keys by a ReLU-clipped score: exact ties at 0 are common, and which tied key ``topk`` keeps
+    depends on the length of the (padded) key axis; measured rel. error 0.2 over 4 tiny layers."""
     rope_section: str | None = None
     """Key of the RoPE settings the draft copies when ``rope_parameters`` is nested per layer
     type (DeepSeek-V4: ``main``); None when it is flat."""
@@ -91,6 +96,10 @@ FAMILIES: tuple[TargetFamily, ...] = (
                  features="hc_mean", final_state="lm_head_input", final_from_residual=False,
                  vllm_dspark_id_offset=0, rope_section="main"),
     TargetFamily(name="kimi_k3", model_types=("kimi_k3", "kimi_linear"),
+                 final_from_residual=False),
+    TargetFamily(name="glm_dsa", model_types=("glm_moe_dsa",), padding_sensitive=True),
+    # MiniMax-M3's final norm scales by (1 + w): not the plain RMSNorm the vLLM backend applies.
+    TargetFamily(name="minimax_m3", model_types=("minimax_m3_vl", "minimax_m3_vl_text"),
                  final_from_residual=False),
 )
 
