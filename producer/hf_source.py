@@ -20,13 +20,13 @@ from typing import Any
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
 from sparkforge.shared.hidden_features import layer_feature
 from sparkforge.shared.layer_ids import check_hf_ids
-from sparkforge.shared.target_families import family_of
+from sparkforge.shared.target_config import read_target_config
+from sparkforge.shared.target_families import family_of, loads_as_image_text
 
 
 class HfSource:
@@ -150,7 +150,6 @@ class HfSource:
 
 def _auto_class(model_path: str) -> type[Any]:
     """``AutoModelForCausalLM``, or the image-text class for a multimodal top level without one."""
-    model_type = transformers.AutoConfig.from_pretrained(model_path).model_type
-    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return AutoModelForCausalLM
-    return AutoModelForImageTextToText
+    if loads_as_image_text(read_target_config(model_path).model_type):
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM

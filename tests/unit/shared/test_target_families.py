@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkforge.shared.target_families import STANDARD, family_of
+from sparkforge.shared.target_families import STANDARD, family_of, loads_as_image_text
 
 FEATURE_IDS = (40, 41, 42)
 
@@ -17,11 +17,21 @@ FEATURE_IDS = (40, 41, 42)
     ("gemma4_text", "gemma", "residual", "post_norm"),
     ("deepseek_v4", "deepseek_v4", "hc_mean", "lm_head_input"),
     ("deepseek_v41", "deepseek_v41", "hc_mean", "lm_head_input"),
+    ("glm_moe_dsa", "glm_dsa", "residual", "post_norm"),
+    ("kimi_linear", "kimi_k3", "residual", "post_norm"),
+    ("minimax_m3_vl", "minimax_m3", "residual", "post_norm"),
 ])
 def test_family_semantics(model_type: str, family: str, features: str, final: str) -> None:
     """Each model_type maps to its family's feature and final-state semantics."""
     found = family_of(model_type)
     assert (found.name, found.features, found.final_state) == (family, features, final)
+
+
+@pytest.mark.parametrize(("model_type", "image_text"), [
+    ("minimax_m3_vl", True), ("minimax_m3_vl_text", False), ("qwen3", False), (None, False)])
+def test_image_text_top_levels(model_type: str | None, image_text: bool) -> None:
+    """Only multimodal top levels without a causal-LM class load as image-text models."""
+    assert loads_as_image_text(model_type) is image_text
 
 
 def test_unknown_model_type_is_standard() -> None:
