@@ -143,7 +143,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     auto = (AutoModelForImageTextToText if loads_as_image_text(
         read_target_config(cfg.target).model_type) else AutoModelForCausalLM)
     target = auto.from_pretrained(cfg.target, dtype=torch.float32)
-    target = target.to(device).eval()
+    target = target.to(device).eval()  # type: ignore[arg-type]  # odd transformers stub
     dc, tc = draft.config, target.config.get_text_config()
     mismatch = [f"{n}: draft {a}, target {b}" for n, a, b in (
         ("hidden_size", dc.hidden_size, tc.hidden_size),
