@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-GPU check of the trainer, in under 10 minutes: the GPU tests (flex-attention backward vs
-# SDPA, bf16-mixed fit, FSDP on one GPU, device-side fp8 capture copies), then the draft-step and
+# SDPA for both draft architectures, the deepseek_v4 draft's bf16 steps, bf16-mixed fit, FSDP on
+# one GPU, device-side fp8 capture copies), then the draft-step and
 # loader benchmarks on the GPU. Needs python3 with torch (CUDA), lightning, transformers, pyarrow,
 # fsspec, safetensors, pytest; no vLLM. The project's other small dependencies (zarr, numcodecs,
 # crc32c, jsonargparse and theirs) are installed from wheels in .whl/ when that folder exists.

@@ -35,11 +35,38 @@ def tiny_v4_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_deepseek_v4(tmp_path_factory.mktemp("tiny_v4"))
 
 
+# A tiny V4 target's HF capture: 16 chat rows, feature ids [0, 1, 2], fp32, 1/4 held out.
+V4_PRODUCER = {"backend": "hf", "layer_ids": [0, 1, 2], "hidden_dtype": "float32",
+               "rows_per_unit": 8, "shard_rows": 1024, "max_seq_len": 512, "eval_fraction": 0.25,
+               "overlong": "truncate", "parity_samples": 0}
+
+
+@pytest.fixture(scope="session")
+def tiny_v4_cache(tmp_path_factory: pytest.TempPathFactory, tiny_v4_target: Path) -> Path:
+    """``sparkforge produce`` of ``tiny_v4_target`` through the HF backend (V4_PRODUCER)."""
+    import json
+
+    import yaml
+
+    from sparkforge.app.cli import main
+    from sparkforge.app.tiny_target import demo_conversations
+
+    root = tmp_path_factory.mktemp("tiny_v4_cache")
+    rows = root / "chat.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in demo_conversations(16)))
+    cache, producer = root / "cache", root / "producer.yaml"
+    producer.write_text(yaml.safe_dump({**V4_PRODUCER, "data": str(rows), "output": str(cache),
+                                        "engine": {"model": str(tiny_v4_target),
+                                                   "dtype": "float32"}}))
+    assert main(["produce", "--config", str(producer)]) == 0
+    return cache
+
+
 @pytest.fixture(scope="session")
 def tiny_family(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Builds a tiny random target of a model type once per session: ``tiny_family("qwen3_moe")``.
 
-    ``deepseek_v4`` is the ``tiny_v4_target`` build; the others come from ``tiny_families``.
+    ``deepseek_v4`` is built as ``tiny_v4_target`` is; the others come from ``tiny_families``.
     """
     from tiny_families import build_tiny_family
 

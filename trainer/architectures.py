@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from torch import nn
 
-from sparkforge.trainer import export_qwen3
+from sparkforge.trainer import export_deepseek_v4, export_qwen3
+from sparkforge.trainer.deepseek_v4_draft import DeepseekV4DSparkModel
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.model import DSparkDraftModel
 
@@ -45,6 +46,12 @@ ARCHITECTURES: dict[str, DraftArchitecture] = {
         expected_shapes=export_qwen3.expected_shapes, hf_config=export_qwen3.hf_config,
         serving_problems=export_qwen3.serving_problems,
         config_from_hf=export_qwen3.draft_config_from_hf),
+    "deepseek_v4": DraftArchitecture(
+        name="deepseek_v4", served_as=(), model=DeepseekV4DSparkModel,
+        expected_shapes=export_deepseek_v4.expected_shapes,
+        hf_config=export_deepseek_v4.refuse_hf_config,
+        serving_problems=export_deepseek_v4.serving_problems,
+        config_from_hf=export_deepseek_v4.refuse_config_from_hf),
 }
 
 

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 MarkovHeadType = Literal["vanilla", "gated", "rnn"]
 MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla", "gated", "rnn")
-DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3",)
+DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3", "deepseek_v4")
 """Names of ``sparkforge.trainer.architectures.ARCHITECTURES`` (kept torch-free here)."""
 
 
@@ -83,7 +83,18 @@ class DSparkDraftConfig:
     """The target's HF model_type, recorded with the draft."""
     architecture: str = "qwen3"
     """The draft's layer stack and serving format (``DRAFT_ARCHITECTURES``): ``qwen3`` is the
-    Qwen3-shaped draft every engine loads, for targets of any family."""
+    Qwen3-shaped draft every engine loads, for targets of any family; ``deepseek_v4`` follows a
+    DeepSeek-V4 target's attention (its sizes below come from that target)."""
+    q_lora_rank: int = 0
+    """deepseek_v4: width of the query low-rank bottleneck (wq_a -> q_norm -> wq_b)."""
+    o_lora_rank: int = 0
+    """deepseek_v4: low-rank width of each head group's output projection (wo_a)."""
+    o_groups: int = 0
+    """deepseek_v4: head groups of the grouped output projection."""
+    qk_rope_head_dim: int = 0
+    """deepseek_v4: trailing channels of each head that RoPE rotates, in adjacent pairs."""
+    swiglu_limit: float | None = None
+    """deepseek_v4: SwiGLU clamp (gate <= limit, -limit <= up <= limit); None: no clamp."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
@@ -152,7 +163,55 @@ def _collect_problems(cfg: DSparkDraftConfig) -> list[str]:
         problems.append("confidence_head_with_markov=True needs markov_rank > 0")
     if cfg.head_dim % 2:
         problems.append(f"head_dim={cfg.head_dim} must be even for RoPE")
+    if cfg.architecture == "deepseek_v4":
+        problems += _deepseek_v4_problems(cfg)
+    else:
+        problems += [f"{name}={getattr(cfg, name)!r}: only architecture='deepseek_v4' reads it"
+                     for name in _V4_FIELDS if getattr(cfg, name) != _DEFAULTS[name]]
     return problems
+
+
+def _deepseek_v4_problems(cfg: DSparkDraftConfig) -> list[str]:
+    problems = [f"{name}={getattr(cfg, name)} must be > 0 for architecture='deepseek_v4'"
+                for name in ("q_lora_rank", "o_lora_rank", "o_groups", "qk_rope_head_dim")
+                if getattr(cfg, name) <= 0]
+    if cfg.num_key_value_heads != 1:
+        problems.append(f"num_key_value_heads={cfg.num_key_value_heads}: a deepseek_v4 draft has "
+                        "one key/value latent shared by every head (1)")
+    if cfg.o_groups > 0 and cfg.num_attention_heads % cfg.o_groups:
+        problems.append(f"num_attention_heads={cfg.num_attention_heads} must be a multiple of "
+                        f"o_groups={cfg.o_groups}")
+    if cfg.qk_rope_head_dim % 2 or cfg.qk_rope_head_dim > cfg.head_dim:
+        problems.append(f"qk_rope_head_dim={cfg.qk_rope_head_dim} must be even and at most "
+                        f"head_dim={cfg.head_dim}")
+    return problems
+
+
+_V4_FIELDS = ("q_lora_rank", "o_lora_rank", "o_groups", "qk_rope_head_dim", "swiglu_limit")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DSparkDraftConfig)}
+# The DeepSeek-V4 target config field each deepseek_v4 draft field is copied from; the draft's
+# MLP is one dense SwiGLU as wide as the target's experts.
+_V4_TARGET_FIELDS = {"q_lora_rank": "q_lora_rank", "o_lora_rank": "o_lora_rank",
+                     "o_groups": "o_groups", "qk_rope_head_dim": "qk_rope_head_dim",
+                     "intermediate_size": "moe_intermediate_size"}
+
+
+def _deepseek_v4_fields(tc: Any, model_type: str) -> dict[str, Any]:
+    """The sizes a deepseek_v4 draft copies from its DeepSeek-V4 target's text config.
+
+    The draft keeps the target's attention (Q-LoRA, one K=V latent, grouped O-LoRA, partial
+    RoPE, sinks) and drops what a dense draft has no use for: compressed/sparse attention,
+    hash routing, experts and MTP layers.
+    """
+    missing = sorted(t for t in _V4_TARGET_FIELDS.values() if getattr(tc, t, None) is None)
+    if missing:
+        raise ValueError(f"architecture='deepseek_v4' needs a DeepSeek-V4 target: the "
+                         f"{model_type!r} target config has no {missing}")
+    out: dict[str, Any] = {d: int(getattr(tc, t)) for d, t in _V4_TARGET_FIELDS.items()}
+    limit = getattr(tc, "swiglu_limit", None)
+    out["swiglu_limit"] = None if limit is None else float(limit)
+    out["num_key_value_heads"] = 1
+    return out
 
 
 def _warn_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> None:
@@ -217,6 +276,8 @@ def from_target_config(
         "final_logit_softcapping": getattr(tc, "final_logit_softcapping", None),
         "target_model_type": model_type,
     }
+    if overrides.get("architecture") == "deepseek_v4":
+        base |= _deepseek_v4_fields(tc, model_type)
     ids = target_layer_ids
     if ids is None:
         ids = default_feature_ids(base["num_target_layers"], depth)
@@ -234,6 +295,14 @@ def draft_tiny(*, vocab_size: int = 256, mask_token_id: int = 3) -> DSparkDraftC
         markov_rank=16, mask_token_id=mask_token_id, rope_parameters={
             "rope_type": "default", "rope_theta": 10_000.0},
     )
+
+
+def draft_tiny_deepseek_v4(*, vocab_size: int = 256, mask_token_id: int = 3) -> DSparkDraftConfig:
+    """draft_tiny() as a deepseek_v4 draft: one K=V latent, Q-LoRA 32, 2 output groups, RoPE 8."""
+    return dataclasses.replace(
+        draft_tiny(vocab_size=vocab_size, mask_token_id=mask_token_id),
+        architecture="deepseek_v4", num_key_value_heads=1, q_lora_rank=32, o_lora_rank=16,
+        o_groups=2, qk_rope_head_dim=8, swiglu_limit=10.0)
 
 
 def draft_qwen3_small(*, mask_token_id: int = 151_669) -> DSparkDraftConfig:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkforge.trainer.draft_config import DSparkDraftConfig, serving_config
+from sparkforge.trainer.heads import head_shapes
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine
@@ -58,8 +59,7 @@ def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
 
 def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
     """Every required tensor and its shape for this config (11 per draft layer + 7 shared)."""
-    h, hd, i_sz, v, r = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size,
-                         cfg.markov_rank)
+    h, hd, i_sz = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
     shapes: dict[str, tuple[int, ...]] = {
         "fc.weight": (h, cfg.num_features * h), "hidden_norm.weight": (h,), "norm.weight": (h,)}
@@ -76,12 +76,7 @@ def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
         if cfg.attention_bias:
             shapes |= {p + "self_attn.q_proj.bias": (nq,), p + "self_attn.k_proj.bias": (nkv,),
                        p + "self_attn.v_proj.bias": (nkv,)}
-    if r > 0:
-        shapes |= {"markov_head.markov_w1.weight": (v, r), "markov_head.markov_w2.weight": (v, r)}
-    if cfg.enable_confidence_head:
-        width = h + (r if cfg.confidence_head_with_markov and r > 0 else 0)
-        shapes |= {"confidence_head.proj.weight": (1, width), "confidence_head.proj.bias": (1,)}
-    return shapes
+    return shapes | head_shapes(cfg)
 
 
 def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:

@@ -47,7 +47,8 @@ class MLP(nn.Module):
 
 
 @functools.cache
-def _compiled_flex() -> Any:
+def compiled_flex() -> Any:
+    """flex_attention compiled once per process (its fused kernel on CUDA)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention)
@@ -61,7 +62,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> tor
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     if isinstance(mask, BlockMask):
-        fn = _compiled_flex() if q.is_cuda else flex_attention
+        fn = compiled_flex() if q.is_cuda else flex_attention
         out: torch.Tensor = fn(q, k, v, block_mask=mask, enable_gqa=True)
         return out
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
@@ -118,6 +119,12 @@ class DSparkLayer(nn.Module):
         self.self_attn = DSparkAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def key_values(
+        self, x_BPH: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention's keys and values [B, G, P, D] for context rows ``x``."""
+        return self.self_attn.key_values(x_BPH, cos, sin)
 
     def forward(
         self,

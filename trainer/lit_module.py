@@ -61,7 +61,7 @@ def nonfinite_message(batch: dict[str, torch.Tensor], loss: torch.Tensor, *, ste
 
 
 class DSparkLitModule(L.LightningModule):
-    """Trains a ``DSparkDraftModel`` on batches from ``CacheDataModule``.
+    """Trains a draft of any table architecture on batches from ``CacheDataModule``.
 
     The draft is built in ``setup`` from the target config and frozen weights stored in the cache,
     so the target model is never loaded.

@@ -39,13 +39,21 @@ class RotaryEmbedding(nn.Module):
     Rounding ``inv_freq`` to bf16 puts the frequencies out of phase with absolute position
     (servers keep RoPE fp32), so an up-cast of the rounded buffer is not enough: the
     ``_apply`` override recomputes it from the settings.
+
+    Args:
+        head_dim: The rotated width (DeepSeek-V4: its ``qk_rope_head_dim`` slice).
+        rope_parameters: HF-5 style settings (rope_type, rope_theta, scaling keys).
+        max_position_embeddings: Longest position the settings are meant for.
+        interleaved: Tables for pairs of adjacent channels (DeepSeek-V4, see
+            ``apply_interleaved_rotary``) instead of Qwen3's two halves.
     """
 
     inv_freq: torch.Tensor
 
     def __init__(self, head_dim: int, rope_parameters: Mapping[str, Any],
-                 max_position_embeddings: int) -> None:
+                 max_position_embeddings: int, *, interleaved: bool = False) -> None:
         super().__init__()
+        self.interleaved = interleaved
         self._settings = (head_dim, dict(rope_parameters), max_position_embeddings)
         inv, self.attention_scaling = compute_inv_freq(*self._settings)
         self.register_buffer("inv_freq", inv, persistent=False)
@@ -61,7 +69,8 @@ class RotaryEmbedding(nn.Module):
             torch.Tensor, torch.Tensor]:
         """cos, sin [B, 1, P, D] in ``dtype``, computed in fp32."""
         freqs = positions_BP[..., None].float() * self.inv_freq.float()
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None]
+        emb = (freqs.repeat_interleave(2, dim=-1) if self.interleaved
+               else torch.cat([freqs, freqs], dim=-1))[:, None]
         scale = self.attention_scaling
         return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
@@ -71,3 +80,18 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def apply_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V4 RoPE: rotate adjacent channel pairs of the trailing ``R`` channels of ``x``.
+
+    ``x [B, N, P, D]``; ``cos``/``sin [B, 1, P, R]`` from an ``interleaved`` table (R <= D). The
+    leading ``D - R`` channels pass unchanged; the rotation runs in fp32. Passing ``-sin``
+    undoes a rotation at the same positions (V4's output inverse RoPE).
+    """
+    rope_dim = cos.shape[-1]
+    nope, rope = x[..., : x.shape[-1] - rope_dim], x[..., x.shape[-1] - rope_dim:].float()
+    pairs = rope.unflatten(-1, (-1, 2))
+    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+    out = rope * cos.float() + rotated * sin.float()
+    return torch.cat([nope, out.to(x.dtype)], dim=-1)

@@ -57,6 +57,9 @@ class DraftSpec:
     """Train the per-slot acceptance predictor (needs loss.confidence_head_alpha > 0)."""
     confidence_head_with_markov: bool = DSparkDraftConfig.confidence_head_with_markov
     """Confidence features [h ; W1[prev]] (needs markov_rank > 0); h alone when false."""
+    architecture: str = DSparkDraftConfig.architecture
+    """The draft's layer stack: ``qwen3`` (every engine loads it, any target) or
+    ``deepseek_v4`` (a DeepSeek-V4 target's attention; export refused for now)."""
     target_model_type: str | None = None
     """Expected target model_type (checked against the cache when set)."""
     target_features: FeatureSemantics | None = None
@@ -97,7 +100,8 @@ class DraftSpec:
             num_anchors=self.num_anchors, markov_rank=self.markov_rank,
             markov_head_type=self.markov_head_type,
             enable_confidence_head=self.enable_confidence_head,
-            confidence_head_with_markov=self.confidence_head_with_markov, **self.overrides,
+            confidence_head_with_markov=self.confidence_head_with_markov,
+            architecture=self.architecture, **self.overrides,
         )
 
 

@@ -4,6 +4,7 @@ vLLM 0.32 (CPU) cannot parse a transformers-5.19 ``deepseek_v4`` config (its own
 allows only ``mlp_layer_types`` in ('sparse', 'dense'), transformers writes 'moe'), so the cache
 is captured by the HF backend, and the exported Qwen3-shaped draft is loaded through vLLM's
 ``Qwen3DSparkForCausalLM`` against a Qwen3 stand-in target of the same hidden and vocab sizes.
+The deepseek_v4 draft trains and evaluates from its checkpoint; its export is refused.
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from export_helpers import load_in_vllm
 
 from sparkforge.app.cli import main
 
-PRODUCER = {"backend": "hf", "layer_ids": [0, 1, 2], "hidden_dtype": "float32",
-            "rows_per_unit": 8, "shard_rows": 1024, "max_seq_len": 512, "eval_fraction": 0.25,
-            "overlong": "truncate", "parity_samples": 0}
 DRAFT = {"mask_token_id": 3, "hidden_size": 64, "vocab_size": 1024, "num_target_layers": 4,
          "target_layer_ids": [0, 1, 2], "num_hidden_layers": 1, "block_size": 4,
          "num_anchors": 8, "markov_rank": 16, "target_model_type": "deepseek_v4"}
@@ -39,18 +38,12 @@ def _train_config(out: Path, cache: Path, name: str, **draft: object) -> Path:
 
 
 @pytest.mark.slow
-def test_v4_target_runs_every_stage(tmp_path: Path, tiny_v4_target: Path) -> None:
+def test_v4_target_runs_every_stage(tmp_path: Path, tiny_v4_target: Path,
+                                    tiny_v4_cache: Path) -> None:
     """HF capture of a V4 target feeds a Qwen3-shaped draft that trains, exports and evaluates."""
-    from sparkforge.app.tiny_target import build_tiny_target, demo_conversations
+    from sparkforge.app.tiny_target import build_tiny_target
 
-    rows = tmp_path / "chat.jsonl"
-    rows.write_text("".join(json.dumps(r) + "\n" for r in demo_conversations(16)))
-    cache = tmp_path / "cache"
-    producer = tmp_path / "producer.yaml"
-    producer.write_text(yaml.safe_dump({**PRODUCER, "data": str(rows), "output": str(cache),
-                                        "engine": {"model": str(tiny_v4_target),
-                                                   "dtype": "float32"}}))
-    assert main(["produce", "--config", str(producer)]) == 0
+    cache = tiny_v4_cache
     capture = json.loads((cache / "manifest.json").read_text())["capture"]
     assert (capture["features"], capture["final_hidden"]) == ("hc_mean", "lm_head_input")
 
@@ -77,6 +70,31 @@ def test_v4_target_runs_every_stage(tmp_path: Path, tiny_v4_target: Path) -> Non
     assert main(["eval", "--draft", str(draft), "--target", str(tiny_v4_target),
                  "--cache", str(cache), "--out_dir", str(report_dir), "--num_prompts", "2",
                  "--max_new_tokens", "8"]) == 0
+    report = json.loads((report_dir / "eval_report.json").read_text())
+    assert report["speculative"]["tau"] >= 1.0
+    assert report["teacher_forced"]["metrics"]["tau"] >= 1.0
+
+
+@pytest.mark.slow
+def test_v4_drafter_trains_and_evaluates(tmp_path: Path, tiny_v4_target: Path,
+                                         tiny_v4_cache: Path) -> None:
+    """architecture deepseek_v4 trains on the V4 cache and evaluates; export says why it can't."""
+    train = _train_config(tmp_path, tiny_v4_cache, "train", architecture="deepseek_v4")
+    assert main(["validate", str(tiny_v4_cache), "--deep", "--against", str(train)]) == 0
+    assert main(["train", "--config", str(train)]) == 0
+    ckpt = next((tmp_path / "train").rglob("*.ckpt"))
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert state["draft_config"]["architecture"] == "deepseek_v4"
+    assert state["draft_config"]["q_lora_rank"] == 32
+    assert "model.layers.0.attn.attn_sink" in state["state_dict"]
+
+    assert main(["export", str(ckpt), str(tmp_path / "draft"), "--engine", "vllm"]) == 1
+    assert not (tmp_path / "draft").exists()
+
+    report_dir = tmp_path / "eval"
+    assert main(["eval", "--draft", str(ckpt), "--target", str(tiny_v4_target),
+                 "--cache", str(tiny_v4_cache), "--out_dir", str(report_dir),
+                 "--num_prompts", "2", "--max_new_tokens", "8"]) == 0
     report = json.loads((report_dir / "eval_report.json").read_text())
     assert report["speculative"]["tau"] >= 1.0
     assert report["teacher_forced"]["metrics"]["tau"] >= 1.0

@@ -1,4 +1,5 @@
-"""Offline equals online: training from the cache matches training on live target hidden states."""
+"""Offline equals online: training from the cache matches training on live target hidden states
+(a Qwen3 target with the Qwen3-shaped draft, a DeepSeek-V4 target with the deepseek_v4 draft)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from cache_helpers import write_tiny_cache
 from safetensors.torch import load as load_safetensors
 from torch.utils.data import DataLoader
 
+from sparkforge.shared.hidden_features import layer_feature
 from sparkforge.shared.reader import CachedSample
+from sparkforge.shared.target_families import family_of
 from sparkforge.trainer.data import collate
 from sparkforge.trainer.datamodule import CacheDataModule
 from sparkforge.trainer.lit_module import DSparkLitModule
@@ -23,6 +26,10 @@ from sparkforge.trainer.schedule import OptimizerConfig, SchedulerConfig
 SPEC = DraftSpec(mask_token_id=3, hidden_size=128, vocab_size=1024, num_target_layers=4,
                  target_layer_ids=(0, 2), num_hidden_layers=1, block_size=4, num_anchors=8,
                  markov_rank=16)
+V4_SPEC = DraftSpec(mask_token_id=3, hidden_size=64, vocab_size=1024, num_target_layers=4,
+                    target_layer_ids=(0, 1, 2), num_hidden_layers=1, block_size=4,
+                    num_anchors=8, markov_rank=16, architecture="deepseek_v4",
+                    target_model_type="deepseek_v4")
 
 
 class _Record(L.Callback):
@@ -41,30 +48,31 @@ class _Record(L.Callback):
 class _OnlineData(L.LightningDataModule):
     """Batches of the same samples whose hidden states a transformers target computes live."""
 
-    def __init__(self, target_dir: Path, reader: Any, batches: list[list[int]]) -> None:
+    def __init__(self, target_dir: Path, reader: Any, batches: list[list[int]],
+                 spec: DraftSpec) -> None:
         super().__init__()
-        from transformers import Qwen3ForCausalLM
+        from transformers import AutoModelForCausalLM
 
-        self.target = Qwen3ForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-        self.target_dir, self.reader, self.batches = target_dir, reader, batches
+        self.target = AutoModelForCausalLM.from_pretrained(str(target_dir),
+                                                           dtype=torch.float32).eval()
+        self.family = family_of(self.target.config.model_type)
+        self.reader, self.batches, self.spec = reader, batches, spec
 
     def target_config(self) -> dict[str, Any]:
         return self.target.config.to_dict()
 
     def target_weights(self) -> dict[str, torch.Tensor]:
-        state = self.target.state_dict()
-        return {"embed_tokens.weight": state["model.embed_tokens.weight"],
-                "lm_head.weight": state["lm_head.weight"]}
+        return {"embed_tokens.weight": self.target.get_input_embeddings().weight.detach(),
+                "lm_head.weight": self.target.get_output_embeddings().weight.detach()}
 
     def _sample(self, sample_id: int) -> CachedSample:
         cached = self.reader.read_sample(sample_id)   # tokens only; hidden states are recomputed
         ids = torch.from_numpy(cached.input_ids).long()
         with torch.no_grad():
-            hs = self.target(ids[None], output_hidden_states=True).hidden_states
-        layer_ids = SPEC.layer_ids()
+            hs = self.target(ids[None], output_hidden_states=True, use_cache=False).hidden_states
+        feats = [layer_feature(hs[i + 1], self.family)[0] for i in self.spec.layer_ids()]
         return dataclasses.replace(
-            cached, hidden_dtype="float32",
-            aux_hidden=torch.stack([hs[i + 1][0] for i in layer_ids], dim=1).numpy(),
+            cached, hidden_dtype="float32", aux_hidden=torch.stack(feats, dim=1).numpy(),
             final_hidden=hs[-1][0].numpy())
 
     def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
@@ -72,10 +80,10 @@ class _OnlineData(L.LightningDataModule):
         return DataLoader(batches, batch_size=None)  # type: ignore[arg-type]
 
 
-def _fit(data: Any, steps: int) -> _Record:
+def _fit(data: Any, steps: int, spec: DraftSpec) -> _Record:
     L.seed_everything(0)
     record = _Record()
-    module = DSparkLitModule(draft=SPEC, optimizer=OptimizerConfig(lr=3e-3),
+    module = DSparkLitModule(draft=spec, optimizer=OptimizerConfig(lr=3e-3),
                              scheduler=SchedulerConfig(warmup_steps=0), attn_implementation="sdpa")
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, logger=False, callbacks=[record],
                         enable_checkpointing=False, enable_progress_bar=False,
@@ -84,17 +92,28 @@ def _fit(data: Any, steps: int) -> _Record:
     return record
 
 
-@pytest.mark.slow
-def test_cache_training_equals_live_target_training(tiny_target: Path, tmp_path: Path) -> None:
-    """Same samples, anchors and init: cache-fed and live-fed losses agree to fp32 tolerance."""
-    uri = write_tiny_cache(str(tmp_path / "cache"), tiny_target, hidden_dtype="float32")
+def _offline_equals_online(uri: str, target: Path, spec: DraftSpec) -> None:
     offline_data = CacheDataModule(uri, batch_size=2, num_workers=0)
-    offline = _fit(offline_data, steps=4)
+    offline = _fit(offline_data, 4, spec)
     weights = load_safetensors(offline_data.reader.target_file("weights.safetensors"))
-    online_data = _OnlineData(tiny_target, offline_data.reader, offline.batches)
+    online_data = _OnlineData(target, offline_data.reader, offline.batches, spec)
     assert torch.equal(online_data.target_weights()["lm_head.weight"], weights["lm_head.weight"])
-    online = _fit(online_data, steps=4)
+    online = _fit(online_data, 4, spec)
     assert online.batches == offline.batches
     assert len(offline.losses) == 4
     assert online.losses == pytest.approx(offline.losses, rel=1e-5, abs=1e-6)
     assert offline.losses[0] != offline.losses[-1]   # the steps really trained
+
+
+@pytest.mark.slow
+def test_cache_training_equals_live_target_training(tiny_target: Path, tmp_path: Path) -> None:
+    """Same samples, anchors and init: cache-fed and live-fed losses agree to fp32 tolerance."""
+    uri = write_tiny_cache(str(tmp_path / "cache"), tiny_target, hidden_dtype="float32")
+    _offline_equals_online(uri, tiny_target, SPEC)
+
+
+@pytest.mark.slow
+def test_v4_drafter_cache_training_equals_live_v4_training(tiny_v4_target: Path,
+                                                           tiny_v4_cache: Path) -> None:
+    """The deepseek_v4 draft fed from a V4 cache trains as when fed by a live HF V4 forward."""
+    _offline_equals_online(str(tiny_v4_cache), tiny_v4_target, V4_SPEC)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_tiny
-from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_tiny, draft_tiny_deepseek_v4
 
 Batch = dict[str, torch.Tensor]
 
@@ -38,15 +38,19 @@ def tiny_cfg() -> DSparkDraftConfig:
     return draft_tiny()
 
 
-@pytest.fixture
-def build() -> Callable[..., tuple[DSparkDraftModel, Batch]]:
-    """Factory: a seeded model for draft_tiny() with field overrides, and a batch."""
+TINY_DRAFTS: dict[str, Callable[[], DSparkDraftConfig]] = {
+    "qwen3": draft_tiny, "deepseek_v4": draft_tiny_deepseek_v4}
+"""The tiny config of each draft architecture."""
 
-    def _build(seed: int = 0, attn: str = "sdpa", **overrides: Any) -> tuple[
-            DSparkDraftModel, Batch]:
-        cfg = dataclasses.replace(draft_tiny(), **overrides)
+
+@pytest.fixture
+def build() -> Callable[..., tuple[Any, Batch]]:
+    """Factory: a seeded tiny draft (draft_tiny() by default) with field overrides, and a batch."""
+
+    def _build(seed: int = 0, attn: str = "sdpa", architecture: str = "qwen3",
+               **overrides: Any) -> tuple[Any, Batch]:
+        cfg = dataclasses.replace(TINY_DRAFTS[architecture](), **overrides)
         torch.manual_seed(seed)
-        model = DSparkDraftModel(cfg, attn_implementation=attn)  # type: ignore[arg-type]
-        return model, make_batch(cfg, seed=seed)
+        return build_draft(cfg, attn_implementation=attn), make_batch(cfg, seed=seed)
 
     return _build

@@ -1,20 +1,30 @@
-"""The draft model: shapes, frozen pieces, determinism, RoPE pin, attention paths, padding."""
+"""Every draft architecture: shapes, frozen pieces, determinism, RoPE pin, attention paths,
+padding (the DSpark model checklist, run once per entry of the architecture table)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
+from sparkforge.trainer.architectures import ARCHITECTURES, build_draft
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.model import DSparkDraftModel
 from sparkforge.trainer.rope import compute_inv_freq
 from sparkforge.trainer.run_config import LossSpec
 
 Build = Callable[..., Any]
+CONTEXT_PROJECTION = {"qwen3": "fc.weight", "deepseek_v4": "main_proj.weight"}
+
+
+@pytest.fixture(params=sorted(ARCHITECTURES))
+def build(request: pytest.FixtureRequest, build: Build) -> Build:
+    """The conftest factory, once per draft architecture."""
+    return functools.partial(build, architecture=request.param)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +68,8 @@ def test_labels_teacher_index_and_prev_tokens(build: Build) -> None:
 
 
 def test_embeddings_and_head_frozen_copies(build: Build) -> None:
-    """embed_tokens/lm_head equal the given target tensors, get no grad; fc gets a finite grad."""
+    """embed_tokens/lm_head equal the given target tensors, get no grad; the context projection
+    (fc / main_proj) gets a finite grad."""
     model, batch = build()
     emb, head = torch.randn(256, 64), torch.randn(256, 64)
     model.set_target_weights(emb, head)
@@ -69,9 +80,10 @@ def test_embeddings_and_head_frozen_copies(build: Build) -> None:
     assert model.lm_head.weight.grad is None
     assert not model.embed_tokens.weight.requires_grad
     assert not model.lm_head.weight.requires_grad
-    assert model.fc.weight.grad is not None
-    assert torch.isfinite(model.fc.weight.grad).all()
-    assert model.fc.weight.grad.abs().sum() > 0
+    proj = model.get_parameter(CONTEXT_PROJECTION[model.config.architecture])
+    assert proj.grad is not None
+    assert torch.isfinite(proj.grad).all()
+    assert proj.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="embed_tokens.weight"):
         model.set_target_weights(torch.zeros(255, 64), None)
 
@@ -113,7 +125,9 @@ def test_inv_freq_stays_fp32_through_casts(build: Build, cast: Callable[[Any], A
     """inv_freq stays fp32 (rel 1e-6 of the reference) while the parameters become bf16."""
     model, batch = build(rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
     cast(model)
-    ref, _ = compute_inv_freq(16, {"rope_type": "default", "rope_theta": 1_000_000.0}, 40_960)
+    rope_dim = model.config.qk_rope_head_dim or model.config.head_dim
+    ref, _ = compute_inv_freq(rope_dim, {"rope_type": "default", "rope_theta": 1_000_000.0},
+                              40_960)
     inv = model.rotary_emb.inv_freq
     assert inv.dtype == torch.float32
     torch.testing.assert_close(inv, ref, rtol=1e-6, atol=0)
@@ -131,7 +145,7 @@ def test_sdpa_and_flex_agree(build: Build) -> None:
     # On CPU torch 2.13 flex attention runs forward only ("FlexAttention does not support
     # backward on CPU"), so this compares forward values under no_grad.
     sdpa, batch = build(seed=3, markov_head_type="gated")
-    flex = DSparkDraftModel(sdpa.config, attn_implementation="flex")
+    flex = build_draft(sdpa.config, attn_implementation="flex")
     flex.load_state_dict(sdpa.state_dict())
     with torch.no_grad():
         a = sdpa(**batch)

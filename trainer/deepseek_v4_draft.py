@@ -1,0 +1,198 @@
+"""The DeepSeek-V4 DSpark draft: dense pre-norm layers whose attention follows the V4 target.
+
+Attention: Q-LoRA queries (``wq_a -> q_norm -> wq_b``, then a weightless RMS norm per head), one
+key/value latent shared by every head (``wkv -> kv_norm``, keys = values), interleaved RoPE on
+the trailing ``qk_rope_head_dim`` channels, a learned per-head sink logit in the softmax, the
+inverse rotation on the output's rope channels, and the grouped low-rank output projection
+(``wo_a`` per head group, then ``wo_b``). The FFN is one dense SwiGLU as wide as the target's
+experts, with V4's clamp. There are no hyper-connections, experts, compressed attention or
+sliding window.
+
+Parameter names are those of vLLM's built-in V4 DSpark stages (``mtp.{i}.*`` of the target
+checkpoint, without the prefix): ``main_proj``/``main_norm`` project the context,
+``layers.{i}.{attn_norm, attn.*, ffn_norm, ffn.shared_experts.w1/w2/w3}``, and ``norm``,
+``markov_head``, ``confidence_head`` at the top. Shape suffixes follow the legend in
+``sparkforge.trainer.model``; R is ``qk_rope_head_dim``, O the group count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from sparkforge.trainer import draft_forward
+from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.draft_forward import AttnImpl, RopeTables, dspark_heads
+from sparkforge.trainer.layers import RMSNorm, compiled_flex
+from sparkforge.trainer.rope import RotaryEmbedding, apply_interleaved_rotary
+
+
+def attend_with_sink(q_BNQD: torch.Tensor, kv_B1PD: torch.Tensor, sink_N: torch.Tensor,
+                     mask: Any, scale: float) -> torch.Tensor:
+    """Attention whose softmax also holds a per-head sink logit with no value ([B, N, Q, D]).
+
+    ``mask``: a dense bool ``[B, 1, Q, P]`` (True = may attend), None (all visible) or a flex
+    ``BlockMask``. Under flex the sink is applied afterwards: with the log-sum-exp ``l`` of the
+    visible scores, softmax over ``[scores ; sink]`` is the plain output times
+    ``sigmoid(l - sink)``.
+    """
+    from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
+
+    if isinstance(mask, BlockMask):
+        fn = compiled_flex() if q_BNQD.is_cuda else flex_attention
+        out, aux = fn(q_BNQD, kv_B1PD, kv_B1PD, block_mask=mask, scale=scale, enable_gqa=True,
+                      return_aux=AuxRequest(lse=True))
+        keep_BNQ = torch.sigmoid(aux.lse.float() - sink_N.float()[:, None])
+        sunk: torch.Tensor = (out.float() * keep_BNQ[..., None]).to(q_BNQD.dtype)
+        return sunk
+    scores = torch.matmul(q_BNQD, kv_B1PD.transpose(-1, -2)).float() * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sink_N.float()[:, None, None].expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs.to(kv_B1PD.dtype), kv_B1PD)
+
+
+class DeepseekV4DSparkAttention(nn.Module):
+    """Block queries over ``[context ; block]`` keys of one shared K=V latent (V4 attention)."""
+
+    def __init__(self, cfg: DSparkDraftConfig) -> None:
+        super().__init__()
+        h, n, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+        self.num_heads, self.head_dim, self.o_groups = n, d, cfg.o_groups
+        self.eps = cfg.rms_norm_eps
+        self.wq_a = nn.Linear(h, cfg.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.wq_b = nn.Linear(cfg.q_lora_rank, n * d, bias=False)
+        self.wkv = nn.Linear(h, d, bias=False)
+        self.kv_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.wo_a = nn.Linear(n * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, bias=False)
+        self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, h, bias=False)
+        self.attn_sink = nn.Parameter(torch.zeros(n))
+
+    def key_values(self, x_BPH: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotated latent [B, 1, P, D] of the rows of ``x``, as both keys and values."""
+        kv = apply_interleaved_rotary(self.kv_norm(self.wkv(x_BPH))[:, None], cos, sin)
+        return kv, kv
+
+    def forward(self, x_BQH: torch.Tensor, rope_q: RopeTables, ctx_kv: RopeTables,
+                mask: Any) -> torch.Tensor:
+        """Attend block queries over ``[ctx ; block]`` under ``mask`` (None = all visible)."""
+        b, nq, _ = x_BQH.shape
+        q = self.wq_b(self.q_norm(self.wq_a(x_BQH))).view(b, nq, self.num_heads, self.head_dim)
+        q32 = q.float()
+        q = (q32 * torch.rsqrt(q32.pow(2).mean(-1, keepdim=True) + self.eps)).to(q.dtype)
+        q = apply_interleaved_rotary(q.transpose(1, 2), *rope_q)
+        kv_blk, _ = self.key_values(x_BQH, *rope_q)
+        kv = torch.cat([ctx_kv[0].to(kv_blk.dtype), kv_blk], dim=2)
+        out = attend_with_sink(q, kv, self.attn_sink, mask, self.head_dim ** -0.5)
+        # Values carry the keys' rotation (K = V): rotate back by the query's position.
+        cos, sin = rope_q
+        out = apply_interleaved_rotary(out, cos, -sin).transpose(1, 2)
+        groups_BQOI = out.reshape(b, nq, self.o_groups, -1)
+        wo_a_OLI = self.wo_a.weight.view(self.o_groups, -1, groups_BQOI.shape[-1])
+        low_BQOL = torch.einsum("bqoi,oli->bqol", groups_BQOI, wo_a_OLI)
+        res: torch.Tensor = self.wo_b(low_BQOL.flatten(2))
+        return res
+
+
+class ClampedSwiGLU(nn.Module):
+    """V4's expert FFN: ``w2(silu(min(w1 x, c)) * clamp(w3 x, -c, c))``, c = ``swiglu_limit``."""
+
+    def __init__(self, hidden: int, inter: int, limit: float | None) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(hidden, inter, bias=False)
+        self.w2 = nn.Linear(inter, hidden, bias=False)
+        self.w3 = nn.Linear(hidden, inter, bias=False)
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The FFN output for rows ``x [..., H]``."""
+        gate, up = self.w1(x), self.w3(x)
+        if self.limit is not None:
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+        out: torch.Tensor = self.w2(F.silu(gate) * up)
+        return out
+
+
+class DeepseekV4DSparkLayer(nn.Module):
+    """Pre-norm block: attn_norm -> attention -> +res -> ffn_norm -> dense SwiGLU -> +res."""
+
+    def __init__(self, cfg: DSparkDraftConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = DeepseekV4DSparkAttention(cfg)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # A V4 stage's dense part is its shared expert; the draft has no routed experts.
+        self.ffn = nn.ModuleDict({"shared_experts": ClampedSwiGLU(
+            cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit)})
+
+    def key_values(self, x_BPH: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention's keys and values for context rows ``x``."""
+        return self.attn.key_values(x_BPH, cos, sin)
+
+    def forward(self, x: torch.Tensor, rope_q: RopeTables, ctx_kv: RopeTables,
+                mask: Any) -> torch.Tensor:
+        """One residual layer over the block stream."""
+        x = x + self.attn(self.attn_norm(x), rope_q, ctx_kv, mask)
+        out: torch.Tensor = x + self.ffn["shared_experts"](self.ffn_norm(x))
+        return out
+
+
+class DeepseekV4DSparkModel(nn.Module):
+    """The DeepSeek-V4 DSpark draft (PyTorch default init; embed/lm_head from the target).
+
+    Args:
+        config: A draft config with ``architecture="deepseek_v4"``.
+        embed_weight: Target embedding [V, H]; copied and frozen.
+        lm_head_weight: Target output head [V, H]; copied and frozen (also the teacher).
+        attn_implementation: "sdpa" (dense mask, eager softmax with the sink; CPU and
+            reference) or "flex" (BlockMask; the sink applied through the log-sum-exp).
+    """
+
+    def __init__(
+        self,
+        config: DSparkDraftConfig,
+        *,
+        embed_weight: torch.Tensor | None = None,
+        lm_head_weight: torch.Tensor | None = None,
+        attn_implementation: AttnImpl = "sdpa",
+    ) -> None:
+        super().__init__()
+        cfg = config
+        assert cfg.architecture == "deepseek_v4", cfg.architecture
+        self.config = cfg
+        self.attn_implementation = attn_implementation
+        h, v = cfg.hidden_size, cfg.vocab_size
+        self.embed_tokens = nn.Embedding(v, h)
+        self.main_proj = nn.Linear(cfg.num_features * h, h, bias=False)
+        self.main_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DeepseekV4DSparkLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, v, bias=False)
+        self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_parameters,
+                                          cfg.max_position_embeddings, interleaved=True)
+        self.markov_head, self.confidence_head = dspark_heads(cfg)
+        self.set_target_weights(embed_weight, lm_head_weight)
+
+    # ---- the shared DSpark passes (sparkforge.trainer.draft_forward) ----------------------
+    set_target_weights = draft_forward.set_target_weights
+    embed = draft_forward.embed
+    logits = draft_forward.logits
+    confidence = draft_forward.confidence
+    forward = draft_forward.training_forward
+    extend_context = draft_forward.extend_context
+    draft_block = draft_forward.draft_block
+    empty_cache = draft_forward.empty_cache
+
+    def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
+        """main_norm(main_proj(concat features)): [B, S, F*H] -> [B, S, H]."""
+        x = target_hidden_BSX.to(self.main_proj.weight.dtype)
+        out: torch.Tensor = self.main_norm(self.main_proj(x))
+        return out

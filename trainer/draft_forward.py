@@ -1,0 +1,321 @@
+"""The DSpark passes every draft architecture shares: teacher-forced training and block drafting.
+
+An architecture supplies its layer stack (a ``DraftStack``); the block of mask tokens, the
+anchors, labels, teacher logits, Markov bias and confidence are the same for all, so they live
+here once and each architecture's ``forward`` calls ``training_forward``.
+
+Shape suffixes follow the legend in ``sparkforge.trainer.model``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, cast
+
+import torch
+from torch import nn
+
+from sparkforge.trainer.anchors import (
+    anchor_candidates,
+    build_eval_mask,
+    label_indices,
+    sample_anchors,
+)
+from sparkforge.trainer.attention_mask import dense_allowed, flex_block_mask
+from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.heads import ConfidenceHead, MarkovHead
+from sparkforge.trainer.rope import RotaryEmbedding
+
+RopeTables = tuple[torch.Tensor, torch.Tensor]
+AttnImpl = Literal["sdpa", "flex"]
+
+
+@dataclass
+class DSparkOutput:
+    """One training forward's outputs; ``[B, A, K]`` tensors are indexed (batch, block, slot)."""
+
+    draft_logits: torch.Tensor
+    """[B, A, K, V] base logits (softcapped) + Markov bias; slot k predicts anchor+k+1."""
+    target_ids: torch.Tensor
+    """[B, A, K] data tokens at anchor+k+1 (clamped index, 0 for dummy blocks)."""
+    eval_mask: torch.Tensor
+    """[B, A, K] bool, prefix-contiguous supervised slots."""
+    block_keep_mask: torch.Tensor
+    """[B, A] bool, False for dummy anchors."""
+    anchor_positions: torch.Tensor
+    """[B, A] int64, sorted; 0 for dummy anchors."""
+    prev_token_ids: torch.Tensor
+    """[B, A, K] teacher-forced previous tokens (anchor, then the true tokens)."""
+    confidence_logits: torch.Tensor | None
+    """[B, A, K] fp32 logits of the confidence head (None without the head)."""
+    target_logits: torch.Tensor | None
+    """[B, A, K, V] detached teacher logits at anchor+k (None without last hidden states)."""
+    num_valid_anchors: torch.Tensor
+    """[B] number of valid anchor candidates per row (sampler statistics)."""
+    seq_len: int
+    """S, so sampler ratios can count the S-1 candidates per row."""
+
+
+@dataclass
+class DraftContextCache:
+    """Per-layer projected context keys/values [B, G, T, D] for positions 0..T-1 (inference)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        """Number of context positions held."""
+        return int(self.keys[0].shape[2]) if self.keys else 0
+
+
+class DraftLayer(Protocol):
+    """One draft layer: attends block queries over ``[context ; block]``."""
+
+    def __call__(self, x_BQH: torch.Tensor, rope_q: RopeTables, ctx_kv: RopeTables,
+                 mask: Any) -> torch.Tensor:
+        """The block stream after this layer."""
+
+    def key_values(self, x_BPH: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated keys and values [B, G, P, D] of the rows of ``x``."""
+
+
+class DraftStack(Protocol):
+    """What an architecture's model provides to the shared passes (read-only)."""
+
+    @property
+    def config(self) -> DSparkDraftConfig:
+        """The draft config."""
+
+    @property
+    def attn_implementation(self) -> AttnImpl:
+        """"sdpa" (dense bool mask) or "flex" (BlockMask)."""
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        """The frozen target embedding."""
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        """The frozen target output head (also the teacher)."""
+
+    @property
+    def rotary_emb(self) -> RotaryEmbedding:
+        """cos/sin tables in the layers' layout."""
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """``DraftLayer`` modules, in order."""
+
+    @property
+    def norm(self) -> nn.Module:
+        """The norm before lm_head."""
+
+    @property
+    def markov_head(self) -> MarkovHead | None:
+        """The Markov head (None for rank 0)."""
+
+    @property
+    def confidence_head(self) -> ConfidenceHead | None:
+        """The confidence head (None when disabled)."""
+
+    def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
+        """The draft's context rows [B, S, H] from the concatenated target features."""
+
+
+def dspark_heads(cfg: DSparkDraftConfig) -> tuple[MarkovHead | None, ConfidenceHead | None]:
+    """The Markov head (None for rank 0) and the confidence head (None when disabled)."""
+    h = cfg.hidden_size
+    markov = MarkovHead(cfg.vocab_size, cfg.markov_rank, h, cfg.markov_head_type) \
+        if cfg.markov_rank else None
+    with_markov = cfg.confidence_head_with_markov and markov is not None
+    conf = ConfidenceHead(h + (cfg.markov_rank if with_markov else 0)) \
+        if cfg.enable_confidence_head else None
+    return markov, conf
+
+
+def empty_cache(stack: DraftStack) -> DraftContextCache:
+    """A context cache holding no positions."""
+    return DraftContextCache(keys=[], values=[])
+
+
+def _layers(stack: DraftStack) -> list[DraftLayer]:
+    return [cast(DraftLayer, layer) for layer in stack.layers]
+
+
+@torch.no_grad()
+def set_target_weights(stack: DraftStack, embed_weight: torch.Tensor | None,
+                       lm_head_weight: torch.Tensor | None) -> None:
+    """Copy the target's embedding and head (shapes must match) and freeze both."""
+    for module, weight, name in ((stack.embed_tokens, embed_weight, "embed_tokens"),
+                                 (stack.lm_head, lm_head_weight, "lm_head")):
+        if weight is not None:
+            if weight.shape != module.weight.shape:
+                raise ValueError(f"{name}.weight: expected shape "
+                                 f"{tuple(module.weight.shape)}, got {tuple(weight.shape)}")
+            module.weight.copy_(weight)
+        module.weight.requires_grad_(False)
+
+
+def embed(stack: DraftStack, ids: torch.Tensor) -> torch.Tensor:
+    """Frozen embedding times the target's embedding scale (Gemma: sqrt(H))."""
+    out: torch.Tensor = stack.embed_tokens(ids) * stack.config.embedding_scale
+    return out.to(stack.lm_head.weight.dtype)
+
+
+def logits(stack: DraftStack, hidden: torch.Tensor) -> torch.Tensor:
+    """Frozen lm_head, then the target's final logit softcap if it has one."""
+    out: torch.Tensor = stack.lm_head(hidden)
+    cap = stack.config.final_logit_softcapping
+    return torch.tanh(out / cap) * cap if cap else out
+
+
+def confidence(stack: DraftStack, hidden: torch.Tensor,
+               prev_ids: torch.Tensor) -> torch.Tensor | None:
+    """Confidence logits (fp32) for slots with hidden ``[..., H]`` and previous tokens."""
+    if stack.confidence_head is None:
+        return None
+    feats = None
+    if stack.markov_head is not None and stack.config.confidence_head_with_markov:
+        feats = stack.markov_head.markov_w1(prev_ids)
+    out: torch.Tensor = stack.confidence_head(hidden, feats)
+    return out
+
+
+def run_layers(
+    stack: DraftStack, x: torch.Tensor, pos_BQ: torch.Tensor, ctx_BSH: torch.Tensor | None,
+    pos_BS: torch.Tensor | None, cache: DraftContextCache | None, mask: Any,
+) -> torch.Tensor:
+    """The block stream through every layer (context K/V from ``ctx`` or ``cache``), normed."""
+    rope_q = stack.rotary_emb(pos_BQ, x.dtype)
+    rope_c = stack.rotary_emb(pos_BS, x.dtype) if pos_BS is not None else None
+    for i, layer in enumerate(_layers(stack)):
+        if cache is not None:
+            ctx_kv = (cache.keys[i], cache.values[i])
+        else:
+            assert ctx_BSH is not None
+            assert rope_c is not None
+            ctx_kv = layer.key_values(ctx_BSH, *rope_c)
+        x = layer(x, rope_q, ctx_kv, mask)
+    out: torch.Tensor = stack.norm(x)
+    return out
+
+
+def training_forward(
+    stack: DraftStack,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    target_hidden_states: torch.Tensor,
+    target_last_hidden_states: torch.Tensor | None = None,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    anchor_positions: torch.Tensor | None = None,
+    block_keep_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> DSparkOutput:
+    """Teacher-forced training forward (every architecture's ``forward``).
+
+    Args:
+        stack: The draft.
+        input_ids: [B, S] int, unshifted.
+        loss_mask: [B, S] 0/1, aligned with input_ids.
+        target_hidden_states: [B, S, F*H] features concatenated in id order.
+        target_last_hidden_states: [B, S, H] the target's lm_head input; needed for the L1
+            term, the confidence label and the acceptance metrics.
+        attention_mask: [B, S] 1 on real tokens, 0 on right padding. Padding is removed
+            from the loss mask, so no anchor and no label lies in it, and context is
+            strictly before the anchor, so padding is never visible.
+        anchor_positions: [B, A] fixed anchors (with block_keep_mask); sampled if None.
+        block_keep_mask: [B, A] bool, required with anchor_positions.
+        generator: RNG for anchor sampling (default: the global torch RNG).
+    """
+    cfg, k = stack.config, stack.config.block_size
+    if attention_mask is not None:
+        loss_mask = loss_mask * attention_mask.to(loss_mask.dtype)
+    batch, seq_len = input_ids.shape
+    if anchor_positions is None:
+        anchor_positions, block_keep_mask = sample_anchors(
+            loss_mask, cfg.num_anchors, generator=generator)
+    assert block_keep_mask is not None, "block_keep_mask is required with anchor_positions"
+    anchors, keep = anchor_positions, block_keep_mask
+    num_a = anchors.shape[1]
+    dev = input_ids.device
+
+    anchor_tok_BA = torch.gather(input_ids, 1, anchors)
+    block_ids = torch.full((batch, num_a, k), cfg.mask_token_id, dtype=input_ids.dtype,
+                           device=dev)
+    block_ids[..., 0] = torch.where(keep, anchor_tok_BA, block_ids[..., 0])
+    x_BQH = embed(stack, block_ids.view(batch, -1))
+    pos_BQ = (anchors[..., None] + torch.arange(k, device=dev)).view(batch, -1)
+    pos_BS = torch.arange(seq_len, device=dev).expand(batch, seq_len)
+    ctx_BSH = stack.project_context(target_hidden_states)
+    if stack.attn_implementation == "flex":
+        mask: Any = flex_block_mask(anchors, keep, seq_len, k)
+    else:
+        mask = dense_allowed(anchors, keep, seq_len, k)
+    h_BAKH = run_layers(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, None, mask).view(
+        batch, num_a, k, -1)
+
+    _, safe_BAK = label_indices(anchors, keep, k, seq_len)
+    target_ids = torch.gather(input_ids, 1, safe_BAK.flatten(1)).view_as(safe_BAK)
+    target_logits = None
+    if target_last_hidden_states is not None:
+        with torch.no_grad():
+            t_idx = (safe_BAK - 1).clamp(min=0).flatten(1)
+            t_hid = torch.gather(target_last_hidden_states, 1, t_idx[..., None].expand(
+                -1, -1, target_last_hidden_states.shape[-1]))
+            target_logits = logits(stack, t_hid.to(stack.lm_head.weight.dtype)).view(
+                batch, num_a, k, -1)
+    prev_BAK = torch.cat([anchor_tok_BA[..., None], target_ids[..., :-1]], dim=-1)
+    draft_logits = logits(stack, h_BAKH)
+    if stack.markov_head is not None:
+        draft_logits = draft_logits + stack.markov_head(prev_BAK, h_BAKH)
+    return DSparkOutput(
+        draft_logits=draft_logits,
+        target_ids=target_ids,
+        eval_mask=build_eval_mask(loss_mask, anchors, keep, k),
+        block_keep_mask=keep,
+        anchor_positions=anchors,
+        prev_token_ids=prev_BAK,
+        confidence_logits=confidence(stack, h_BAKH, prev_BAK),
+        target_logits=target_logits,
+        num_valid_anchors=anchor_candidates(loss_mask).sum(dim=1),
+        seq_len=seq_len,
+    )
+
+
+@torch.no_grad()
+def extend_context(stack: DraftStack, cache: DraftContextCache,
+                   target_hidden_BTX: torch.Tensor) -> DraftContextCache:
+    """Append projected context K/V for the next T positions (cache.length ... +T-1)."""
+    start, t = cache.length, target_hidden_BTX.shape[1]
+    ctx = stack.project_context(target_hidden_BTX)
+    pos = torch.arange(start, start + t, device=ctx.device).expand(ctx.shape[0], t)
+    rope = stack.rotary_emb(pos, ctx.dtype)
+    keys, values = [], []
+    for i, layer in enumerate(_layers(stack)):
+        k_new, v_new = layer.key_values(ctx, *rope)
+        keys.append(torch.cat([cache.keys[i], k_new], 2) if cache.keys else k_new)
+        values.append(torch.cat([cache.values[i], v_new], 2) if cache.values else v_new)
+    return DraftContextCache(keys=keys, values=values)
+
+
+@torch.no_grad()
+def draft_block(stack: DraftStack, anchor_ids_B: torch.Tensor,
+                cache: DraftContextCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block ``[anchor, MASK x (K-1)]`` at positions ``cache.length + k``.
+
+    The block's own K/V are never stored, which is the "crop back to start" of the doc.
+
+    Returns:
+        hidden [B, K, H] (post-norm) and base logits [B, K, V] (softcapped, no Markov bias).
+    """
+    k, batch = stack.config.block_size, anchor_ids_B.shape[0]
+    ids = torch.full((batch, k), stack.config.mask_token_id, dtype=anchor_ids_B.dtype,
+                     device=anchor_ids_B.device)
+    ids[:, 0] = anchor_ids_B
+    x = embed(stack, ids)
+    pos = torch.arange(cache.length, cache.length + k, device=ids.device).expand(batch, k)
+    hidden = run_layers(stack, x, pos, None, None, cache, None)
+    return hidden, logits(stack, hidden)
