@@ -38,6 +38,9 @@ _PROBE = (
 )
 
 
+IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
+
+
 class SkipReason(StrEnum):
     """Why a row was not written; the values are the manifest's accounting keys."""
 
@@ -55,6 +58,8 @@ class SkipReason(StrEnum):
     """``regenerate`` only: its output parts cannot carry tool fields."""
     TOO_LONG = "too_long"
     NO_LOSS_TOKENS = "no_loss_tokens"
+    IMAGE_CONTENT = "image_content"
+    """A message carries an image part: the capture runs the target on text only."""
     NON_FINITE_ACTIVATIONS = "non_finite_activations"
     """The target produced NaN or inf for the row (``non_finite: skip``)."""
 
@@ -127,6 +132,8 @@ def clean_messages(
         if tool_fields is None:
             return SkipReason.BAD_TOOL_CALLS
         content = message.get("content")
+        if isinstance(content, list) and any(_is_image_part(part) for part in content):
+            return SkipReason.IMAGE_CONTENT
         reasoning_text = message.get("reasoning_content")
         content_ok = isinstance(content, str) or (content is None and "tool_calls" in tool_fields)
         if not content_ok or not isinstance(reasoning_text, str | None):
@@ -140,6 +147,11 @@ def clean_messages(
             return SkipReason.EMPTY_ASSISTANT
         clean.append(out)
     return clean
+
+
+def _is_image_part(part: object) -> bool:
+    """An OpenAI content part holding an image (``image_url``, ``input_image`` or ``image``)."""
+    return isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES
 
 
 def _tool_fields(message: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -96,7 +96,8 @@ class ProducerConfig:
     """A row whose captured activations hold NaN or inf: skip it (counted as
     non_finite_activations) or stop the run with the sample named (its unit is not committed)."""
     parity_samples: int = 0
-    """Compare N samples against a transformers forward before capturing (vllm backend)."""
+    """Compare N samples against one-row transformers forwards before capturing (vLLM: the
+    engine; hf: the backend's own batching, a self-check)."""
     scratch_dir: str = "/dev/shm/sparkforge"
     """Where the vLLM connector drops per-request files (RAM disk recommended)."""
     hf_device: str = "auto"
@@ -145,9 +146,6 @@ class ProducerConfig:
             problems.append("--worker_index and --num_workers must be given together")
         elif self.num_workers is not None and not 0 <= self.worker_index < self.num_workers:  # type: ignore[operator]
             problems.append(f"--worker_index must be in [0, --num_workers={self.num_workers})")
-        if self.parity_samples and self.backend != "vllm":
-            problems.append("--parity_samples compares vLLM with transformers: "
-                            "needs --backend vllm")
         if problems:
             raise ValueError("invalid producer config:\n  " + "\n  ".join(problems))
 

@@ -5,6 +5,11 @@ is the output of the first k decoder layers and HF's ``hidden_states[L]`` is the
 which the cache stores as ``final_hidden``: post-final-norm for Llama/Qwen-style targets, and
 ``norm(hc_head(streams))`` for DeepSeek-V4. A V4 layer output is ``[B, S, hc_mult, H]``; its
 feature is the mean over the hc streams, what vLLM's aux capture feeds a V4 draft.
+
+Every captured row equals that row's own one-row forward: rows are right-padded into batches only
+for families whose transformers model gives a padded row the same states
+(``TargetFamily.padding_sensitive`` is false); the others are forwarded one row at a time.
+Multimodal top levels (no causal-LM class) are loaded as image-text models and run on text ids.
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
 from sparkforge.shared.hidden_features import layer_feature
 from sparkforge.shared.layer_ids import check_hf_ids
-from sparkforge.shared.target_families import family_of
+from sparkforge.shared.target_config import read_target_config
+from sparkforge.shared.target_families import family_of, loads_as_image_text
 
 
 class HfSource:
@@ -33,6 +39,7 @@ class HfSource:
         topk: Top-k logprobs per row (0 = none).
         device: Torch device for the forward.
         max_batch_tokens: Padded tokens per forward; requests are batched up to this budget.
+        one_row: Forward every request alone (the parity reference), whatever the family.
     """
 
     def __init__(
@@ -44,12 +51,14 @@ class HfSource:
         topk: int = 0,
         device: str = "cpu",
         max_batch_tokens: int = 8192,
+        one_row: bool = False,
     ) -> None:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        self.model = model.to(device).eval()  # type: ignore[arg-type]  # odd transformers stub
+        model = _auto_class(model_path).from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model = model.to(device).eval()
         config = self.model.config.get_text_config()
         self.family = family_of(self.model.config.model_type)
         self.scaling = self.family.scaling(config.to_dict())
+        self.one_row = one_row or self.family.padding_sensitive
         self.num_hidden_layers = int(config.num_hidden_layers)
         self.layer_ids = check_hf_ids(layer_ids, self.num_hidden_layers)
         self.dtype = getattr(torch, dtype)
@@ -83,6 +92,9 @@ class HfSource:
     def _batches(self, requests: Sequence[CaptureRequest]) -> Iterator[list[CaptureRequest]]:
         batch: list[CaptureRequest] = []
         longest = 0
+        if self.one_row:
+            yield from ([r] for r in requests)
+            return
         for request in requests:
             longest_if_added = max(longest, request.input_ids.shape[0])
             if batch and longest_if_added * (len(batch) + 1) > self.max_batch_tokens:
@@ -140,3 +152,10 @@ class HfSource:
     def close(self) -> None:
         """Drop the model."""
         del self.model
+
+
+def _auto_class(model_path: str) -> type[Any]:
+    """``AutoModelForCausalLM``, or the image-text class for a multimodal top level without one."""
+    if loads_as_image_text(read_target_config(model_path).model_type):
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM

@@ -1,9 +1,11 @@
-"""Parity check: the vLLM capture against the transformers reference on a few samples.
+"""Parity check: a capture backend against the transformers reference on a few samples.
 
-Per layer it reports the max abs and relative (Frobenius) error of the captured states, and for
-the final state it recomputes ``log_softmax(lm_head(final))`` and compares it with vLLM's own prompt
-logprobs: top-1 agreement and KL over vLLM's top-k support. Silently wrong hidden states (off-by-one
-layer ids, a missing norm) show up here as errors of order one.
+The backend under test is vLLM, or the HF backend itself (its batched capture against one-row
+forwards, which catches a family whose rows change when padded into a batch). Per layer it reports
+the max abs and relative (Frobenius) error of the captured states, and for the final state it
+recomputes ``log_softmax(lm_head(final))`` and compares it with the backend's own top-k logprobs:
+top-1 agreement and KL over the backend's top-k support. Silently wrong hidden states (off-by-one
+layer ids, a missing norm, padding leaking into a row) show up here as errors of order one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
 
 PARITY_TOPK = 20
-"""Prompt logprobs requested from vLLM for the logit comparison."""
+"""Top-k logprobs requested from the backend under test for the logit comparison."""
 # Relative error limits for ``passed``: fp32 engines agree to ~1e-6 (measured on CPU); bf16
 # differs from an fp32 reference by about one bf16 ulp.
 REL_TOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
@@ -77,7 +79,7 @@ class ParityReport:
         ]
         lines += [f"{p.name:<20}{p.max_abs:>12.3e}{p.rel:>12.3e}" for p in self.layers]
         lines.append(
-            f"logits vs vLLM: top-1 agreement {self.top1_agreement:.4f}, KL(top-k) "
+            f"logits vs engine: top-1 agreement {self.top1_agreement:.4f}, KL(top-k) "
             f"{self.kl_topk:.3e}, max |dlogprob| {self.max_abs_logprob:.3e}"
         )
         lines.append("PASSED" if self.passed else "FAILED")
@@ -85,28 +87,28 @@ class ParityReport:
 
 
 def run_parity(
-    vllm_source: ParitySource,
-    hf_source: ParityReference,
+    source: ParitySource,
+    reference: ParityReference,
     requests: Sequence[CaptureRequest],
 ) -> ParityReport:
     """Capture ``requests`` with both backends and compare them.
 
     Args:
-        vllm_source: The engine under test (asked for ``PARITY_TOPK`` prompt logprobs).
-        hf_source: The reference (``HfSource``, ideally in fp32), which also supplies lm_head.
+        source: The backend under test (asked for ``PARITY_TOPK`` top-k logprobs).
+        reference: ``HfSource`` forwarding one row at a time, ideally in fp32; it also supplies
+            lm_head.
         requests: A few samples (token ids).
 
     Raises:
         ValueError: If the two sources capture different layers or a capture failed.
     """
-    if tuple(vllm_source.layer_ids) != tuple(hf_source.layer_ids):
-        raise ValueError(
-            f"parity: layer_ids differ, vllm {vllm_source.layer_ids} vs hf {hf_source.layer_ids}"
-        )
-    head = hf_source.target_head()
-    ours = _by_sample(vllm_source.capture(requests, topk=PARITY_TOPK))
-    ref = _by_sample(hf_source.capture(requests, topk=0))
-    names = [f"hidden_states[{k}]" for k in vllm_source.layer_ids] + ["final"]
+    if tuple(source.layer_ids) != tuple(reference.layer_ids):
+        raise ValueError(f"parity: layer_ids differ, {source.engine_info()['engine']} "
+                         f"{source.layer_ids} vs reference {reference.layer_ids}")
+    head = reference.target_head()
+    ours = _by_sample(source.capture(requests, topk=PARITY_TOPK))
+    ref = _by_sample(reference.capture(requests, topk=0))
+    names = [f"hidden_states[{k}]" for k in source.layer_ids] + ["final"]
     diffs: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {n: [] for n in names}
     logit_rows = []
     for r in requests:
@@ -125,7 +127,7 @@ def run_parity(
     # below it, which the manifest's parity section (a non-negative number) would refuse.
     kl = max(0.0, float(torch.cat([row[1] for row in logit_rows]).mean()))
     max_lp = float(torch.cat([row[2] for row in logit_rows]).max())
-    dtype = str(vllm_source.engine_info()["dtype"])
+    dtype = str(source.engine_info()["dtype"])
     tol = REL_TOL.get(dtype, 3e-2)
     return ParityReport(
         num_samples=len(requests),

@@ -66,7 +66,7 @@ DEFAULT_PARITY_SAMPLES = 8
 STALE_PARTIAL_S = 900
 """Age after which a ``*.partial`` temp file in a local cache is a dead write, not a live one."""
 class ParityFailed(RuntimeError):
-    """Raised when the vLLM capture disagrees with the transformers reference."""
+    """Raised when the capture disagrees with one-row transformers forwards."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,8 @@ def make_source(
 
 
 def _hf_source(
-    cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int], *, dtype: str | None
+    cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int], *, dtype: str | None,
+    one_row: bool = False,
 ) -> HiddenStateSource:
     from sparkforge.producer.hf_source import HfSource
 
@@ -145,7 +146,8 @@ def _hf_source(
         auto = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
         dtype = cfg.engine.dtype if cfg.engine.dtype != "auto" else str(auto)
     source: HiddenStateSource = HfSource(str(model_dir), layer_ids=tuple(hf_layer_ids),
-                                         dtype=dtype, topk=cfg.topk, device=device)
+                                         dtype=dtype, topk=cfg.topk, device=device,
+                                         one_row=one_row)
     return source
 
 
@@ -204,7 +206,7 @@ def run(
         NonFiniteActivations: ``non_finite`` is ``fail`` and a row's activations hold NaN/inf.
         NoSamplesWritten: Rows were read (by this run, or into the finalized cache) but none was
             written.
-        ParityFailed: ``parity_samples`` > 0 and vLLM disagrees with transformers.
+        ParityFailed: ``parity_samples`` > 0 and the capture disagrees with transformers.
         StorageError: The data or the cache cannot be read or written (disk full, ...).
     """
     share = resolve_share(cfg.worker_index, cfg.num_workers, os.environ if env is None else env)
@@ -315,13 +317,15 @@ def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> l
 
 
 def _parity_report(
-    cfg: ProducerConfig, prep: Prepared, vllm_source: HiddenStateSource, num_samples: int
+    cfg: ProducerConfig, prep: Prepared, source: HiddenStateSource, num_samples: int
 ) -> ParityReport:
     from sparkforge.producer.parity import run_parity
 
-    reference = _hf_source(cfg, prep.model_dir, prep.hf_layer_ids, dtype="float32")
+    # One row per forward: the reference is what each row alone gives, so an HF backend that
+    # batches a padding-sensitive family wrongly fails here too.
+    reference = _hf_source(cfg, prep.model_dir, prep.hf_layer_ids, dtype="float32", one_row=True)
     try:
-        return run_parity(vllm_source, reference,  # type: ignore[arg-type]
+        return run_parity(source, reference,  # type: ignore[arg-type]
                           _parity_requests(prep, num_samples, cfg))
     finally:
         reference.close()
@@ -334,15 +338,15 @@ def _check_parity(
     logger.info("parity check:\n%s", report.table())
     writer.write_target_files({PARITY_FILE: json.dumps(report.to_dict(), indent=1).encode()})
     if not report.passed:
-        raise ParityFailed("the vLLM capture disagrees with the transformers reference; nothing "
-                           f"was captured:\n{report.table()}")
+        raise ParityFailed(f"the {cfg.backend} capture disagrees with one-row transformers "
+                           f"forwards; nothing was captured:\n{report.table()}")
 
 
 def parity(cfg: ProducerConfig, *, source: HiddenStateSource | None = None) -> ParityReport:
-    """``sparkforge parity``: compare vLLM with transformers on ``parity_samples`` rows (8 if 0)."""
+    """``sparkforge parity``: compare the ``cfg.backend`` capture with one-row fp32 transformers
+    forwards on ``parity_samples`` rows (8 if 0)."""
     prep = prepare(cfg)
-    active = make_source(cfg, prep.model_dir, prep.hf_layer_ids, backend="vllm") if (
-        source is None) else source
+    active = make_source(cfg, prep.model_dir, prep.hf_layer_ids) if source is None else source
     try:
         return _parity_report(cfg, prep, active, cfg.parity_samples or DEFAULT_PARITY_SAMPLES)
     finally:

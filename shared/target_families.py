@@ -64,6 +64,14 @@ class TargetFamily:
     ``l + 1`` for every family except DeepSeek-V4.1, whose ids vLLM uses as they are."""
     embedding_scale_sqrt_hidden: bool = False
     """The target scales embed_tokens output by sqrt(hidden_size) (Gemma); the draft does too."""
+    padding_sensitive: bool = False
+    """transformers gives a right-padded row other states than the same row alone, so the HF
+    backend forwards such rows one at a time. GLM-5's sparse-attention indexer keeps the top-k
+    keys by a ReLU-clipped score: exact ties at 0 are common, and which tied key ``topk`` keeps
+    depends on the length of the (padded) key axis; measured rel. error 0.2 over 4 tiny layers."""
+    image_text_top_levels: tuple[str, ...] = ()
+    """Multimodal top-level model types that transformers loads only as image-text models (no
+    causal-LM class); their forward on text ids gives the text model's hidden states."""
     rope_section: str | None = None
     """Key of the RoPE settings the draft copies when ``rope_parameters`` is nested per layer
     type (DeepSeek-V4: ``main``); None when it is flat."""
@@ -128,6 +136,10 @@ FAMILIES: tuple[TargetFamily, ...] = (
                  rope_section="main"),
     TargetFamily(name="kimi_k3", model_types=("kimi_k3", "kimi_linear"),
                  final_state="lm_head_input"),
+    TargetFamily(name="glm_dsa", model_types=("glm_moe_dsa",), padding_sensitive=True),
+    # MiniMax-M3's final norm scales by (1 + w): not the plain RMSNorm the vLLM backend applies.
+    TargetFamily(name="minimax_m3", model_types=("minimax_m3_vl", "minimax_m3_vl_text"),
+                 final_state="lm_head_input", image_text_top_levels=("minimax_m3_vl",)),
 )
 
 
@@ -142,3 +154,9 @@ def family_of(model_type: str | None) -> TargetFamily:
 def family_of_config(config: Mapping[str, Any]) -> TargetFamily:
     """The family of a ``config.json`` mapping (its top-level ``model_type``)."""
     return family_of(config.get("model_type"))
+
+
+def loads_as_image_text(model_type: str | None) -> bool:
+    """Whether transformers loads ``model_type`` with its image-text auto class, not the causal-LM
+    one (a multimodal top level that has no causal-LM class)."""
+    return model_type in family_of(model_type).image_text_top_levels

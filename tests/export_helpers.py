@@ -21,3 +21,17 @@ def load_in_vllm(target: Path, draft: Path, *, method: str = "dspark",
     assert line is not None, out.stderr[-3000:]
     result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
     return result
+
+
+RESOLVE_SCRIPT = Path(__file__).parent / "integration" / "vllm_draft_resolve.py"
+
+
+def resolve_in_vllm(target: Path, drafts: list[Path], *, timeout: int = 600) -> dict[str, Any]:
+    """Run ``vllm_draft_resolve.py TARGET DRAFT...``: per draft, vLLM's model type and class."""
+    out = subprocess.run([sys.executable, "-P", str(RESOLVE_SCRIPT), str(target),
+                          *map(str, drafts)],
+                         capture_output=True, text=True, timeout=timeout, check=False)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, out.stderr[-3000:]
+    result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    return result

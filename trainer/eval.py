@@ -21,6 +21,8 @@ import torch
 from tqdm import tqdm
 
 from sparkforge.manifests.open import open_cache
+from sparkforge.shared.target_config import read_target_config
+from sparkforge.shared.target_families import loads_as_image_text
 from sparkforge.trainer.calibration import (
     auroc,
     brier_score,
@@ -132,14 +134,16 @@ def _same_head(target_weight: torch.Tensor, draft_weight: torch.Tensor) -> bool:
 
 def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     """Run both evaluations and write the JSON report and PNG plot; returns the report."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
     draft = load_draft(cfg.draft).to(device)
-    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32)
-    target = target.to(device).eval()  # type: ignore[arg-type]
-    dc, tc = draft.config, target.config
+    auto = (AutoModelForImageTextToText if loads_as_image_text(
+        read_target_config(cfg.target).model_type) else AutoModelForCausalLM)
+    target = auto.from_pretrained(cfg.target, dtype=torch.float32)
+    target = target.to(device).eval()  # type: ignore[arg-type]  # odd transformers stub
+    dc, tc = draft.config, target.config.get_text_config()
     mismatch = [f"{n}: draft {a}, target {b}" for n, a, b in (
         ("hidden_size", dc.hidden_size, tc.hidden_size),
         ("vocab_size", dc.vocab_size, tc.vocab_size),

@@ -98,7 +98,8 @@ COMMANDS: Final[dict[str, Command]] = {
                        producer_cli.run_produce),
     "regenerate": Command("sample on-policy assistant turns with the target into Parquet",
                           RegenerateConfig, producer_cli.run_regenerate),
-    "parity": Command("compare vLLM capture with a transformers forward on --parity_samples rows",
+    "parity": Command("compare the backend's capture with one-row transformers forwards on "
+                      "--parity_samples rows",
                       ProducerConfig, producer_cli.run_parity),
     "train": Command("train a DSpark draft from a cache (Lightning)", None,
                      trainer_cli.run_train,

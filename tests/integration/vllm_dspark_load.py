@@ -29,8 +29,8 @@ import torch
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-# Draft ``architectures`` name -> vLLM module and class that loads it.
-def _patch_v1_rejection() -> None:
+
+def patch_v1_rejection() -> None:
     from vllm.config.vllm import VllmConfig
 
     original = VllmConfig._get_v1_model_runner_unsupported_features
@@ -53,7 +53,7 @@ def _sources(name: str, ckpt: dict[str, torch.Tensor]) -> list[str]:
 
 def main(target: str, draft: str, method: str = "dspark") -> dict[str, object]:
     if method == "dspark":
-        _patch_v1_rejection()
+        patch_v1_rejection()
     from safetensors.torch import load_file
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel

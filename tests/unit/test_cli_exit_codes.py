@@ -28,7 +28,7 @@ CASES = [
     ("regenerate", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--top_p", "5"],
      2, "a value the config refuses"),
     ("parity", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--backend", "hf",
-                "--parity_samples", "2"], 2, "parity without vLLM"),
+                "--parity_samples", "-2"], 2, "a negative sample count"),
     ("train", ["--model.draft.mask_token_id", "3", "--model.draft.hidden_size", "8",
                "--model.draft.vocab_size", "16", "--model.draft.num_target_layers", "4",
                "--data.uri", "{tmp}", "--model.loss.l1_chunk_rows", "0"], 2,

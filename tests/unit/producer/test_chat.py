@@ -121,6 +121,12 @@ ANSWER = {"role": "assistant", "content": "yes"}
         ({"messages": ["just text", ANSWER]}, SkipReason.UNKNOWN_ROLE),
         ({"messages": [{"role": "user", "content": ["a"]}, ANSWER]}, SkipReason.NON_STRING_CONTENT),
         ({"messages": [OK, {"role": "assistant", "content": None}]}, SkipReason.NON_STRING_CONTENT),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}, ANSWER]},
+         SkipReason.IMAGE_CONTENT),
+        ({"messages": [OK, {"role": "assistant", "content": [{"type": "image", "image": "x"}]}]},
+         SkipReason.IMAGE_CONTENT),
         ({"messages": [OK]}, SkipReason.MISSING_ASSISTANT),
         ({"messages": [OK, {"role": "assistant", "content": "  \n"}]}, SkipReason.EMPTY_ASSISTANT),
         ({"input_ids": [1, 2, 3], "loss_mask": [0, 1]}, SkipReason.BAD_PRETOKENIZED),

@@ -33,7 +33,7 @@ def make(**overrides: object) -> ProducerConfig:
         ({"shard_rows": 128}, ["--shard_rows", "--max_seq_len"]),
         ({"worker_index": 1}, ["--worker_index and --num_workers"]),
         ({"worker_index": 2, "num_workers": 2}, ["--worker_index must be in"]),
-        ({"parity_samples": 4, "backend": "hf"}, ["--parity_samples"]),
+        ({"parity_samples": -1}, ["--parity_samples"]),
         ({"data": "", "output": ""}, ["--data", "--output"]),
     ],
 )

@@ -6,7 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkforge.shared.target_families import STANDARD, TargetScaling, family_of
+from sparkforge.shared.target_families import (
+    STANDARD,
+    TargetScaling,
+    family_of,
+    loads_as_image_text,
+)
 
 FEATURE_IDS = (40, 41, 42)
 
@@ -19,6 +24,9 @@ FEATURE_IDS = (40, 41, 42)
     ("kimi_linear", "kimi_k3", "residual", "lm_head_input"),
     ("deepseek_v4", "deepseek_v4", "hc_mean", "lm_head_input"),
     ("deepseek_v41", "deepseek_v41", "hc_mean", "lm_head_input"),
+    ("glm_moe_dsa", "glm_dsa", "residual", "post_norm"),
+    ("kimi_linear", "kimi_k3", "residual", "post_norm"),
+    ("minimax_m3_vl", "minimax_m3", "residual", "post_norm"),
 ])
 def test_family_semantics(model_type: str, family: str, features: str, final: str) -> None:
     """Each model_type maps to its family's feature and final-state semantics; only post_norm
@@ -45,6 +53,13 @@ def test_bad_scaling_fields_are_named(config: dict, match: str) -> None:
     """A config whose hidden size or softcap cannot give a scaling names the field."""
     with pytest.raises(ValueError, match=match):
         family_of("gemma4_text").scaling(config)
+
+
+@pytest.mark.parametrize(("model_type", "image_text"), [
+    ("minimax_m3_vl", True), ("minimax_m3_vl_text", False), ("qwen3", False), (None, False)])
+def test_image_text_top_levels(model_type: str | None, image_text: bool) -> None:
+    """Only multimodal top levels without a causal-LM class load as image-text models."""
+    assert loads_as_image_text(model_type) is image_text
 
 
 def test_unknown_model_type_is_standard() -> None:

@@ -1,0 +1,99 @@
+"""Each seed target family goes produce -> validate -> train -> export -> eval via the CLI.
+
+Tiny random targets of each family (``tiny_families``); the draft is the Qwen3-shaped DSpark draft
+for all of them. The vLLM CPU build (0.32) starts Qwen3-MoE, so it is captured by vLLM with
+``enable_expert_parallel`` passed through; it does not start GLM-5 (``glm_moe_dsa``), Kimi-K3
+(``kimi_linear``) or MiniMax-M3 VL, which the HF backend captures. The MiniMax-M3 VL case runs the
+multimodal top level on text-only rows; rows with an image part are counted as ``image_content``
+skips.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_families import COMPOSITES
+
+from sparkforge.app.cli import main
+
+IMAGE_ROW = {"messages": [
+    {"role": "user", "content": [{"type": "text", "text": "What is drawn here?"},
+                                 {"type": "image_url",
+                                  "image_url": {"url": "data:image/png;base64,AA=="}}]},
+    {"role": "assistant", "content": "A cache shard."}]}
+CASES = {
+    "qwen3_moe": {"backend": "vllm", "hidden_size": 128,
+                  "engine": {"enable_expert_parallel": True, "max_model_len": 512,
+                             "enforce_eager": True}},
+    "glm_moe_dsa": {"backend": "hf", "hidden_size": 64, "engine": {}},
+    "kimi_linear": {"backend": "hf", "hidden_size": 64, "engine": {}},
+    "minimax_m3_vl": {"backend": "hf", "hidden_size": 64, "engine": {}},
+}
+
+
+def _write_yaml(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _train_config(out: Path, cache: Path, model_type: str, hidden_size: int) -> Path:
+    draft = {"mask_token_id": 3, "hidden_size": hidden_size, "vocab_size": 1024,
+             "num_target_layers": 4, "target_layer_ids": [0, 1, 2], "num_hidden_layers": 1,
+             "block_size": 4, "num_anchors": 8, "markov_rank": 16,
+             "target_model_type": model_type}
+    return _write_yaml(out / "train.yaml", {
+        "seed_everything": 0, "model": {"draft": draft, "attn_implementation": "sdpa"},
+        "data": {"uri": str(cache), "max_seq_len": 512, "batch_size": 4, "num_workers": 0},
+        "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 3,
+                    "default_root_dir": str(out / "train"), "logger": False,
+                    "enable_progress_bar": False}})
+
+
+@pytest.mark.parametrize("model_type", [
+    pytest.param("qwen3_moe", marks=pytest.mark.slow),  # starts a vLLM engine: ~2 min on 2 cores
+    "glm_moe_dsa", "kimi_linear", "minimax_m3_vl"])
+def test_family_runs_every_stage(model_type: str, tmp_path: Path,
+                                 tiny_family: Callable[[str], Path]) -> None:
+    """A tiny target of the family feeds a Qwen3-shaped draft that trains, exports and evaluates."""
+    from sparkforge.app.tiny_target import demo_conversations
+
+    case = CASES[model_type]
+    target = tiny_family(model_type)
+    rows = [*demo_conversations(12), *([IMAGE_ROW] * 2 if model_type in COMPOSITES else [])]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = tmp_path / "cache"
+    producer = _write_yaml(tmp_path / "producer.yaml", {
+        "backend": case["backend"], "data": str(data), "output": str(cache),
+        "layer_ids": [0, 1, 2], "hidden_dtype": "float32", "rows_per_unit": 8,
+        "shard_rows": 1024, "max_seq_len": 512, "eval_fraction": 0.25, "overlong": "truncate",
+        "engine": {"model": str(target), "dtype": "float32", **case["engine"]}})
+    assert main(["produce", "--config", str(producer)]) == 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    # The cache records the text model's type (a VL top level's text_config.model_type).
+    text_type = COMPOSITES.get(model_type, model_type)
+    assert manifest["target"]["model_type"] == text_type
+    if model_type in COMPOSITES:
+        assert manifest["accounting"]["skipped"] == {"image_content": 2}
+    assert manifest["capture"]["engine"] == case["backend"]
+    assert manifest["capture"]["expert_parallel"] is (case["backend"] == "vllm")
+
+    train = _train_config(tmp_path, cache, text_type, case["hidden_size"])
+    assert main(["validate", str(cache), "--deep", "--against", str(train)]) == 0
+    assert main(["train", "--config", str(train)]) == 0
+    ckpt = next((tmp_path / "train").rglob("*.ckpt"))
+    draft = tmp_path / "draft"
+    assert main(["export", str(ckpt), str(draft), "--engine", "vllm"]) == 0
+    config = json.loads((draft / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == ("qwen3", ["Qwen3DSparkModel"])
+    report_dir = tmp_path / "eval"
+    assert main(["eval", "--draft", str(draft), "--target", str(target), "--cache", str(cache),
+                 "--out_dir", str(report_dir), "--num_prompts", "2",
+                 "--max_new_tokens", "8"]) == 0
+    report = json.loads((report_dir / "eval_report.json").read_text())
+    assert report["speculative"]["tau"] >= 1.0
+    assert report["teacher_forced"]["metrics"]["tau"] >= 1.0

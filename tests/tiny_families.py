@@ -1,0 +1,95 @@
+"""Test helper: tiny random targets of every seed family, built offline with a real tokenizer.
+
+Each family is its transformers 5.19 config type with small sizes (H=64, 4 layers, vocab 1024,
+the tokenizer of ``sparkforge.app.tiny_target``); the extra settings per type are those that
+make a tiny instance build and run (MLA needs as many KV heads as query heads, an indexer needs
+its own head sizes). Only ``qwen3_moe`` gets head_dim 32, which vLLM's CPU attention needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+_MLA = {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+        "v_head_dim": 16, "qk_head_dim": 24, "num_key_value_heads": 4, "head_dim": 8}
+_INDEXER = {"index_n_heads": 2, "index_head_dim": 16}
+
+FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
+    "qwen3": {"hidden_size": 128, "head_dim": 32, "num_key_value_heads": 2},
+    "qwen3_moe": {"hidden_size": 128, "head_dim": 32, "num_key_value_heads": 2,
+                  "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "glm_moe_dsa": {**_MLA, **_INDEXER, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "n_shared_experts": 1,
+                    "first_k_dense_replace": 1, "index_topk": 8,
+                    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+                    "layer_types": ["indexed_attention"] * 4},
+    "minimax_m3_vl_text": {**_INDEXER, "num_local_experts": 4, "num_experts_per_tok": 2,
+                           "rotary_dim": 8, "dense_intermediate_size": 128,
+                           "shared_intermediate_size": 32, "index_block_size": 4,
+                           "index_topk_blocks": 2, "index_local_blocks": 1,
+                           "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+                           "layer_types": ["full_attention"] * 4},
+    "kimi_linear": {**_MLA, "q_lora_rank": None, "num_experts": 4, "num_experts_per_token": 2,
+                    "moe_intermediate_size": 32, "num_shared_experts": 1,
+                    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+                    "layer_types": ["linear_attention", "full_attention"] * 2,
+                    "linear_head_dim": 16, "linear_num_heads": 4},
+    "gemma4_text": {"layer_types": ["sliding_attention", "full_attention"] * 2,
+                    "sliding_window": 16, "hidden_size_per_layer_input": 0,
+                    "vocab_size_per_layer_input": 1024, "global_head_dim": 32,
+                    "num_global_key_value_heads": 1},
+}
+"""Config overrides per model type on top of :data:`BASE`."""
+
+BASE: dict[str, Any] = {
+    "hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 1024, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+    "max_position_embeddings": 4096, "initializer_range": 0.08, "tie_word_embeddings": False,
+    "pad_token_id": 0, "bos_token_id": None, "eos_token_id": 2,
+}
+_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4,
+           "image_size": 16}
+COMPOSITES = {"minimax_m3_vl": "minimax_m3_vl_text"}
+"""Multimodal top-level types and the text type nested as their ``text_config``."""
+
+
+def text_config(model_type: str) -> Any:
+    """The tiny transformers config of a text model type (settings re-applied after init)."""
+    from transformers import AutoConfig
+
+    settings = {**BASE, **FAMILY_SETTINGS[model_type]}
+    config = AutoConfig.for_model(model_type, **settings)
+    for key, value in settings.items():  # some __init__s derive these; pin them
+        setattr(config, key, value)
+    return config
+
+
+def build_tiny_family(out_dir: Path, model_type: str, *, seed: int = 0) -> Path:
+    """Write a tiny random ``model_type`` target (fp32, eager attention) + tokenizer to ``out_dir``.
+
+    ``model_type`` is a key of :data:`FAMILY_SETTINGS` or of :data:`COMPOSITES` (then the
+    multimodal top level around the tiny text model, built with a one-layer vision tower).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from sparkforge.app.tiny_target import build_tokenizer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out_dir, vocab_size=BASE["vocab_size"])
+    torch.manual_seed(seed)
+    if model_type in COMPOSITES:
+        text = text_config(COMPOSITES[model_type])
+        config = AutoConfig.for_model(model_type, text_config=text.to_dict(),
+                                      vision_config=_VISION, tie_word_embeddings=False)
+        config._attn_implementation = "eager"
+        model = AutoModelForImageTextToText.from_config(config)
+    else:
+        config = text_config(model_type)
+        config._attn_implementation = "eager"
+        model = AutoModelForCausalLM.from_config(config)
+    model.float().save_pretrained(str(out_dir))
+    return out_dir
