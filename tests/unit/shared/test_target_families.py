@@ -25,8 +25,7 @@ FEATURE_IDS = (40, 41, 42)
     ("deepseek_v4", "deepseek_v4", "hc_mean", "lm_head_input"),
     ("deepseek_v41", "deepseek_v41", "hc_mean", "lm_head_input"),
     ("glm_moe_dsa", "glm_dsa", "residual", "post_norm"),
-    ("kimi_linear", "kimi_k3", "residual", "post_norm"),
-    ("minimax_m3_vl", "minimax_m3", "residual", "post_norm"),
+    ("minimax_m3_vl", "minimax_m3", "residual", "lm_head_input"),
 ])
 def test_family_semantics(model_type: str, family: str, features: str, final: str) -> None:
     """Each model_type maps to its family's feature and final-state semantics; only post_norm
