@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from sparkforge.shared.layer_ids import every_engine_feature_range
 from sparkforge.trainer.draft_config import DSparkDraftConfig, serving_config
 from sparkforge.trainer.heads import head_shapes
 
@@ -20,12 +21,13 @@ if TYPE_CHECKING:
 def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     """Reasons ``engine`` could not serve this draft correctly (empty when it can)."""
     problems = []
-    last = cfg.num_target_layers - 1
-    bad_ids = [i for i in cfg.target_layer_ids if i < 0 or i >= last]
-    if bad_ids:
-        problems.append(
-            f"target_layer_ids {bad_ids} outside [0, {last - 1}]: vLLM serves id {last} (the last "
-            "layer) pre-norm while training saw it post-norm, and SGLang cannot capture -1")
+    lo, hi = every_engine_feature_range(cfg.num_target_layers)
+    if any(i < lo for i in cfg.target_layer_ids):
+        problems.append("target_layer_ids holds -1 (the embeddings): no cache holds it, and "
+                        "SGLang cannot capture it")
+    if engine in ("sglang", "any") and any(i > hi for i in cfg.target_layer_ids):
+        problems.append(f"target_layer_ids holds {hi + 1}, the last layer: SGLang cannot capture "
+                        "it (vLLM serves it as the layer's raw output, which the cache holds)")
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         problems.append(f"mask_token_id={cfg.mask_token_id} must be below "
                         f"vocab_size={cfg.vocab_size}")
