@@ -20,14 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
-from zarr.storage import WrapperStore
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.summary import summarize_cache
 from sparkforge.shared.dtypes import float_to_storage
-from sparkforge.shared.layout import ArrayLayout, CacheSpec, compressor, inner_chunk_rows
+from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import CacheWriter
 
@@ -77,82 +75,72 @@ def make_samples(aux: np.ndarray, final: np.ndarray) -> list[SampleRecord]:
     return out
 
 
-def bench_cache(root: Path, samples: list[SampleRecord], aux_codec: str) -> dict[str, float]:
-    """Write (units + finalize) and sequential verified read of the cache."""
-    h, f = samples[0].final_hidden.shape[-1], samples[0].aux_hidden.shape[1]
-    spec = CacheSpec(hidden_size=h, num_aux_layers=f, hidden_dtype="bfloat16", max_seq_len=SEQ_LEN,
-                     aux_codec=aux_codec, rows_per_unit=8)  # type: ignore[arg-type]
+def write_cache(uri: str, samples: list[SampleRecord], spec: CacheSpec) -> float:
+    """Seconds to write every unit of 8 samples and finalize."""
     from cache_helpers import make_run_header
 
-    uri = str(root / f"cache-{aux_codec}")
     start = time.perf_counter()
     writer = CacheWriter.open(uri, spec=spec, header=make_run_header(spec))
     units = len(samples) // 8
     for u in range(units):
         writer.write_unit(u, samples[u * 8:(u + 1) * 8], UnitAccounting(input_rows=8, written=8))
     finalize_cache(uri, expected_units=units)
-    write_s = time.perf_counter() - start
-    read = {}
-    for verify in (False, True):
-        reader = open_cache(uri, verify=verify)
-        start = time.perf_counter()
-        for unit in reader.units():
-            reader.read_unit(unit.unit)
-        read[verify] = time.perf_counter() - start
+    return time.perf_counter() - start
+
+
+def cache_spec(samples: list[SampleRecord], **kw: Any) -> CacheSpec:
+    """The bench's spec for these samples (units of 8 rows)."""
+    h, f = samples[0].final_hidden.shape[-1], samples[0].aux_hidden.shape[1]
+    return CacheSpec(hidden_size=h, num_aux_layers=f, hidden_dtype="bfloat16",
+                     max_seq_len=SEQ_LEN, rows_per_unit=8, **kw)
+
+
+def read_all(uri: str, *, verify: bool, features: tuple[int, ...] | None = None) -> float:
+    """Seconds to read every unit, as the trainer does."""
+    reader = open_cache(uri, verify=verify, features=features)
+    start = time.perf_counter()
+    for unit in reader.units():
+        reader.read_unit(unit.unit)
+    return time.perf_counter() - start
+
+
+def bench_cache(root: Path, samples: list[SampleRecord], aux_codec: str) -> dict[str, float]:
+    """Write (units + finalize) and sequential read of the cache, without and with crc32c."""
+    uri = str(root / f"cache-{aux_codec}")
+    write_s = write_cache(uri, samples, cache_spec(samples, aux_codec=aux_codec))
+    read = {verify: read_all(uri, verify=verify) for verify in (False, True)}
     s = summarize_cache(uri)
     return {"write_s": write_s, "read_s": read[False], "read_verify_s": read[True],
             "ratio": s["compression_ratio"], "stored": s["data_bytes"]}
 
 
-class CountingStore(WrapperStore):  # type: ignore[type-arg]
-    """A store that counts the bytes every read returns (shard indexes and chunk ranges)."""
+def bench_layout(root: Path, samples: list[SampleRecord], version: int,
+                 repeats: int = 3) -> dict[str, float]:
+    """A lossless cache in format ``version``: write, aux ratio, reads and the bytes they take.
 
-    bytes_read = 0
-
-    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-        buf = await super().get(key, prototype, byte_range)
-        self.bytes_read += 0 if buf is None else len(buf)
-        return buf
-
-
-def bench_layer_chunks(root: Path, aux: np.ndarray, inner: str,
-                       shard_rows: int = 8192) -> dict[str, float]:
-    """aux_hidden [T, F, H] in shards of ``shard_rows`` with token-major or per-layer chunks.
-
-    ``inner="token"`` is the cache's layout (chunk (c, F, H)); ``"layer"`` chunks (c', 1, H),
-    both sized to about 1 MiB with the cache's codec. Reads go shard by shard: all layers, then
-    layer 0 only (what a draft on a 1-of-F subset reads).
+    Reads (best of ``repeats``): all layers without and with crc32c, and a draft reading 1 of
+    F layers (crc32c on, the trainer's default). Bytes count every get() from the zarr store.
     """
-    n, f, h = aux.shape
-    row_bytes = aux.dtype.itemsize * h * (f if inner == "token" else 1)
-    chunk = inner_chunk_rows(row_bytes, shard_rows)
-    layout = ArrayLayout("aux_hidden", (f, h), aux.dtype, "bfloat16", True)
-    spec = CacheSpec(hidden_size=h, num_aux_layers=f, hidden_dtype="bfloat16",
-                     max_seq_len=SEQ_LEN, shard_rows=shard_rows)
-    codec = compressor(layout, spec)
-    path = root / f"aux-{inner}"
-    arr = zarr.create_array(zarr.storage.LocalStore(path), shape=aux.shape, dtype=aux.dtype,
-                            chunks=(chunk, f if inner == "token" else 1, h),
-                            shards=(shard_rows, f, h), compressors=codec, fill_value=0)
-    start = time.perf_counter()
-    for i in range(0, n, shard_rows):
-        arr[i:i + shard_rows] = aux[i:i + shard_rows]
-    write_s = time.perf_counter() - start
-    stored = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()
-                 and p.name != "zarr.json")
-    out: dict[str, float] = {"write_s": write_s, "ratio": aux.nbytes / stored,
-                             "chunk_rows": chunk}
-    for name, layers in (("full", None), ("subset", [0])):
-        store = CountingStore(zarr.storage.LocalStore(path, read_only=True))
-        reader = zarr.open_array(store, mode="r")
-        start = time.perf_counter()
-        for i in range(0, n, shard_rows):
-            rows = slice(i, i + shard_rows)
-            got = (reader[rows] if layers is None
-                   else reader.get_orthogonal_selection((rows, layers)))
-            assert np.array_equal(got, aux[rows] if layers is None else aux[rows][:, layers])
-        out[f"{name}_s"] = time.perf_counter() - start
-        out[f"{name}_bytes"] = store.bytes_read
+    from cache_helpers import counting_reads
+
+    uri = str(root / f"layout-v{version}")
+    write_s = write_cache(uri, samples, cache_spec(samples, format_version=version))
+    aux = [a for name, a in summarize_cache(uri)["arrays"].items()
+           if name.partition(".")[0] == "aux_hidden"]
+    out: dict[str, float] = {"write_s": write_s,
+                             "ratio": (sum(a["logical_bytes"] for a in aux)
+                                       / sum(a["stored_bytes"] for a in aux))}
+    runs = {"full": {"verify": False}, "full_crc": {"verify": True},
+            "subset": {"verify": True, "features": (0,)}}
+    for _ in range(repeats):
+        for name, kw in runs.items():
+            with counting_reads() as stores:
+                elapsed = read_all(uri, **kw)  # type: ignore[arg-type]
+            out[f"{name}_s"] = min(out.get(f"{name}_s", elapsed), elapsed)
+            out[f"{name}_bytes"] = sum(st.bytes_read for st in stores)
+            out[f"{name}_aux_bytes"] = sum(n for st in stores for array, n in
+                                           st.bytes_by_array.items()
+                                           if array.partition(".")[0] == "aux_hidden")
     return out
 
 
@@ -200,8 +188,7 @@ def main() -> int:
         base = bench_memmap(root, samples)
         rows = [(codec, bench_cache(root, samples, codec)) for codec in ("lossless", "fp8")]
         finite_s = bench_finite_check(samples)
-        all_aux = np.concatenate([s.aux_hidden for s in samples])
-        inner = [(kind, bench_layer_chunks(root, all_aux, kind)) for kind in ("token", "layer")]
+        layouts = [(v, bench_layout(root, samples, v)) for v in (1, 2)]
         shutil.rmtree(root / "target", ignore_errors=True)
     print(f"H={args.hidden_size}, 3 aux layers + final, bf16, {n:,} tokens, "
           f"{logical:.0f} MB logical (bf16 in memory); memmap baseline in the same run:")
@@ -220,16 +207,26 @@ def main() -> int:
               f"{logical / r['read_verify_s']:>14.0f} {n / r['read_s'] / 1e3:>12.1f}")
     print(f"NaN/inf check before commit: {logical / finite_s:.0f} MB/s, "
           f"{finite_s / rows[0][1]['write_s']:.1%} of the lossless write time")
-    f, mb = all_aux.shape[1], all_aux.nbytes / 1e6
-    print(f"\naux_hidden inner chunks ({f} layers, lossless bf16, shards of 8192 rows; 'subset' "
-          f"reads 1 of {f} layers; MB read counts shard indexes and chunk byte ranges):")
-    print(f"{'inner chunk':<18} {'ratio':>6} {'write MB/s':>11} {'full MB/s':>10} "
-          f"{'subset s':>9} {'full MB read':>13} {'subset MB read':>15}")
-    for kind, r in inner:
-        shape = f"({r['chunk_rows']:.0f}, {f if kind == 'token' else 1}, H)"
-        print(f"{shape:<18} {r['ratio']:>6.3f} {mb / r['write_s']:>11.0f} "
-              f"{mb / r['full_s']:>10.0f} {r['subset_s']:>9.3f} {r['full_bytes'] / 1e6:>13.1f} "
-              f"{r['subset_bytes'] / 1e6:>15.1f}")
+    f = samples[0].aux_hidden.shape[1]
+    mb = sum(s.aux_hidden.nbytes + s.final_hidden.nbytes for s in samples) / 1e6
+    print(f"\naux_hidden layout (lossless bf16, {f} layers, shards of 8192 rows; reads go "
+          f"through open_cache, best of 3; MB/s over {mb:.0f} MB of aux + final hidden; "
+          f"'1 of {f}' reads one layer with crc32c; MB read counts every zarr store get()):")
+    print(f"{'format':<24} {'aux ratio':>9} {'write MB/s':>10} {'full MB/s':>9} "
+          f"{'full+crc MB/s':>13} {f'1 of {f} s':>8} {'aux MB read: full':>17} "
+          f"{f'1 of {f}':>7} {'all MB read: full':>17} {f'1 of {f}':>7}")
+    names = {1: "1: (c, F, H) chunks", 2: "2: one array per layer"}
+    for v, r in layouts:
+        print(f"{names[v]:<24} {r['ratio']:>9.3f} {mb / r['write_s']:>10.0f} "
+              f"{mb / r['full_s']:>9.0f} {mb / r['full_crc_s']:>13.0f} {r['subset_s']:>8.3f} "
+              f"{r['full_crc_aux_bytes'] / 1e6:>17.1f} {r['subset_aux_bytes'] / 1e6:>7.1f} "
+              f"{r['full_crc_bytes'] / 1e6:>17.1f} {r['subset_bytes'] / 1e6:>7.1f}")
+    old, new = layouts[0][1], layouts[1][1]
+    print(f"format 2 / format 1: write {old['write_s'] / new['write_s']:.2f}x, full read "
+          f"{old['full_s'] / new['full_s']:.2f}x, "
+          f"full+crc {old['full_crc_s'] / new['full_crc_s']:.2f}x, "
+          f"1-of-{f} read {old['subset_s'] / new['subset_s']:.2f}x faster, "
+          f"{new['subset_aux_bytes'] / old['subset_aux_bytes']:.2f}x the aux bytes")
     print("reproduce: .venv/bin/python benchmarks/bench_cache.py "
           f"--hidden_size {args.hidden_size} --num_tokens {args.num_tokens}")
     return 0

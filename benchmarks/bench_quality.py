@@ -1,4 +1,4 @@
-"""Draft quality on the real small target: DSpark vs the DFlash-style draft vs DSpark from fp8.
+"""Draft quality on the real small target: DSpark vs the DFlash recipe vs DSpark from fp8.
 
 From one set of regenerated chats of the shipped code target (``sparkforge.app.code_target``),
 two caches are produced (bf16 lossless and fp8 aux), and three drafts are trained with the same
@@ -6,7 +6,9 @@ steps, batches and seed through the public CLI:
 
 - ``dspark``: ``trainer/examples/code_target.yaml`` as it ships (Markov head, confidence head,
   0.1 CE + 0.9 L1 + 1.0 BCE);
-- ``dflash``: the DFlash-style ablation (no Markov head, no confidence head, CE only);
+- ``dflash``: the DFlash recipe (``--model.recipe dflash``: the DFlash draft, no Markov or
+  confidence head, CE with the DFlash decay), with block size 8, i.e. 7 drafts per block like
+  dspark's K=7;
 - ``dspark_fp8``: the dspark recipe trained from the fp8 cache.
 
 Each is evaluated with ``sparkforge eval`` on the bf16 cache's eval split (held-out prompts,
@@ -17,8 +19,9 @@ record and two PNGs (acceptance by position; loss and teacher-forced tau vs step
 Reproduce (the defaults are the recorded run's sizes; about 25 minutes on 2 shared CPU cores):
     nice -n 10 .venv/bin/python -P benchmarks/bench_quality.py
 
-``--sweep`` then trains the dspark recipe with a few changed defaults (learning rate, anchors) on
-the same cache and compares tau at T=1 (``sweep.json``).
+``--sweep`` then trains the dspark recipe with a few changed defaults (learning rate, anchors,
+loss decay gamma, warmup) and once more with other seeds (the run-to-run noise) on the same cache,
+and compares tau at T=1 (``sweep.json``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,11 +43,9 @@ PRODUCER_EXAMPLE = REPO / "producer" / "examples" / "code_target.yaml"
 
 DRAFTS: dict[str, tuple[str, list[str]]] = {
     "dspark": ("cache", []),
-    "dflash": ("cache", ["--model.draft.markov_rank", "0",
-                         "--model.draft.enable_confidence_head", "false",
-                         "--model.draft.confidence_head_with_markov", "false",
-                         "--model.loss.ce_loss_alpha", "1.0", "--model.loss.l1_loss_alpha", "0",
-                         "--model.loss.confidence_head_alpha", "0"]),
+    # The DFlash recipe: its draft (the anchor slot drafts nothing, so block_size 8 drafts the
+    # same 7 tokens per block as dspark's 7) and objective (CE with the DFlash decay).
+    "dflash": ("cache", ["--model.recipe", "dflash", "--model.draft.block_size", "8"]),
     "dspark_fp8": ("cache_fp8", []),
 }
 
@@ -63,8 +65,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "and writes the results)")
     p.add_argument("--sweep", nargs="*", type=int, default=None,
                    help="instead: train the dspark recipe with the SWEEP changes of these "
-                        "indices (none given: all) on the caches of an earlier run in --out_dir "
-                        "and compare tau (T=1)")
+                        "indices (none given: all; 0 is the recipe unchanged, the main run's "
+                        "dspark draft) on the caches of an earlier run in --out_dir and compare "
+                        "tau (T=1); runs of other indices can go in parallel")
     return p.parse_args(argv)
 
 
@@ -74,6 +77,10 @@ SWEEP: dict[str, list[str]] = {
     "lr 6e-4 (the package default)": ["--model.optimizer.lr", "6e-4"],
     "lr 1e-2": ["--model.optimizer.lr", "1e-2"],
     "anchors 64": ["--model.draft.num_anchors", "64"],
+    "gamma 7 (slower decay)": ["--model.loss.loss_decay_gamma", "7"],
+    "warmup 5": ["--model.scheduler.warmup_steps", "5"],
+    # The recipe unchanged but for every seed (init, anchors, data order): run-to-run noise.
+    "example, seed 1 (noise)": ["--seed_everything", "1", "--model.seed", "1", "--data.seed", "1"],
 }
 
 
@@ -84,7 +91,7 @@ def _sweep(out: Path, ns: argparse.Namespace, results: Path) -> int:
     timings: dict[str, float] = {}
     rows = []
     for i, (label, extra) in enumerate(SWEEP.items()):
-        if ns.sweep and i not in ns.sweep and extra:
+        if ns.sweep and i not in ns.sweep:
             continue
         # The unchanged recipe is the main run's dspark draft (reused when it exists).
         rec = _train_and_eval(out, ns, "dspark" if not extra else f"sweep{i}", "cache", extra,
@@ -140,7 +147,9 @@ def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
     """Train one draft and evaluate it; a stage whose output an earlier run left is reused."""
     run_dir = out / "train" / name
     ckpt = run_dir / "ckpt" / "last.ckpt"
-    if not ckpt.is_file():
+    # last.ckpt is also written at every epoch end: only the step-N checkpoint marks a finished run.
+    if not any((run_dir / "ckpt").glob(f"*-step={ns.steps}.ckpt")):
+        shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted run is trained again
         _run(["train", "--config", str(TRAIN_EXAMPLE), "--data.uri", str(out / cache),
               "--trainer.max_steps", str(ns.steps), "--data.batch_size", str(ns.batch_size),
               "--trainer.default_root_dir", str(run_dir),

@@ -3,12 +3,13 @@
     .venv/bin/python -P benchmarks/bench_writer.py [--hidden 1024 --layers 3 --tokens 16384]
 
 1. Writer MB/s per core count: each count runs in its own process pinned to that many CPUs
-   (``sched_setaffinity``) with zarr's codec pool sized to match (the producer's
-   ``writer_threads``), writing the same bf16 units (lossless: Blosc zstd-1 + byte shuffle) through
-   ``CacheWriter.write_unit``; MB/s counts the raw hidden-state bytes (aux + final) per wall second,
-   data generation excluded. "busy cores" is the process's CPU time over wall time, and "MB per
-   CPU-s" the bytes per CPU second: on a shared host, where other processes take cores, wall MB/s
-   cannot scale but these two still show whether the writer spreads over the cores it is given.
+   (``sched_setaffinity``) with the producer's ``writer_threads`` set to match (as many writer
+   threads in its ``UnitWriteQueue`` and codec threads in zarr's pool), writing the same bf16
+   units (lossless: Blosc zstd-1 + byte shuffle); MB/s counts the raw hidden-state bytes (aux +
+   final) per wall second, data generation excluded. "busy cores" is the process's CPU time over
+   wall time, and "MB per CPU-s" the bytes per CPU second: on a shared host, where other processes
+   take cores, wall MB/s cannot scale but these two still show whether the writer spreads over
+   the cores it is given.
    MB per CPU-s is the per-core figure ``sparkforge plan`` uses.
 2. Overlap: the same units written after a capture stand-in that sleeps as long as writing one
    unit took (a GPU prefill leaves the host CPU idle, so a sleep models it), once inline (capture,
@@ -87,7 +88,9 @@ def _header(args: argparse.Namespace):
 
 
 def phase_write(args: argparse.Namespace) -> dict[str, float]:
-    """Write every unit with ``args.cores`` CPUs and as many codec threads."""
+    """Write every unit as the producer does with ``writer_threads = args.cores``: through its
+    queue, ``args.cores`` writer threads and as many codec threads on ``args.cores`` CPUs."""
+    from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue
     from sparkforge.shared.writer import CacheWriter
 
     units, spec = _pinned_setup(args, args.cores)
@@ -95,8 +98,10 @@ def phase_write(args: argparse.Namespace) -> dict[str, float]:
         writer = CacheWriter.open(f"{tmp}/cache", spec=spec,
                                   header=_header(args))
         start, cpu_start = time.perf_counter(), _cpu_seconds()
-        for unit, records, accounting in units:
-            writer.write_unit(unit, records, accounting)
+        with UnitWriteQueue(writer, queue_units=2, num_threads=args.cores) as writes:
+            for unit in units:
+                writes.submit(CapturedUnit(*unit))
+            writes.close()
         seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
     hidden_bytes = sum(r.aux_hidden.nbytes + r.final_hidden.nbytes for _, rs, _ in units
                        for r in rs)

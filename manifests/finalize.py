@@ -20,7 +20,6 @@ from sparkforge.manifests.objects import (
     read_json,
 )
 from sparkforge.manifests.schema import (
-    FORMAT_VERSION,
     CacheIncompleteError,
     CacheManifest,
     parse_format_version,
@@ -58,8 +57,9 @@ def read_run_header(loc: storage.Location) -> tuple[CacheSpec, RunHeader]:
         got = sorted(data) if isinstance(data, dict) else type(data).__name__
         raise ManifestError(f"{loc.uri}/{HEADER_KEY}: expected exactly the keys "
                             f"['format_version', 'header', 'spec'], got {got}")
-    parse_format_version(data["format_version"])
-    return parse_spec(data["spec"], "spec"), RunHeader.from_json(data["header"])
+    version = parse_format_version(data["format_version"])
+    return (parse_spec(data["spec"], "spec", format_version=version),
+            RunHeader.from_json(data["header"]))
 
 
 def finalize_run(uri: str, *, storage_options: Mapping[str, Any] | None = None) -> CacheManifest:
@@ -131,7 +131,7 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
     for a in acc:
         skipped.update(a.skipped)
     return {
-        "format_version": FORMAT_VERSION, "complete": True,
+        "format_version": spec.format_version, "complete": True,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "sparkforge_version": package_version("sparkforge") or "0+unknown", "git_sha": git_sha(),
         **header.to_json(),

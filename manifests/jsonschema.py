@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, NewType, Union, get_args, get_origin, get_type_hints
 
 from sparkforge.manifests.schema import FORMAT_VERSION, OPTIONAL_MANIFEST_KEYS, CacheManifest
+from sparkforge.shared.layout import READABLE_VERSIONS
 
 SCHEMA_PATH: Final = Path(__file__).resolve().with_name("manifest.schema.json")
 
@@ -29,7 +30,7 @@ def _schema(tp: Any) -> dict[str, Any]:
             "type": "object", "additionalProperties": _schema(value)}
     if dataclasses.is_dataclass(tp):
         hints = get_type_hints(tp)
-        fields = dataclasses.fields(tp)
+        fields = [f for f in dataclasses.fields(tp) if f.metadata.get("in_json", True)]
         # Fields added after format version 1 may be absent from older manifests.
         required = [f.name for f in fields if not f.metadata.get("optional_in_json")]
         return {"type": "object", "properties": {f.name: _schema(hints[f.name]) for f in fields},
@@ -42,7 +43,7 @@ def _schema(tp: Any) -> dict[str, Any]:
 def manifest_json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of ``manifest.json`` for this format version."""
     schema = _schema(CacheManifest)
-    schema["properties"]["format_version"] = {"const": FORMAT_VERSION}
+    schema["properties"]["format_version"] = {"enum": list(READABLE_VERSIONS)}
     schema["required"] = [k for k in schema["required"] if k not in OPTIONAL_MANIFEST_KEYS]
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "title": f"sparkforge cache manifest, format_version {FORMAT_VERSION}", **schema}

@@ -28,9 +28,10 @@ SMALL_ARRAY_RATIO: Final[dict[str, float]] = {"input_ids": 3.4, "loss_mask": 100
 """zstd-3 on the per-token arrays: token ids 3.4x and loss masks >100x measured; the rest 1.0."""
 WRITER_MB_S_PER_CORE: Final = 165.0
 """Raw hidden-state MB one writer core compresses and writes per CPU second through zarr (Blosc
-zstd-1 + byte shuffle, bf16, local disk, crc32c included): 164-171 MB per CPU-s measured by
-benchmarks/bench_writer.py on a shared 2-vCPU x86_64 host; fp8 codes are assumed to cost the same
-per stored byte."""
+zstd-1 + byte shuffle, bf16, local disk, crc32c included), measured by benchmarks/bench_writer.py
+on a shared 2-vCPU x86_64 host: 193-223 MB per CPU-s with 1 writer thread, 140-221 with 2 (threads
+contend there); the figure sits inside both ranges. fp8 codes are assumed to cost the same per
+stored byte."""
 FIXED_OBJECTS: Final = 4
 """zarr.json of the group, _meta/header.json, index.parquet, manifest.json (plus target files)."""
 
@@ -60,11 +61,11 @@ def target_shape_from_config(path: str | Path) -> TargetShape:
                        dtype=dtype if dtype in LOSSLESS_RATIO else "bfloat16")
 
 
-def array_ratio(name: str, spec: CacheSpec) -> float:
-    """The compression ratio assumed for one array."""
-    if name in SMALL_ARRAY_RATIO:
-        return SMALL_ARRAY_RATIO[name]
-    if name == "aux_hidden" and spec.aux_codec == "fp8":
+def array_ratio(field: str, spec: CacheSpec) -> float:
+    """The compression ratio assumed for the array(s) of one sample field."""
+    if field in SMALL_ARRAY_RATIO:
+        return SMALL_ARRAY_RATIO[field]
+    if field == "aux_hidden" and spec.aux_codec == "fp8":
         return FP8_CODE_RATIO
     return LOSSLESS_RATIO[spec.hidden_dtype]
 
@@ -83,8 +84,8 @@ def writer_cores(spec: CacheSpec, tokens_per_s: float) -> dict[str, float]:
     ``WRITER_MB_S_PER_CORE`` raw MB/s per core; the per-token arrays are negligible.
     """
     layouts = array_layouts(spec)
-    raw = sum(a.dtype.itemsize * math.prod(a.row_shape) for name, a in layouts.items()
-              if name in ("aux_hidden", "final_hidden"))
+    raw = sum(a.dtype.itemsize * math.prod(a.row_shape) for a in layouts.values()
+              if a.field in ("aux_hidden", "final_hidden"))
     mb_per_s = raw * tokens_per_s / 1e6
     return {"tokens_per_s": tokens_per_s, "hidden_mb_per_s": mb_per_s,
             "mb_per_s_per_core": WRITER_MB_S_PER_CORE,
@@ -103,12 +104,14 @@ def plan_cache(spec: CacheSpec, *, num_tokens: int, mean_seq_len: float,
             writer cores it needs.
     """
     layouts = array_layouts(spec)
-    arrays = {}
-    for name, a in layouts.items():
+    arrays: dict[str, dict[str, Any]] = {}  # per sample field: all layers of aux_hidden together
+    for a in layouts.values():
         raw = a.dtype.itemsize * math.prod(a.row_shape)
-        ratio = array_ratio(name, spec)
-        arrays[name] = {"raw_bytes_per_token": raw, "ratio": ratio,
-                        "bytes_per_token": raw / ratio}
+        entry = arrays.setdefault(a.field, {"raw_bytes_per_token": 0,
+                                            "ratio": array_ratio(a.field, spec),
+                                            "bytes_per_token": 0.0})
+        entry["raw_bytes_per_token"] += raw
+        entry["bytes_per_token"] += raw / entry["ratio"]
     num_samples = math.ceil(num_tokens / mean_seq_len) if num_tokens else 0
     full_units, rest = divmod(num_samples, spec.rows_per_unit)
     slots = (full_units * slots_per_unit(spec.rows_per_unit * mean_seq_len, mean_seq_len,

@@ -19,6 +19,7 @@ import zarr
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo
 from sparkforge.shared.dtypes import storage_to_float32
+from sparkforge.shared.layout import array_layouts
 
 BLOCK_BYTES: Final = 64 << 20
 """Rows read per step and array (about 64 MiB decoded)."""
@@ -47,6 +48,7 @@ def _scan_slot(unit: int, slot: SlotRecord, samples: Sequence[SampleRow],
                arrays: Mapping[str, zarr.Array[Any]], m: CacheManifest,
                checked: Counter[str]) -> list[str]:
     spec = m.storage.spec
+    layouts = array_layouts(spec)
     base = slot.slot * spec.shard_rows
     starts = np.array([s.row_offset - base for s in samples], dtype=np.int64)
     where, problems = f"unit {unit}, slot {slot.slot}", []
@@ -57,9 +59,9 @@ def _scan_slot(unit: int, slot: SlotRecord, samples: Sequence[SampleRow],
             for lo, block in _blocks(arr, base, slot.num_rows):
                 crc = crc32c.crc32c(np.ascontiguousarray(block).data.cast("B"), crc)
                 checked["bytes_scanned"] += block.nbytes
-                bad = _nonfinite(name, block, spec.hidden_dtype)
+                bad = _nonfinite(layouts[name].field, block, spec.hidden_dtype)
                 if bad is not None:
-                    _record(findings, name, bad, lo, starts)
+                    _record(findings, name, bad, lo, starts, layouts[name].layer)
                 if name in ("input_ids", "loss_mask"):
                     problems += _token_problems(name, block, lo, samples, starts, m, where)
         except Exception as exc:  # a corrupt object fails to decode: record it, scan the rest
@@ -90,13 +92,15 @@ def _blocks(arr: zarr.Array[Any], base: int,
         yield lo, np.asarray(arr[base + lo:base + min(lo + step, num_rows)])
 
 
-def _nonfinite(name: str, block: npt.NDArray[Any], hidden_dtype: str) -> npt.NDArray[Any] | None:
-    """Per row (and per layer slot for aux arrays): True where a value is NaN or infinite."""
-    if name == "aux_hidden" and block.dtype == np.uint8:
+def _nonfinite(field: str, block: npt.NDArray[Any],
+               hidden_dtype: str) -> npt.NDArray[Any] | None:
+    """Per row (and per layer slot for format-1 aux arrays): True where a value is NaN or
+    infinite."""
+    if field == "aux_hidden" and block.dtype == np.uint8:
         bad = ((block & 0x7F) == 0x7F).any(axis=-1)  # e4m3fn NaN codes
-    elif name in ("aux_hidden", "final_hidden"):
+    elif field in ("aux_hidden", "final_hidden"):
         bad = ~np.isfinite(storage_to_float32(block, hidden_dtype)).all(axis=-1)
-    elif name == "aux_scale":
+    elif field == "aux_scale":
         bad = ~np.isfinite(block)
     else:
         return None
@@ -104,7 +108,9 @@ def _nonfinite(name: str, block: npt.NDArray[Any], hidden_dtype: str) -> npt.NDA
 
 
 def _record(findings: dict[tuple[int, str], _Finding], name: str, bad: npt.NDArray[Any],
-            lo: int, starts: npt.NDArray[np.int64]) -> None:
+            lo: int, starts: npt.NDArray[np.int64], layer: int | None) -> None:
+    """Count each bad row per sample; the layer slot comes from the hit (one array holding
+    every layer) or from the array (one array per layer)."""
     hits = np.argwhere(bad)
     for hit in hits:
         row = lo + int(hit[0])
@@ -115,6 +121,8 @@ def _record(findings: dict[tuple[int, str], _Finding], name: str, bad: npt.NDArr
             f.first_token = row - int(starts[i])
         if len(hit) > 1:
             f.layers.add(int(hit[1]))
+        elif layer is not None:
+            f.layers.add(layer)
 
 
 def _token_problems(name: str, block: npt.NDArray[Any], lo: int, samples: Sequence[SampleRow],

@@ -26,6 +26,7 @@ from sparkforge.shared.layer_ids import hidden_states_range
 from sparkforge.shared.layout import (
     FORMAT_VERSION,
     MAX_UNITS,
+    READABLE_VERSIONS,
     CacheSpec,
     array_layouts,
     parse_spec,
@@ -144,6 +145,7 @@ class CacheManifest:
     def to_json(self) -> ManifestJSON:
         """The manifest as JSON-ready data (tuples become lists)."""
         out: ManifestJSON = _lists(dataclasses.asdict(self))
+        out["storage"]["spec"] = self.storage.spec.to_json()  # its version is format_version
         return out
 
     @property
@@ -164,10 +166,10 @@ def _lists(value: Any) -> Any:
 def parse_format_version(data: object) -> int:
     """Only versions this code knows are accepted."""
     version = f.integer(data, "format_version", hi=1 << 16)
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise UnknownFormatVersionError(
-            f"manifest field 'format_version': this sparkforge reads version {FORMAT_VERSION}, "
-            f"got {version}; upgrade sparkforge or re-create the cache")
+            f"manifest field 'format_version': this sparkforge reads versions "
+            f"{list(READABLE_VERSIONS)}, got {version}; upgrade sparkforge or re-create the cache")
     return version
 
 
@@ -211,11 +213,12 @@ def parse_index_key(data: object) -> str:
         raise f.fail("storage.index_key", "a relative key inside the cache root", data) from exc
 
 
-def parse_storage(data: object) -> StorageInfo:
-    """The ``storage`` section: spec, arrays matching the spec, units, index, totals."""
+def parse_storage(data: object, format_version: int = FORMAT_VERSION) -> StorageInfo:
+    """The ``storage`` section: spec, arrays matching the spec (and its format version), units,
+    index, totals."""
     d = f.obj(data, "storage", required=frozenset({"spec", "arrays", "codecs", "units",
                                                    "index_key", "index_sha256", "totals"}))
-    spec = parse_spec(d["spec"])
+    spec = parse_spec(d["spec"], format_version=format_version)
     layouts = array_layouts(spec)
     arrays_raw = f.obj(d["arrays"], "storage.arrays", required=frozenset(layouts))
     arrays = {}
@@ -257,7 +260,7 @@ def parse_manifest(data: object) -> CacheManifest:
         target=parse_target(d["target"]),
         capture=parse_capture(d["capture"]), tokenizer=parse_tokenizer(d["tokenizer"]),
         data=parse_data(d["data"]), accounting=parse_accounting(d["accounting"]),
-        storage=parse_storage(d["storage"]),
+        storage=parse_storage(d["storage"], version),
         parity=f.optional(d.get("parity"), parse_parity, "parity"))
     check_cross_fields(manifest)
     return manifest

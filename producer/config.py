@@ -74,10 +74,12 @@ class ProducerConfig:
     """Token rows per shard (>= max_seq_len)."""
     writer_queue_units: int = 2
     """Captured units waiting for the writer at most, while the engine captures the next one. At
-    most writer_queue_units + 2 units are in memory (queued, being written, being captured)."""
+    most writer_queue_units + writer_threads + 1 units are in memory (queued, being written,
+    being captured)."""
     writer_threads: int = 0
-    """Compression threads of the writer; 0: the CPUs left after the engine (available CPUs minus
-    one per engine GPU process, one for vLLM's scheduler and one for the capture loop; >= 1)."""
+    """Writer threads, each writing one unit at a time, and as many codec threads; 0: the CPUs
+    left after the engine (available CPUs minus one per engine GPU process, one for vLLM's
+    scheduler and one for the capture loop; >= 1)."""
     data_format: Literal["auto", "jsonl", "parquet"] = "auto"
     """Input format; auto reads it from the file suffix."""
     worker_index: int | None = None

@@ -243,8 +243,9 @@ def _capture_units(
     cfg: ProducerConfig, prep: Prepared, writer: CacheWriter, source: HiddenStateSource,
     todo: list[int], summary: RunSummary,
 ) -> None:
-    """Capture the units in ``todo``; each is written and committed on a writer thread while the
-    engine captures the next ones (``writer_queue_units`` bounds the units waiting)."""
+    """Capture the units in ``todo``; ``writer_threads`` threads write and commit them, one unit
+    each, while the engine captures the next ones (``writer_queue_units`` bounds the units
+    waiting)."""
     capturer = UnitCapturer(prep.encoder, SplitRule(cfg.eval_fraction, prep.eval_ids,
                                                     cfg.split_seed),
                             len(prep.hf_layer_ids), cfg.hidden_dtype, cfg.topk,
@@ -255,7 +256,8 @@ def _capture_units(
                      batch_rows=cfg.read_batch_rows, storage_options=cfg.storage_options)
     start = time.monotonic()
     with tqdm(total=len(todo), unit="unit", disable=not cfg.progress) as bar, \
-            UnitWriteQueue(writer, queue_units=cfg.writer_queue_units, num_threads=1) as writes:
+            UnitWriteQueue(writer, queue_units=cfg.writer_queue_units,
+                           num_threads=writer_threads(cfg)) as writes:
 
         def count(done: list[CapturedUnit]) -> None:
             for item in done:

@@ -3,7 +3,10 @@
 Capture (GPU) and compression (CPU) overlap: the capture loop hands each finished unit to a
 bounded queue and goes on; ``num_threads`` writer threads take units from it and call
 ``CacheWriter.write_unit``, which commits each one atomically, so units commit in order of
-completion; a unit another process committed first comes back marked ``taken_over``. Memory is
+completion; a unit another process committed first comes back marked ``taken_over``. Several
+threads are what spreads the writer over cores: zarr compresses the chunks of one array write in
+parallel, but one unit's copies into shard buffers, shard assembly and checksums run one after
+another, so one thread keeps about one core busy (each thread has its own shard buffers). Memory is
 bounded: the queue never holds more than ``queue_units`` units, so at most
 ``queue_units + num_threads + 1`` units (waiting, being written, being captured) are in memory at
 once; ``submit`` blocks while the queue is full. A crash loses at most those units, which a re-run

@@ -93,11 +93,11 @@ class UnitInfo:
         """Tokens stored by this unit."""
         return sum(s.length for s in self.samples)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, format_version: int = FORMAT_VERSION) -> dict[str, Any]:
         """The commit record as JSON (sample rows stored column-wise to stay compact)."""
         acc = self.accounting
         return {
-            "format_version": FORMAT_VERSION,
+            "format_version": format_version,
             "unit": self.unit,
             "attempt": self.attempt,
             "slots": [{"slot": s.slot, "num_rows": s.num_rows, "crc32c": dict(s.crc32c)}
@@ -107,9 +107,9 @@ class UnitInfo:
                            "skipped": dict(acc.skipped), "failed": acc.failed},
         }
 
-    def to_bytes(self) -> bytes:
-        """Serialised commit record."""
-        return json.dumps(self.to_json(), sort_keys=True).encode()
+    def to_bytes(self, format_version: int = FORMAT_VERSION) -> bytes:
+        """Serialised commit record of a cache with this format version."""
+        return json.dumps(self.to_json(format_version), sort_keys=True).encode()
 
 
 def parse_accounting(data: object, field: str = "accounting") -> UnitAccounting:
@@ -163,7 +163,7 @@ def parse_commit_record(data: object, *, unit: int, spec: CacheSpec) -> UnitInfo
     """
     d = f.obj(data, "commit", required=frozenset({"format_version", "unit", "attempt", "slots",
                                                   "samples", "accounting"}))
-    f.choice(d["format_version"], "format_version", (1,))
+    f.choice(d["format_version"], "format_version", (spec.format_version,))
     if f.integer(d["unit"], "unit") != unit:
         raise f.fail("unit", f"{unit} (the unit named by the record's key)", d["unit"])
     attempt = f.integer(d["attempt"], "attempt", hi=999)

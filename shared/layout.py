@@ -15,7 +15,11 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from sparkforge.shared import fields as f
 from sparkforge.shared.dtypes import STORAGE_DTYPES, HiddenDtype
 
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+"""The layout new caches get. 1: ``aux_hidden`` (and fp8 ``aux_scale``) hold every captured layer
+of a row in one array, so any read decodes all layers. 2: one array per captured layer
+(``aux_hidden.0``, ``aux_hidden.1``, ...), so a run reads only the layers it trains on."""
+READABLE_VERSIONS: Final = (1, 2)
 TARGET_INNER_CHUNK_BYTES: Final = 1 << 20
 """Inner chunks near 1 MiB: smaller ones lower the Blosc-zstd ratio (1.454 -> 1.432 at 256 KiB)."""
 MAX_UNITS: Final = 10**7
@@ -70,6 +74,9 @@ class CacheSpec:
     """Rows per slot (one shard object per array); must be >= max_seq_len."""
     rows_per_unit: int = 256
     """Input rows per commit unit."""
+    format_version: int = dataclasses.field(default=FORMAT_VERSION, metadata={"in_json": False})
+    """The layout the arrays follow (:data:`FORMAT_VERSION`); the header and the manifest record
+    it beside the spec, not in it."""
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be a positive integer, got {getattr(self, name)!r}"
@@ -81,6 +88,9 @@ class CacheSpec:
         if self.hidden_dtype not in STORAGE_DTYPES:
             problems.append(f"hidden_dtype must be one of {sorted(STORAGE_DTYPES)}, "
                             f"got {self.hidden_dtype!r}")
+        if self.format_version not in READABLE_VERSIONS:
+            problems.append(f"format_version must be one of {list(READABLE_VERSIONS)}, "
+                            f"got {self.format_version!r}")
         if self.aux_codec not in ("lossless", "fp8"):
             problems.append(f"aux_codec must be 'lossless' or 'fp8', got {self.aux_codec!r}")
         if not problems and self.max_seq_len > self.shard_rows:
@@ -93,19 +103,22 @@ class CacheSpec:
             raise ValueError("invalid CacheSpec: " + "; ".join(problems))
 
     def to_json(self) -> dict[str, Any]:
-        """The spec as a JSON object."""
-        return dataclasses.asdict(self)
+        """The spec as a JSON object (without ``format_version``, stored beside it)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.metadata.get("in_json", True)}
 
 
 SPEC_KEYS: Final = frozenset({"hidden_size", "num_aux_layers", "hidden_dtype", "max_seq_len",
                              "aux_codec", "topk", "shard_rows", "rows_per_unit"})
 
 
-def parse_spec(data: object, field: str = "storage.spec") -> CacheSpec:
-    """The inverse of :meth:`CacheSpec.to_json`, with absurd sizes rejected."""
+def parse_spec(data: object, field: str = "storage.spec", *,
+               format_version: int = FORMAT_VERSION) -> CacheSpec:
+    """The inverse of :meth:`CacheSpec.to_json`, with absurd sizes rejected; ``format_version``
+    is the one recorded beside the spec."""
     d = f.obj(data, field, required=SPEC_KEYS)
     try:
-        return _spec(d, field)
+        return dataclasses.replace(_spec(d, field), format_version=format_version)
     except ValueError as exc:
         if isinstance(exc, f.ManifestError):
             raise
@@ -152,28 +165,51 @@ def inner_chunk_rows(row_bytes: int, shard_rows: int) -> int:
     return rows
 
 
+LAYERED: Final = ("aux_hidden", "aux_scale")
+"""Sample fields whose second axis is the captured layer."""
+
+
 @dataclass(frozen=True)
 class ArrayLayout:
-    """One array: trailing shape, stored dtype, logical dtype and whether it is sharded+Blosc."""
+    """One array: trailing shape, stored dtype, logical dtype and whether it is sharded+Blosc.
+
+    ``layer`` is set on the per-layer arrays of format 2: the array holds that position of its
+    field's layer axis (``aux_hidden.1`` holds ``aux_hidden[:, 1]``).
+    """
 
     name: str
     row_shape: tuple[int, ...]
     dtype: np.dtype[Any]
     dtype_logical: str
     blosc: bool
+    layer: int | None = None
+
+    @property
+    def field(self) -> str:
+        """The sample field the array stores (all of it, or one layer of it)."""
+        return self.name if self.layer is None else self.name.rpartition(".")[0]
+
+
+def _layered(name: str, row_shape: tuple[int, ...], dtype: np.dtype[Any], logical: str,
+             blosc: bool, spec: CacheSpec) -> list[ArrayLayout]:
+    """A ``[rows, F, *row_shape]`` field: one array (format 1) or one array per layer."""
+    if spec.format_version == 1:
+        return [ArrayLayout(name, (spec.num_aux_layers, *row_shape), dtype, logical, blosc)]
+    return [ArrayLayout(f"{name}.{k}", row_shape, dtype, logical, blosc, k)
+            for k in range(spec.num_aux_layers)]
 
 
 def array_layouts(spec: CacheSpec) -> dict[str, ArrayLayout]:
     """Every array of a cache with this spec, keyed by name."""
     hidden = STORAGE_DTYPES[spec.hidden_dtype]
-    f, h = spec.num_aux_layers, spec.hidden_size
+    h = spec.hidden_size
     out = [ArrayLayout("input_ids", (), np.dtype(np.int32), "int32", False),
            ArrayLayout("loss_mask", (), np.dtype(np.uint8), "uint8", False)]
     if spec.aux_codec == "fp8":
-        out += [ArrayLayout("aux_hidden", (f, h), np.dtype(np.uint8), "float8_e4m3fn", True),
-                ArrayLayout("aux_scale", (f,), np.dtype(np.float32), "float32", False)]
+        out += _layered("aux_hidden", (h,), np.dtype(np.uint8), "float8_e4m3fn", True, spec)
+        out += _layered("aux_scale", (), np.dtype(np.float32), "float32", False, spec)
     else:
-        out.append(ArrayLayout("aux_hidden", (f, h), hidden, spec.hidden_dtype, True))
+        out += _layered("aux_hidden", (h,), hidden, spec.hidden_dtype, True, spec)
     out.append(ArrayLayout("final_hidden", (h,), hidden, spec.hidden_dtype, True))
     if spec.topk:
         out += [ArrayLayout("topk_ids", (spec.topk,), np.dtype(np.int32), "int32", False),
@@ -240,14 +276,15 @@ def create_arrays(group: zarr.Group, spec: CacheSpec) -> None:
                                config={"write_empty_chunks": False})
 
 
-def open_arrays(group: zarr.Group, spec: CacheSpec) -> dict[str, zarr.Array[Any]]:
-    """The spec's arrays in an existing group.
+def open_arrays(group: zarr.Group, spec: CacheSpec,
+                names: Iterable[str] | None = None) -> dict[str, zarr.Array[Any]]:
+    """The spec's arrays in an existing group (only ``names`` when given).
 
     Raises:
         ValueError: if an array is missing (the store was not created with this spec).
     """
     out = {}
-    for name in array_layouts(spec):
+    for name in array_layouts(spec) if names is None else names:
         arr = group.get(name)
         if not isinstance(arr, zarr.Array):
             raise ValueError(f"cache store has no array {name!r}; was it created with this spec?")

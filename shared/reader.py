@@ -9,7 +9,7 @@ callback cross-checks a unit's sample boundaries (from the index) with its commi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -20,15 +20,20 @@ import zarr
 from sparkforge.shared import storage
 from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo, checksum
 from sparkforge.shared.dtypes import dequantize_e4m3, float_to_storage
-from sparkforge.shared.layout import TARGET_PREFIX, CacheSpec, open_arrays, slot_key
+from sparkforge.shared.layout import (
+    LAYERED,
+    TARGET_PREFIX,
+    CacheSpec,
+    array_layouts,
+    open_arrays,
+    slot_key,
+)
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M")
-LAYERED = ("aux_hidden", "aux_scale")
-"""Arrays whose second axis is the captured layer (what ``aux_layers`` selects from)."""
 
 
 class CacheDataError(ValueError):
@@ -70,15 +75,16 @@ class CachedSample:
         return out
 
 
-def read_arrays(loc: storage.Location, spec: CacheSpec) -> dict[str, zarr.Array[Any]]:
-    """The spec's arrays of an existing cache, opened read-only.
+def read_arrays(loc: storage.Location, spec: CacheSpec,
+                names: Iterable[str] | None = None) -> dict[str, zarr.Array[Any]]:
+    """The spec's arrays of an existing cache (only ``names`` when given), opened read-only.
 
     Raises:
         CacheDataError: the group or an array is missing, or its metadata cannot be read.
     """
     try:
         group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
-        return open_arrays(group, spec)
+        return open_arrays(group, spec, names)
     except Exception as exc:  # zarr raises many types (RecursionError too) for bad metadata
         raise CacheDataError(f"{loc.uri}: zarr metadata cannot be read ({type(exc).__name__}: "
                              f"{str(exc)[:200]}); run `sparkforge validate`") from exc
@@ -88,8 +94,9 @@ class CacheReader(Generic[M]):
     """Reads only committed units, through the rows their commit records name.
 
     Built by ``sparkforge.manifests.open.open_cache``, which binds the parsed manifest.
-    ``aux_layers`` (positions along ``aux_hidden``'s layer axis, increasing) keeps only those
-    captured layers in every sample; None keeps all.
+    ``aux_layers`` (positions along ``aux_hidden``'s layer axis) keeps only those captured layers,
+    in that order, in every sample; None keeps all. With one array per layer (format 2) only
+    those layers' arrays are read (and checksummed); format 1 reads every layer and narrows.
     """
 
     def __init__(self, loc: storage.Location, spec: CacheSpec, units: Sequence[UnitInfo],
@@ -104,7 +111,10 @@ class CacheReader(Generic[M]):
         self._rows = {s.sample_id: (u.unit, s) for u in units for s in u.samples}
         self._check_unit = check_unit
         self._checked: set[int] = set()
-        self._arrays = read_arrays(loc, spec)
+        self._layouts = array_layouts(spec)
+        self._arrays = read_arrays(loc, spec, [
+            name for name, a in self._layouts.items()
+            if a.layer is None or self.aux_layers is None or a.layer in self.aux_layers])
 
     def units(self) -> list[UnitInfo]:
         """Committed units in unit order."""
@@ -132,7 +142,7 @@ class CacheReader(Generic[M]):
             base = slot.slot * self.spec.shard_rows
             data = self._read_rows(info.unit, slot, by_slot.get(slot.slot, []), start=base,
                                    count=slot.num_rows)
-            data = self._select(data)
+            data = self._fields(data)
             out += [self._sample(s, data, s.row_offset - base) for s in by_slot.get(slot.slot, [])]
         return out
 
@@ -142,12 +152,12 @@ class CacheReader(Generic[M]):
         info = self._unit(unit)
         slot = next(s for s in info.slots if s.slot == row.slot)
         if not self.verify:
-            return self._sample(row, self._select(self._read_rows(
+            return self._sample(row, self._fields(self._read_rows(
                 unit, slot, [row], start=row.row_offset, count=row.length)), 0)
         base = slot.slot * self.spec.shard_rows
         data = self._read_rows(unit, slot, [s for s in info.samples if s.slot == row.slot],
                                start=base, count=slot.num_rows)
-        return self._sample(row, self._select(data), row.row_offset - base)
+        return self._sample(row, self._fields(data), row.row_offset - base)
 
     def target_file(self, name: str) -> bytes:
         """A stored target file, e.g. ``config.json`` or ``weights.safetensors``."""
@@ -165,14 +175,24 @@ class CacheReader(Generic[M]):
             self._checked.add(unit)
         return info
 
-    def _select(self, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Rows narrowed to ``aux_layers`` after reading them whole: with token-major chunks every
-        layer's bytes are read anyway, and zarr's orthogonal selection measured ~8x slower than
-        a whole read (benchmarks/bench_cache.py)."""
-        if self.aux_layers is None:
-            return data
-        return {name: values[:, self.aux_layers] if name in LAYERED else values
-                for name, values in data.items()}
+    def _fields(self, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The arrays read from one slot as sample fields holding ``aux_layers``: per-layer
+        arrays (format 2) are stacked on the layer axis; a format-1 field is read with every
+        layer and narrowed here."""
+        out: dict[str, np.ndarray] = {}
+        layers: dict[str, dict[int, np.ndarray]] = {}
+        for name, values in data.items():
+            a = self._layouts[name]
+            if a.layer is not None:
+                layers.setdefault(a.field, {})[a.layer] = values
+            elif a.field in LAYERED and self.aux_layers is not None:
+                out[name] = values[:, self.aux_layers]
+            else:
+                out[name] = values
+        for field, parts in layers.items():
+            order = sorted(parts) if self.aux_layers is None else self.aux_layers
+            out[field] = np.stack([parts[k] for k in order], axis=1)
+        return out
 
     def _read_rows(self, unit: int, slot: SlotRecord, samples: Sequence[SampleRow], *,
                    start: int, count: int) -> dict[str, np.ndarray]:

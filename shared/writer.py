@@ -22,7 +22,6 @@ from sparkforge.shared.dtypes import (
 from sparkforge.shared.fields import load_json
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
-    FORMAT_VERSION,
     HEADER_KEY,
     MAX_ATTEMPTS,
     MAX_UNITS,
@@ -88,7 +87,7 @@ class CacheWriter:
             CacheMismatchError: naming each differing field (dotted path) and both values.
         """
         try:
-            wanted = json.loads(json.dumps({"format_version": FORMAT_VERSION,
+            wanted = json.loads(json.dumps({"format_version": spec.format_version,
                                             "spec": spec.to_json(), "header": header.to_json()}))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"header must be JSON-serialisable: {exc}") from exc
@@ -102,6 +101,11 @@ class CacheWriter:
             except FileExistsError:
                 pass  # a concurrent creator won; compare against its header below
         stored = load_json(storage.read_bytes(loc, HEADER_KEY), HEADER_KEY)
+        if isinstance(stored, dict) and stored.get("format_version") != spec.format_version:
+            raise CacheMismatchError(
+                f"cache at {uri} has format_version {stored.get('format_version')!r} and this "
+                f"run writes {spec.format_version}: finish it with the sparkforge that started "
+                "it, or write a new cache")
         problems = diff_json(stored, wanted)
         if problems:
             raise CacheMismatchError(f"cache at {uri} was created with a different spec/header: "
@@ -147,7 +151,8 @@ class CacheWriter:
         info = UnitInfo(unit=unit, attempt=attempt, slots=tuple(slots), samples=tuple(rows),
                         accounting=accounting)
         try:
-            storage.exclusive_create(self.loc, commit_key(unit), info.to_bytes())
+            storage.exclusive_create(self.loc, commit_key(unit),
+                                     info.to_bytes(self.spec.format_version))
         except FileExistsError as exc:
             raise UnitAlreadyCommitted(f"unit {unit} was committed by another attempt while "
                                        f"attempt {attempt} wrote it") from exc
@@ -180,15 +185,10 @@ class CacheWriter:
         used = 0
         for s in members:
             rows = slice(used, used + s.num_tokens)
-            quantize = self.spec.aux_codec == "fp8" and s.aux_scale is None
+            values = self._stored_fields(s)
             for name, buf in buffers.items():
-                if not (quantize and name in ("aux_hidden", "aux_scale")):
-                    buf[rows] = getattr(s, name)
-            if quantize:
-                # A record in the hidden dtype: quantised with the numpy reference (the
-                # producer hands codes and scales quantised in torch where the activations were).
-                wide = storage_to_float32(s.aux_hidden, self.spec.hidden_dtype)
-                buffers["aux_hidden"][rows], buffers["aux_scale"][rows] = quantize_e4m3(wide)
+                a = self._layouts[name]
+                buf[rows] = values[a.field] if a.layer is None else values[a.field][:, a.layer]
             used += s.num_tokens
         crcs = {}
         for name, buf in buffers.items():
@@ -197,6 +197,16 @@ class CacheWriter:
             crcs[name] = checksum(buf[:used])
         self._local.dirty_rows = used
         return SlotRecord(slot=slot, num_rows=used, crc32c=crcs)
+
+    def _stored_fields(self, s: SampleRecord) -> dict[str, Any]:
+        """The sample's fields as stored: a record in the hidden dtype is quantised here with
+        the numpy reference when the cache is fp8 (the producer hands codes and scales
+        quantised in torch where the activations were)."""
+        values = {name: getattr(s, name) for name in {a.field for a in self._layouts.values()}}
+        if self.spec.aux_codec == "fp8" and s.aux_scale is None:
+            wide = storage_to_float32(s.aux_hidden, self.spec.hidden_dtype)
+            values["aux_hidden"], values["aux_scale"] = quantize_e4m3(wide)
+        return values
 
     def _shard_buffers(self) -> dict[str, np.ndarray]:
         """This thread's shard buffers, one per array (zeroed when first allocated)."""

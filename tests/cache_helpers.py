@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from zarr.storage import WrapperStore
 
+from sparkforge.shared import storage
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting
@@ -18,6 +23,41 @@ SMALL_SPEC = CacheSpec(hidden_size=16, num_aux_layers=2, hidden_dtype="bfloat16"
                        shard_rows=32, rows_per_unit=5)
 """A tiny lossless bf16 spec: 3 units of 5 rows (4 written, 1 skipped) pack into 6 slots."""
 SMALL_FP8_SPEC = dataclasses.replace(SMALL_SPEC, aux_codec="fp8", topk=2)
+
+
+class CountingStore(WrapperStore):  # type: ignore[type-arg]
+    """A zarr store that counts the bytes its reads return (shard indexes and chunk ranges),
+    per array (the key's first part)."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.bytes_by_array: Counter[str] = Counter()
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes returned by every get()."""
+        return sum(self.bytes_by_array.values())
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        buf = await super().get(key, prototype, byte_range)
+        self.bytes_by_array[key.split("/")[0]] += 0 if buf is None else len(buf)
+        return buf
+
+
+@contextmanager
+def counting_reads() -> Iterator[list[CountingStore]]:
+    """Every zarr store sparkforge opens inside the block, wrapped in a :class:`CountingStore`."""
+    real, opened = storage.zarr_store, []
+
+    def counted(loc: storage.Location, *, read_only: bool) -> CountingStore:
+        opened.append(CountingStore(real(loc, read_only=read_only)))
+        return opened[-1]
+
+    storage.zarr_store = counted  # type: ignore[assignment]
+    try:
+        yield opened
+    finally:
+        storage.zarr_store = real  # type: ignore[assignment]
 
 
 def build_cache(path: Path, spec: CacheSpec = SMALL_SPEC, units: int = 3,

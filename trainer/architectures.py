@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from torch import nn
 
-from sparkforge.trainer import export_deepseek_v4, export_qwen3
+from sparkforge.trainer import export_deepseek_v4, export_dflash, export_qwen3
 from sparkforge.trainer.deepseek_v4_draft import DeepseekV4DSparkModel
+from sparkforge.trainer.dflash_draft import dflash_draft
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.model import DSparkDraftModel
 
@@ -46,6 +47,11 @@ ARCHITECTURES: dict[str, DraftArchitecture] = {
         expected_shapes=export_qwen3.expected_shapes, hf_config=export_qwen3.hf_config,
         serving_problems=export_qwen3.serving_problems,
         config_from_hf=export_qwen3.draft_config_from_hf),
+    "dflash": DraftArchitecture(
+        name="dflash", served_as=(export_dflash.SERVED_AS,), model=dflash_draft,
+        expected_shapes=export_dflash.expected_shapes, hf_config=export_dflash.hf_config,
+        serving_problems=export_dflash.serving_problems,
+        config_from_hf=export_dflash.draft_config_from_hf),
     "deepseek_v4": DraftArchitecture(
         name="deepseek_v4", served_as=(), model=DeepseekV4DSparkModel,
         expected_shapes=export_deepseek_v4.expected_shapes,

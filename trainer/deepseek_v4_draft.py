@@ -24,6 +24,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from sparkforge.trainer import draft_forward
+from sparkforge.trainer.anchors import DSPARK_LAYOUT
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.draft_forward import AttnImpl, RopeTables, dspark_heads
 from sparkforge.trainer.layers import RMSNorm, compiled_flex
@@ -186,6 +187,8 @@ class DeepseekV4DSparkModel(nn.Module):
     embed = draft_forward.embed
     logits = draft_forward.logits
     confidence = draft_forward.confidence
+    layout = DSPARK_LAYOUT
+    num_draft_tokens = property(draft_forward.num_draft_tokens)
     forward = draft_forward.training_forward
     extend_context = draft_forward.extend_context
     draft_block = draft_forward.draft_block

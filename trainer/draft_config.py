@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 MarkovHeadType = Literal["vanilla", "gated", "rnn"]
 MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla", "gated", "rnn")
-DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3", "deepseek_v4")
+DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3", "deepseek_v4", "dflash")
 """Names of ``sparkforge.trainer.architectures.ARCHITECTURES`` (kept torch-free here)."""
 
 
@@ -64,7 +64,8 @@ class DSparkDraftConfig:
     num_hidden_layers: int = 5
     """Draft depth."""
     block_size: int = 7
-    """K: tokens drafted per pass (anchor slot predicts anchor+1)."""
+    """K: the block's query slots (anchor + K-1 masks). DSpark drafts K tokens per pass (the
+    anchor slot predicts anchor+1), DFlash K-1 (slot k predicts the token at anchor+k)."""
     num_anchors: int = 512
     """A: blocks sampled per sequence in training (fixed count, dummies padded)."""
     markov_rank: int = 256
@@ -84,7 +85,9 @@ class DSparkDraftConfig:
     architecture: str = "qwen3"
     """The draft's layer stack and serving format (``DRAFT_ARCHITECTURES``): ``qwen3`` is the
     Qwen3-shaped draft every engine loads, for targets of any family; ``deepseek_v4`` follows a
-    DeepSeek-V4 target's attention (its sizes below come from that target)."""
+    DeepSeek-V4 target's attention (its sizes below come from that target); ``dflash`` is the
+    Qwen3-shaped backbone with the DFlash block layout and no Markov or confidence head, served
+    as a DFlash draft (vLLM ``method: dflash``)."""
     q_lora_rank: int = 0
     """deepseek_v4: width of the query low-rank bottleneck (wq_a -> q_norm -> wq_b)."""
     o_lora_rank: int = 0
@@ -161,6 +164,8 @@ def _collect_problems(cfg: DSparkDraftConfig) -> list[str]:
         problems.append(f"markov_head_type={cfg.markov_head_type!r} not in {MARKOV_HEAD_TYPES}")
     if cfg.enable_confidence_head and cfg.confidence_head_with_markov and cfg.markov_rank == 0:
         problems.append("confidence_head_with_markov=True needs markov_rank > 0")
+    if cfg.architecture == "dflash":
+        problems += _dflash_problems(cfg)
     if cfg.head_dim % 2:
         problems.append(f"head_dim={cfg.head_dim} must be even for RoPE")
     if cfg.architecture == "deepseek_v4":
@@ -168,6 +173,21 @@ def _collect_problems(cfg: DSparkDraftConfig) -> list[str]:
     else:
         problems += [f"{name}={getattr(cfg, name)!r}: only architecture='deepseek_v4' reads it"
                      for name in _V4_FIELDS if getattr(cfg, name) != _DEFAULTS[name]]
+    return problems
+
+
+def _dflash_problems(cfg: DSparkDraftConfig) -> list[str]:
+    """A DFlash draft has neither head, and its anchor slot drafts nothing (so K >= 2)."""
+    problems = []
+    if cfg.markov_rank:
+        problems.append(f"markov_rank={cfg.markov_rank}: a dflash draft has no Markov head "
+                        "(set 0)")
+    if cfg.enable_confidence_head or cfg.confidence_head_with_markov:
+        problems.append("enable_confidence_head / confidence_head_with_markov: a dflash draft "
+                        "has no confidence head (set both false)")
+    if cfg.block_size < 2:
+        problems.append(f"block_size={cfg.block_size}: a dflash block drafts block_size - 1 "
+                        "tokens, so it needs block_size >= 2")
     return problems
 
 
@@ -315,11 +335,14 @@ def draft_qwen3_small(*, mask_token_id: int = 151_669) -> DSparkDraftConfig:
     )
 
 
-def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
-    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft."""
+def backbone_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """The Qwen3 backbone fields of a served draft's config.json (DSpark and DFlash alike).
+
+    Every layer is ``full_attention``: engines run a ``sliding_attention`` draft layer causally.
+    """
     layers = cfg.num_hidden_layers
-    out: dict[str, Any] = {
-        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
+    return {
+        "model_type": "qwen3",
         "hidden_size": cfg.hidden_size, "num_hidden_layers": layers,
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
@@ -328,9 +351,16 @@ def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_position_embeddings,
         "attention_bias": cfg.attention_bias, "vocab_size": cfg.vocab_size,
         "tie_word_embeddings": False, "layer_types": ["full_attention"] * layers,
-        "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
-        "target_layer_ids": list(cfg.target_layer_ids),
-        "num_target_layers": cfg.num_target_layers, "markov_rank": cfg.markov_rank,
+        "block_size": cfg.block_size, "num_target_layers": cfg.num_target_layers,
+    }
+
+
+def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft."""
+    out: dict[str, Any] = {
+        **backbone_config(cfg), "architectures": ["Qwen3DSparkModel"],
+        "mask_token_id": cfg.mask_token_id,
+        "target_layer_ids": list(cfg.target_layer_ids), "markov_rank": cfg.markov_rank,
         "enable_confidence_head": cfg.enable_confidence_head,
         "confidence_head_with_markov": cfg.enable_confidence_head
         and cfg.confidence_head_with_markov,

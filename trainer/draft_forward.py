@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from sparkforge.trainer.anchors import (
+    BlockLayout,
     anchor_candidates,
     build_eval_mask,
     label_indices,
@@ -35,11 +36,12 @@ class DSparkOutput:
     """One training forward's outputs; ``[B, A, K]`` tensors are indexed (batch, block, slot)."""
 
     draft_logits: torch.Tensor
-    """[B, A, K, V] base logits (softcapped) + Markov bias; slot k predicts anchor+k+1."""
+    """[B, A, K, V] base logits (softcapped) + Markov bias; draft position k predicts
+    anchor+k+1."""
     target_ids: torch.Tensor
     """[B, A, K] data tokens at anchor+k+1 (clamped index, 0 for dummy blocks)."""
     eval_mask: torch.Tensor
-    """[B, A, K] bool, prefix-contiguous supervised slots."""
+    """[B, A, K] bool, supervised draft positions (prefix-contiguous for DSpark)."""
     block_keep_mask: torch.Tensor
     """[B, A] bool, False for dummy anchors."""
     anchor_positions: torch.Tensor
@@ -89,6 +91,10 @@ class DraftStack(Protocol):
         """The draft config."""
 
     @property
+    def layout(self) -> BlockLayout:
+        """Which block slots draft and which anchors train (DSpark's, or DFlash's)."""
+
+    @property
     def attn_implementation(self) -> AttnImpl:
         """"sdpa" (dense bool mask) or "flex" (BlockMask)."""
 
@@ -133,6 +139,11 @@ def dspark_heads(cfg: DSparkDraftConfig) -> tuple[MarkovHead | None, ConfidenceH
     conf = ConfidenceHead(h + (cfg.markov_rank if with_markov else 0)) \
         if cfg.enable_confidence_head else None
     return markov, conf
+
+
+def num_draft_tokens(stack: DraftStack) -> int:
+    """Draft tokens per block (K of the output shapes)."""
+    return stack.layout.num_drafts(stack.config.block_size)
 
 
 def empty_cache(stack: DraftStack) -> DraftContextCache:
@@ -230,13 +241,15 @@ def training_forward(
         block_keep_mask: [B, A] bool, required with anchor_positions.
         generator: RNG for anchor sampling (default: the global torch RNG).
     """
-    cfg, k = stack.config, stack.config.block_size
+    cfg, k, layout = stack.config, stack.config.block_size, stack.layout
     if attention_mask is not None:
         loss_mask = loss_mask * attention_mask.to(loss_mask.dtype)
     batch, seq_len = input_ids.shape
+    lengths_B = None if attention_mask is None else attention_mask.sum(dim=1)
+    candidates_BC = anchor_candidates(loss_mask, layout, block_size=k, lengths_B=lengths_B)
     if anchor_positions is None:
         anchor_positions, block_keep_mask = sample_anchors(
-            loss_mask, cfg.num_anchors, generator=generator)
+            loss_mask, cfg.num_anchors, generator=generator, candidates_BC=candidates_BC)
     assert block_keep_mask is not None, "block_keep_mask is required with anchor_positions"
     anchors, keep = anchor_positions, block_keep_mask
     num_a = anchors.shape[1]
@@ -255,9 +268,10 @@ def training_forward(
     else:
         mask = dense_allowed(anchors, keep, seq_len, k)
     h_BAKH = run_layers(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, None, mask).view(
-        batch, num_a, k, -1)
+        batch, num_a, k, -1)[:, :, layout.first_draft_slot:]
 
-    _, safe_BAK = label_indices(anchors, keep, k, seq_len)
+    num_drafts = layout.num_drafts(k)
+    _, safe_BAK = label_indices(anchors, keep, num_drafts, seq_len)
     target_ids = torch.gather(input_ids, 1, safe_BAK.flatten(1)).view_as(safe_BAK)
     target_logits = None
     if target_last_hidden_states is not None:
@@ -266,7 +280,7 @@ def training_forward(
             t_hid = torch.gather(target_last_hidden_states, 1, t_idx[..., None].expand(
                 -1, -1, target_last_hidden_states.shape[-1]))
             target_logits = logits(stack, t_hid.to(stack.lm_head.weight.dtype)).view(
-                batch, num_a, k, -1)
+                batch, num_a, num_drafts, -1)
     prev_BAK = torch.cat([anchor_tok_BA[..., None], target_ids[..., :-1]], dim=-1)
     draft_logits = logits(stack, h_BAKH)
     if stack.markov_head is not None:
@@ -274,13 +288,14 @@ def training_forward(
     return DSparkOutput(
         draft_logits=draft_logits,
         target_ids=target_ids,
-        eval_mask=build_eval_mask(loss_mask, anchors, keep, k),
+        eval_mask=build_eval_mask(loss_mask, anchors, keep, num_drafts,
+                                  prefix=layout.prefix_mask),
         block_keep_mask=keep,
         anchor_positions=anchors,
         prev_token_ids=prev_BAK,
         confidence_logits=confidence(stack, h_BAKH, prev_BAK),
         target_logits=target_logits,
-        num_valid_anchors=anchor_candidates(loss_mask).sum(dim=1),
+        num_valid_anchors=candidates_BC.sum(dim=1),
         seq_len=seq_len,
     )
 
@@ -304,12 +319,13 @@ def extend_context(stack: DraftStack, cache: DraftContextCache,
 @torch.no_grad()
 def draft_block(stack: DraftStack, anchor_ids_B: torch.Tensor,
                 cache: DraftContextCache) -> tuple[torch.Tensor, torch.Tensor]:
-    """One block ``[anchor, MASK x (K-1)]`` at positions ``cache.length + k``.
+    """One block ``[anchor, MASK x (block_size-1)]`` at positions ``cache.length + k``.
 
     The block's own K/V are never stored, which is the "crop back to start" of the doc.
 
     Returns:
-        hidden [B, K, H] (post-norm) and base logits [B, K, V] (softcapped, no Markov bias).
+        hidden [B, K, H] (post-norm) and base logits [B, K, V] (softcapped, no Markov bias)
+        of the K draft positions (the DFlash anchor slot is left out).
     """
     k, batch = stack.config.block_size, anchor_ids_B.shape[0]
     ids = torch.full((batch, k), stack.config.mask_token_id, dtype=anchor_ids_B.dtype,
@@ -317,5 +333,5 @@ def draft_block(stack: DraftStack, anchor_ids_B: torch.Tensor,
     ids[:, 0] = anchor_ids_B
     x = embed(stack, ids)
     pos = torch.arange(cache.length, cache.length + k, device=ids.device).expand(batch, k)
-    hidden = run_layers(stack, x, pos, None, None, cache, None)
+    hidden = run_layers(stack, x, pos, None, None, cache, None)[:, stack.layout.first_draft_slot:]
     return hidden, logits(stack, hidden)

@@ -47,8 +47,7 @@ def _loss_spec(draft_path: str, has_confidence_head: bool) -> tuple[LossSpec, st
         return LossSpec(**recorded), "training run"
     logger.warning("%s records no training loss settings: teacher-forced metrics use the "
                    "default loss weights", draft_path)
-    return LossSpec(confidence_head_alpha=LossSpec.confidence_head_alpha
-                    if has_confidence_head else 0.0), "defaults"
+    return LossSpec(confidence_head_alpha=None if has_confidence_head else 0.0), "defaults"
 
 
 def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
@@ -73,7 +72,7 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
     if sums is None:
         return {}
     ratios = metric_ratios(sums)
-    k = draft.config.block_size
+    k = draft.num_draft_tokens
     report: dict[str, Any] = {
         "metrics": ratios,
         "accept_rate_by_position": [ratios.get(f"accept_rate@{j}", 0.0) for j in range(k)]}
@@ -181,7 +180,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
 def _decode(target: Any, draft: Any, prompts: list[np.ndarray], cfg: EvalConfig,
             device: torch.device) -> dict[str, Any]:
     """Speculative decoding of every prompt: tau, acceptance by position, calibration."""
-    k = draft.config.block_size
+    k = draft.num_draft_tokens
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     rounds: list[int] = []
     verified: list[int] = []

@@ -20,6 +20,22 @@ if TYPE_CHECKING:
 
 def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     """Reasons ``engine`` could not serve this draft correctly (empty when it can)."""
+    problems = backbone_problems(cfg, engine)
+    if engine in ("vllm", "any"):
+        if cfg.markov_rank == 0:
+            problems.append("markov_rank=0: vLLM's DSpark draft has no rank-0 path (markov_rank "
+                            "must be > 0)")
+        elif cfg.markov_head_type != "vanilla":
+            problems.append(f"markov_head_type={cfg.markov_head_type!r}: vLLM builds only the "
+                            "vanilla Markov head and fails to load gated/rnn weights")
+    if engine in ("sglang", "any") and not cfg.enable_confidence_head:
+        problems.append("enable_confidence_head=False: SGLang builds the confidence head anyway "
+                        "and refuses a draft without its weights")
+    return problems
+
+
+def backbone_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+    """What ``engine`` cannot serve in any Qwen3-shaped format (DSpark or DFlash) for this draft."""
     problems = []
     lo, hi = every_engine_feature_range(cfg.num_target_layers)
     if any(i < lo for i in cfg.target_layer_ids):
@@ -34,16 +50,6 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
         problems.append("the draft uses a Gemma-style embedding scale or logit softcap, which the "
                         "Qwen3-shaped serving format cannot express")
-    if engine in ("vllm", "any"):
-        if cfg.markov_rank == 0:
-            problems.append("markov_rank=0: vLLM's DSpark draft has no rank-0 path (markov_rank "
-                            "must be > 0)")
-        elif cfg.markov_head_type != "vanilla":
-            problems.append(f"markov_head_type={cfg.markov_head_type!r}: vLLM builds only the "
-                            "vanilla Markov head and fails to load gated/rnn weights")
-    if engine in ("sglang", "any") and not cfg.enable_confidence_head:
-        problems.append("enable_confidence_head=False: SGLang builds the confidence head anyway "
-                        "and refuses a draft without its weights")
     return problems
 
 

@@ -23,7 +23,7 @@ from sparkforge.trainer.metrics import (
     metric_sums,
 )
 from sparkforge.trainer.model import DSparkDraftModel, DSparkOutput
-from sparkforge.trainer.run_config import DraftSpec, LossSpec
+from sparkforge.trainer.run_config import RECIPES, DraftSpec, LossSpec, RecipeName
 from sparkforge.trainer.schedule import (
     OptimizerConfig,
     SchedulerConfig,
@@ -69,6 +69,9 @@ class DSparkLitModule(L.LightningModule):
     Args:
         draft: The draft architecture and its target-facing contract.
         loss: Loss term weights.
+        recipe: ``dspark`` (Markov and confidence heads, 0.1 CE + 0.9 L1 + 1.0 BCE) or
+            ``dflash`` (the DFlash draft: no heads, CE with the DFlash decay, exported in the
+            DFlash serving format); fills the draft and loss fields left unset.
         optimizer: Optimizer class and settings.
         scheduler: Warmup + cosine schedule.
         attn_implementation: "sdpa" (dense mask), "flex" (GPU) or "auto" (flex on CUDA).
@@ -81,12 +84,16 @@ class DSparkLitModule(L.LightningModule):
         *,
         draft: DraftSpec,
         loss: LossSpec = LossSpec(),  # noqa: B008 - frozen dataclass, safe as a default
+        recipe: RecipeName = "dspark",
         optimizer: OptimizerConfig = OptimizerConfig(),  # noqa: B008
         scheduler: SchedulerConfig = SchedulerConfig(),  # noqa: B008
         attn_implementation: Literal["auto", "sdpa", "flex"] = "auto",
         seed: int = 0,
     ) -> None:
         super().__init__()
+        draft = draft.for_recipe(recipe)
+        loss = loss.with_objective(RECIPES[recipe].objective)
+        assert loss.confidence_head_alpha is not None
         if draft.enable_confidence_head != (loss.confidence_head_alpha > 0):
             raise ValueError(
                 f"model.draft.enable_confidence_head={draft.enable_confidence_head} needs "
@@ -94,7 +101,7 @@ class DSparkLitModule(L.LightningModule):
                 f"{'> 0' if draft.enable_confidence_head else '= 0'}"
                 f", got {loss.confidence_head_alpha}")
         # Plain dicts keep checkpoints loadable with torch.load(weights_only=True).
-        self.save_hyperparameters({"draft": dataclasses.asdict(draft),
+        self.save_hyperparameters({"recipe": recipe, "draft": dataclasses.asdict(draft),
                                    "loss": dataclasses.asdict(loss),
                                    "optimizer": dataclasses.asdict(optimizer),
                                    "scheduler": dataclasses.asdict(scheduler),

@@ -1,6 +1,9 @@
-"""The DSpark objective: weighted CE + L1 to the teacher + BCE confidence, globally normalised.
+"""The training objectives, globally normalised: DSpark's and DFlash's.
 
-Shape suffixes follow the legend in ``sparkforge.trainer.model`` (here W: the supervised rows).
+DSpark: 0.1 CE + 0.9 L1 to the teacher + 1.0 BCE of the confidence head. DFlash: CE only. Both
+weight each supervised draft position with the decay ``exp(-k/gamma)`` (see ``decay_weights``).
+``LossSpec.objective`` picks one. Shape suffixes follow the legend in
+``sparkforge.trainer.model`` (here W: the supervised rows).
 """
 
 from __future__ import annotations
@@ -39,7 +42,12 @@ class LossOutput:
 
 
 def decay_weights(eval_mask_BAK: torch.Tensor, gamma: float | None) -> torch.Tensor:
-    """``eval_mask * exp(-k/gamma)`` in fp32 (k 0-indexed); ``eval_mask`` if gamma is unset/<= 0."""
+    """``eval_mask * exp(-k/gamma)`` in fp32 over draft positions k (0-indexed).
+
+    DSpark's draft position k is block slot k: ``exp(-k/gamma)``. DFlash's is block slot
+    ``s = k+1`` (slot 0, the anchor, drafts nothing and is no output), so this is DFlash's decay
+    ``exp(-(s-1)/gamma)`` over slots ``s = 1..K-1``. ``eval_mask`` alone if gamma is unset/<= 0.
+    """
     w = eval_mask_BAK.float()
     if gamma is None or gamma <= 0:
         return w
@@ -151,12 +159,14 @@ def _confidence_terms(
 def compute_dspark_loss(
     out: DSparkOutput, spec: LossSpec, *, process_group: dist.ProcessGroup | None = None,
 ) -> LossOutput:
-    """The three-term DSpark loss with the run's weights ``spec``.
+    """The run's objective ``spec`` (DSpark's three terms, or DFlash's CE; unset: DSpark).
 
     ``sum_t alpha_t * sum_slots w * term_t / (sum_slots w + 1e-6)`` over the supervised slots,
     with the terms CE to the data token, the full L1 distance to the teacher distribution and the
     BCE of the confidence head against the detached acceptance ``clamp(1 - L1/2, 0, 1)``, and the
-    slot weights ``w = eval_mask * exp(-k/gamma)``.
+    slot weights ``w = eval_mask * exp(-k/gamma)``. DFlash is the same sum with the CE term alone
+    (its eval mask is per position, not a prefix: see ``anchors.BlockLayout``); on one rank it is
+    the decay-weighted mean CE of the batch.
 
     Denominators are all-reduced (SUM) over ``process_group`` when torch.distributed is
     initialised; numerators stay local. The backward loss is multiplied by world_size so that
@@ -165,6 +175,11 @@ def compute_dspark_loss(
     Raises:
         ValueError: The L1 term or the confidence head is on but there are no teacher logits.
     """
+    if spec.objective is None:
+        spec = spec.with_objective("dspark")
+    assert spec.ce_loss_alpha is not None
+    assert spec.l1_loss_alpha is not None
+    assert spec.confidence_head_alpha is not None
     ce_alpha, l1_alpha = spec.ce_loss_alpha, spec.l1_loss_alpha
     confidence_alpha = spec.confidence_head_alpha
     needs_teacher = l1_alpha > 0 or (confidence_alpha > 0 and out.confidence_logits is not None)

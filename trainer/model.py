@@ -4,7 +4,8 @@ Parameter names equal the checkpoint keys vLLM and SGLang load for a Qwen3-shape
 export is a plain ``state_dict`` save.
 
 Shape legend of every trainer module: a name ending ``_BAK`` is a tensor of shape [B, A, K].
-B batch, S context length, C = S-1 anchor candidates, A anchors, K block size, Q = A*K block
+B batch, S context length, C = S-1 anchor candidates, A anchors, K draft positions per block
+(the block size for DSpark, one less for DFlash: see ``anchors.BlockLayout``), Q block
 queries, P key/value positions, H hidden, F captured target layers, X = F*H concatenated
 features, N attention heads, G kv heads, D head_dim, V vocab, W supervised rows (the slots of
 [B, A, K] with weight > 0, flattened), T tokens of one sequence; lowercase letters are counts:
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from sparkforge.trainer import draft_forward
+from sparkforge.trainer.anchors import DSPARK_LAYOUT, BlockLayout
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.draft_forward import (
     AttnImpl,
@@ -38,6 +40,7 @@ class DSparkDraftModel(nn.Module):
         embed_weight: Target ``embed_tokens.weight`` [V, H]; copied and frozen.
         lm_head_weight: Target ``lm_head.weight`` [V, H]; copied and frozen (also the teacher).
         attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
+        layout: Which block slots draft and which anchors train (DSpark's, or DFlash's).
     """
 
     def __init__(
@@ -47,11 +50,13 @@ class DSparkDraftModel(nn.Module):
         embed_weight: torch.Tensor | None = None,
         lm_head_weight: torch.Tensor | None = None,
         attn_implementation: AttnImpl = "sdpa",
+        layout: BlockLayout = DSPARK_LAYOUT,
     ) -> None:
         super().__init__()
         cfg = config
         self.config = cfg
         self.attn_implementation = attn_implementation
+        self.layout = layout
         h, v = cfg.hidden_size, cfg.vocab_size
         self.embed_tokens = nn.Embedding(v, h)
         self.fc = nn.Linear(cfg.num_features * h, h, bias=False)
@@ -74,6 +79,7 @@ class DSparkDraftModel(nn.Module):
             nn.init.zeros_(module.bias)
 
     # ---- the shared DSpark passes (sparkforge.trainer.draft_forward) ----------------------
+    num_draft_tokens = property(draft_forward.num_draft_tokens)
     set_target_weights = draft_forward.set_target_weights
     embed = draft_forward.embed
     logits = draft_forward.logits

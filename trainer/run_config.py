@@ -6,10 +6,11 @@ the trainer's heavy dependencies, through the same code ``sparkforge train`` che
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 
@@ -24,12 +25,45 @@ from sparkforge.shared.target_families import (
 )
 from sparkforge.trainer.draft_config import DSparkDraftConfig, MarkovHeadType, from_target_config
 
+RecipeName = Literal["dspark", "dflash"]
+Objective = Literal["dspark", "dflash"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """A training recipe: the draft fields and the loss objective it stands for."""
+
+    objective: Objective
+    """The loss objective (``LossSpec.objective``)."""
+    draft_defaults: Mapping[str, Any]
+    """DraftSpec fields a run leaves unset (None) take these values."""
+    fixed: frozenset[str] = frozenset()
+    """Fields of ``draft_defaults`` the recipe needs: a run setting another value is refused."""
+
+
+RECIPES: dict[str, Recipe] = {
+    # The paper's DSpark draft: Markov head and confidence head (the draft config's defaults,
+    # so the two cannot drift apart); any draft architecture.
+    "dspark": Recipe(objective="dspark", draft_defaults={
+        "architecture": DSparkDraftConfig.architecture,
+        "markov_rank": DSparkDraftConfig.markov_rank,
+        "enable_confidence_head": DSparkDraftConfig.enable_confidence_head,
+        "confidence_head_with_markov": DSparkDraftConfig.confidence_head_with_markov}),
+    # DFlash: the DFlash block layout, no Markov or confidence head, served as a DFlash draft.
+    "dflash": Recipe(objective="dflash", draft_defaults={
+        "architecture": "dflash", "markov_rank": 0, "enable_confidence_head": False,
+        "confidence_head_with_markov": False}, fixed=frozenset({
+            "architecture", "markov_rank", "enable_confidence_head",
+            "confidence_head_with_markov"})),
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class DraftSpec:
     """The draft to train. Target-facing fields are checked against the cache before training.
 
-    Defaults are the draft config's own (the paper recipe), so the two cannot drift apart.
+    Defaults are the draft config's own (the paper recipe), so the two cannot drift apart;
+    fields left None take the run's recipe's values (``RECIPES``).
     """
 
     mask_token_id: int
@@ -49,17 +83,21 @@ class DraftSpec:
     """K: tokens drafted per pass."""
     num_anchors: int = DSparkDraftConfig.num_anchors
     """A: blocks sampled per sequence per step."""
-    markov_rank: int = DSparkDraftConfig.markov_rank
-    """r: rank of the Markov bigram bias; 0 disables the head."""
+    architecture: str | None = None
+    """The draft's layer stack: ``qwen3`` (every engine loads it, any target), ``deepseek_v4`` (a
+    DeepSeek-V4 target's attention; export refused for now) or ``dflash`` (the DFlash draft);
+    None: the recipe's (dspark: qwen3)."""
+    markov_rank: int | None = None
+    """r: rank of the Markov bigram bias; 0 disables the head. None: the recipe's (dspark 256,
+    dflash 0)."""
     markov_head_type: MarkovHeadType = DSparkDraftConfig.markov_head_type
     """vanilla (the only type serving engines build), gated or rnn."""
-    enable_confidence_head: bool = DSparkDraftConfig.enable_confidence_head
-    """Train the per-slot acceptance predictor (needs loss.confidence_head_alpha > 0)."""
-    confidence_head_with_markov: bool = DSparkDraftConfig.confidence_head_with_markov
-    """Confidence features [h ; W1[prev]] (needs markov_rank > 0); h alone when false."""
-    architecture: str = DSparkDraftConfig.architecture
-    """The draft's layer stack: ``qwen3`` (every engine loads it, any target) or
-    ``deepseek_v4`` (a DeepSeek-V4 target's attention; export refused for now)."""
+    enable_confidence_head: bool | None = None
+    """Train the per-slot acceptance predictor (needs loss.confidence_head_alpha > 0). None:
+    the recipe's (dspark true, dflash false)."""
+    confidence_head_with_markov: bool | None = None
+    """Confidence features [h ; W1[prev]] (needs markov_rank > 0); h alone when false. None:
+    the recipe's."""
     target_model_type: str | None = None
     """Expected target model_type (checked against the cache when set)."""
     target_features: FeatureSemantics | None = None
@@ -68,6 +106,22 @@ class DraftSpec:
     """What the final state is (``post_norm`` or ``lm_head_input``); None: the target family's."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Other DSparkDraftConfig fields to change (e.g. {"intermediate_size": 2048})."""
+
+    def for_recipe(self, recipe: str) -> DraftSpec:
+        """This spec with the recipe's values in its unset fields.
+
+        Raises:
+            ValueError: naming every field set to a value the recipe cannot train.
+        """
+        rec = RECIPES[recipe]
+        problems = [f"model.draft.{name}={getattr(self, name)!r}: the {recipe} recipe needs "
+                    f"{value!r} (leave it unset)" for name, value in rec.draft_defaults.items()
+                    if name in rec.fixed and getattr(self, name) not in (None, value)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return dataclasses.replace(self, **{name: value for name, value in
+                                            rec.draft_defaults.items()
+                                            if getattr(self, name) is None})
 
     def layer_ids(self) -> tuple[int, ...]:
         """The configured ids, or the default rule's."""
@@ -94,40 +148,75 @@ class DraftSpec:
 
         data = dict(target_config)
         hf = AutoConfig.for_model(data.pop("model_type"), **data)
-        return from_target_config(
-            hf, mask_token_id=self.mask_token_id, target_layer_ids=self.layer_ids(),
-            num_hidden_layers=self.num_hidden_layers, block_size=self.block_size,
-            num_anchors=self.num_anchors, markov_rank=self.markov_rank,
-            markov_head_type=self.markov_head_type,
-            enable_confidence_head=self.enable_confidence_head,
-            confidence_head_with_markov=self.confidence_head_with_markov,
-            architecture=self.architecture, **self.overrides,
-        )
+        spec = self.for_recipe("dspark")  # no-op when a recipe already filled the fields
+        return from_target_config(hf, **{
+            "mask_token_id": spec.mask_token_id, "target_layer_ids": spec.layer_ids(),
+            "num_hidden_layers": spec.num_hidden_layers, "block_size": spec.block_size,
+            "num_anchors": spec.num_anchors, "markov_rank": spec.markov_rank,
+            "markov_head_type": spec.markov_head_type, "architecture": spec.architecture,
+            "enable_confidence_head": spec.enable_confidence_head,
+            "confidence_head_with_markov": spec.confidence_head_with_markov, **spec.overrides})
+
+
+OBJECTIVE_ALPHAS: dict[str, dict[str, float]] = {
+    "dspark": {"ce_loss_alpha": 0.1, "l1_loss_alpha": 0.9, "confidence_head_alpha": 1.0},
+    "dflash": {"ce_loss_alpha": 1.0, "l1_loss_alpha": 0.0, "confidence_head_alpha": 0.0},
+}
+"""Each objective's term weights; DFlash is cross-entropy only (its draft has no heads)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class LossSpec:
-    """Weights and settings of the three loss terms, passed as one value to the loss."""
+    """Weights and settings of the loss terms, passed as one value to the loss.
 
-    ce_loss_alpha: float = 0.1
-    """Weight of the cross-entropy to the data tokens."""
-    l1_loss_alpha: float = 0.9
-    """Weight of the full L1 distance to the teacher distribution."""
-    confidence_head_alpha: float = 1.0
-    """Must be > 0 exactly when the draft has a confidence head."""
+    Every supervised draft position k (0-indexed) is weighted ``exp(-k/gamma)``. For DSpark k
+    is also the block slot; a DFlash block's slot 0 is the anchor, which drafts nothing, so its
+    position k is block slot k+1 and the weight is DFlash's decay ``exp(-(slot-1)/gamma)``.
+    """
+
+    objective: Objective | None = None
+    """``dspark`` (0.1 CE + 0.9 L1 + 1.0 confidence BCE) or ``dflash`` (CE only); None: the
+    run's recipe's (``model.recipe``), or dspark."""
+    ce_loss_alpha: float | None = None
+    """Weight of the cross-entropy to the data tokens (None: the objective's)."""
+    l1_loss_alpha: float | None = None
+    """Weight of the full L1 distance to the teacher distribution (None: the objective's)."""
+    confidence_head_alpha: float | None = None
+    """Must be > 0 exactly when the draft has a confidence head (None: the objective's)."""
     loss_decay_gamma: float | None = 4.0
-    """Per-slot weight exp(-k/gamma); None disables the decay."""
+    """Per-position weight exp(-k/gamma); None disables the decay."""
     l1_chunk_rows: int = 128
     """Rows per chunk of the full-vocabulary L1 term (bounds its fp32 temporaries)."""
 
     def __post_init__(self) -> None:
         problems = [f"model.loss.{name}={value} must be >= 0" for name, value in (
             ("ce_loss_alpha", self.ce_loss_alpha), ("l1_loss_alpha", self.l1_loss_alpha),
-            ("confidence_head_alpha", self.confidence_head_alpha)) if value < 0]
+            ("confidence_head_alpha", self.confidence_head_alpha))
+            if value is not None and value < 0]
         if self.l1_chunk_rows < 1:
             problems.append(f"model.loss.l1_chunk_rows={self.l1_chunk_rows} must be >= 1")
+        if self.objective == "dflash":
+            problems += [f"model.loss.{name}={getattr(self, name)}: the dflash objective is "
+                         "cross-entropy only (leave it unset or 0)"
+                         for name in ("l1_loss_alpha", "confidence_head_alpha")
+                         if getattr(self, name)]
         if problems:
             raise ValueError("invalid loss config:\n  " + "\n  ".join(problems))
+        if self.objective is not None:  # the objective's weights in the unset fields
+            for name, value in OBJECTIVE_ALPHAS[self.objective].items():
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, value)
+
+    def with_objective(self, objective: Objective) -> LossSpec:
+        """This spec under ``objective`` (a no-op when it already has it).
+
+        Raises:
+            ValueError: the spec names another objective.
+        """
+        if self.objective not in (None, objective):
+            raise ValueError(f"model.loss.objective={self.objective!r}: the run's recipe trains "
+                             f"with {objective!r} (leave it unset)")
+        return dataclasses.replace(self, objective=objective)
 
 
 DEFAULT_MAX_SEQ_LEN = 4096

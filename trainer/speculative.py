@@ -134,7 +134,7 @@ def speculative_generate(
     """
     t0 = time.perf_counter()
     ids = prompt_ids.view(1, -1)
-    k = draft.config.block_size
+    k = draft.num_draft_tokens
     layer_ids = draft.config.target_layer_ids
     family = family_of(getattr(target.config, "model_type", None))
     # A target whose cache cannot be rewound (DeepSeek-V4's compressor state) re-runs the whole

@@ -1,11 +1,12 @@
 """Writer process for the crash tests: writes every uncommitted unit, optionally stalls mid-unit.
 
 Usage: crash_writer.py URI NUM_UNITS SPEC_JSON [--stall-before-commit UNIT] [--options JSON]
-    [--queue_units Q]
+    [--queue_units Q [--writer_threads N]]
 Prints "committed <u>" after each commit and "stalled <u>" when it parks before a commit record,
 so the parent can SIGKILL it at a known point (or at a racy one, right after a commit line). With
 ``--queue_units`` the units go through the producer's background write queue, as in a real run,
-and "queued <u>" is printed once ``submit`` of unit u returned.
+and "queued <u>" is printed once ``submit`` of unit u returned; ``--writer_threads`` writer threads
+(default 1) drain the queue.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--stall-before-commit", type=int, default=-1)
     parser.add_argument("--options", default="{}")
     parser.add_argument("--queue_units", type=int, default=0)
+    parser.add_argument("--writer_threads", type=int, default=1)
     args = parser.parse_args()
     spec = CacheSpec(**json.loads(args.spec))
     real_create = storage.exclusive_create
@@ -50,19 +52,20 @@ def main() -> None:
                               storage_options=json.loads(args.options))
     todo = [u for u in range(args.num_units) if u not in writer.committed_units()]
     if args.queue_units:
-        _write_queued(writer, spec, todo, args.queue_units)
+        _write_queued(writer, spec, todo, args.queue_units, args.writer_threads)
         return
     for unit in todo:
         writer.write_unit(unit, *make_unit(spec, unit))
         print(f"committed {unit}", flush=True)
 
 
-def _write_queued(writer: CacheWriter, spec: CacheSpec, todo: list[int], queue_units: int) -> None:
+def _write_queued(writer: CacheWriter, spec: CacheSpec, todo: list[int], queue_units: int,
+                  threads: int) -> None:
     def report(done: list[CapturedUnit]) -> None:
         for item in done:
             print(f"committed {item.unit}", flush=True)
 
-    with UnitWriteQueue(writer, queue_units=queue_units, num_threads=1) as writes:
+    with UnitWriteQueue(writer, queue_units=queue_units, num_threads=threads) as writes:
         for unit in todo:
             report(writes.submit(CapturedUnit(unit, *make_unit(spec, unit))))
             print(f"queued {unit}", flush=True)

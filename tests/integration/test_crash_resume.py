@@ -124,6 +124,33 @@ def test_sigkill_with_full_write_queue_loses_only_units_in_flight(tmp_path: Path
 
 
 @pytest.mark.slow
+def test_sigkill_with_two_writer_threads_loses_only_the_unit_in_flight(tmp_path: Path) -> None:
+    """Two writer threads, one parked before unit 1's commit while the other commits units 2 and
+    3 past it: a SIGKILL loses unit 1 only, and the resume is exact."""
+    uri = str(tmp_path / "cache")
+    _reference(str(tmp_path / "ref"), {})
+    proc = _start(uri, {}, "--queue_units", "1", "--writer_threads", "2",
+                  "--stall-before-commit", "1")
+    assert proc.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(x.strip() for x in proc.stdout),
+                              daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    past = {"stalled 1", "committed 3"}  # the other thread went on while unit 1 is parked
+    deadline = time.monotonic() + 60
+    while not past <= set(lines) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert past <= set(lines), lines
+    committed = CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC)).committed_units()
+    assert {0, 2, 3} <= committed
+    assert 1 not in committed
+    _finish(uri, {})
+    _assert_same(uri, str(tmp_path / "ref"), {})
+
+
+@pytest.mark.slow
 def test_sigkill_then_resume_s3(moto_server: dict[str, Any]) -> None:
     """The same crash/resume through s3fs against a moto S3 server on 127.0.0.1."""
     options = moto_server["storage_options"]

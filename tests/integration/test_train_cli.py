@@ -190,10 +190,10 @@ def test_nonfinite_hidden_state_stops_training_naming_the_sample(
     cache = _copy(tiny_cache, tmp_path)
     sample = _train_sample(cache)
     import zarr
-    row = np.asarray(zarr.open_group(str(cache), mode="r")["aux_hidden"][
+    row = np.asarray(zarr.open_group(str(cache), mode="r")["aux_hidden.0"][
         sample["row_offset"]:sample["row_offset"] + 1])
-    row[0, 0, 5] = 0x7FC0  # bf16 NaN at token 0: every anchor's context sees it
-    forge_rows(cache, "aux_hidden", sample["row_offset"], row)
+    row[0, 5] = 0x7FC0  # bf16 NaN at token 0: every anchor's context sees it
+    forge_rows(cache, "aux_hidden.0", sample["row_offset"], row)
     out = tmp_path / "run"
     code = main(_train_args(str(cache), out, "--trainer.max_steps", "30",
                             "--checkpoint.every_n_train_steps", "1",

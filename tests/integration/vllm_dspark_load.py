@@ -1,15 +1,17 @@
-"""Load an exported draft through vLLM's own DSpark classes on CPU; print a JSON account.
+"""Load an exported draft through vLLM's own DSpark or DFlash classes on CPU; print a JSON account.
 
-Run in a separate interpreter (``python vllm_dspark_load.py TARGET DRAFT``) so the training
-environment never imports vLLM. Two vLLM code paths run, no forward pass:
-1. config resolution: ``EngineArgs(..., speculative_config={"method": "dspark", "model": DRAFT})``
+Run in a separate interpreter (``python vllm_dspark_load.py TARGET DRAFT [METHOD]``, METHOD
+``dspark`` (default) or ``dflash``) so the training environment never imports vLLM. Two vLLM code
+paths run, no forward pass:
+1. config resolution: ``EngineArgs(..., speculative_config={"method": METHOD, "model": DRAFT})``
    ``.create_engine_config()`` and the aux-layer ids vLLM derives from the draft config;
-2. ``Qwen3DSparkForCausalLM(vllm_config).load_weights(...)`` on CPU.
+2. the class vLLM's registry resolves the draft's architecture to (``Qwen3DSparkForCausalLM``,
+   ``DFlashQwen3ForCausalLM``), built from that config, then its ``load_weights`` on CPU.
 
-One in-process patch: vLLM accepts DSpark only on its
+One in-process patch, for dspark only: vLLM accepts DSpark only on its
 V2 GPU runner, which needs Triton, so ``VllmConfig`` rejects "dspark speculative decoding" on the
 V1 runner CPU builds use. This script removes that one entry from the V1 unsupported-feature list
-for the duration of the process; nothing else is patched.
+for the duration of the process; nothing else is patched. DFlash runs on the V1 runner as is.
 """
 
 from __future__ import annotations
@@ -47,21 +49,29 @@ def _sources(name: str, ckpt: dict[str, torch.Tensor]) -> list[str]:
     return [bare] if bare in ckpt else []
 
 
-def main(target: str, draft: str) -> dict[str, object]:
-    _patch_v1_rejection()
+def main(target: str, draft: str, method: str = "dspark") -> dict[str, object]:
+    if method == "dspark":
+        _patch_v1_rejection()
     from safetensors.torch import load_file
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
+    from vllm.model_executor.models.registry import ModelRegistry
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
         get_eagle3_aux_layers_from_config,
     )
 
-    cfg = EngineArgs(model=target, speculative_config={"method": "dspark", "model": draft},
+    draft_config = json.loads((Path(draft) / "config.json").read_text())
+    speculative = {"method": method, "model": draft}
+    if method == "dflash":  # vLLM takes DFlash's draft length from the command, not the config
+        speculative["num_speculative_tokens"] = draft_config["block_size"] - 1
+    cfg = EngineArgs(model=target, speculative_config=speculative,
                      max_model_len=256, enable_prefix_caching=False,
                      enforce_eager=True).create_engine_config()
     spec = cfg.speculative_config
+    architecture = spec.draft_model_config.hf_config.architectures[0]
+    model_cls = ModelRegistry.resolve_model_cls(
+        [architecture], spec.draft_model_config)[0]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -70,7 +80,7 @@ def main(target: str, draft: str) -> dict[str, object]:
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{port}")
         initialize_model_parallel(1, 1)
-        model = Qwen3DSparkForCausalLM(vllm_config=cfg)
+        model = model_cls(vllm_config=cfg)
         model.load_weights(iter(ckpt.items()))
     params = dict(model.named_parameters())
     unmatched, mismatched, used = [], [], set()
@@ -88,13 +98,15 @@ def main(target: str, draft: str) -> dict[str, object]:
         "num_speculative_tokens": spec.num_speculative_tokens,
         "aux_layer_ids": list(get_eagle3_aux_layers_from_config(spec) or ()),
         "draft_architecture": spec.draft_model_config.hf_config.architectures,
+        "model_class": type(model).__name__,
         "num_params": len(params),
         "params_without_tensor": unmatched,
         "params_not_equal": mismatched,
         "tensors_not_loaded": sorted(set(ckpt) - used),
-        "confidence_head": model.model.confidence_head is not None,
+        "confidence_head": getattr(model.model, "confidence_head", None) is not None,
+        "mask_token_id": getattr(model.model, "mask_token_id", None),
     }
 
 
 if __name__ == "__main__":
-    print("RESULT " + json.dumps(main(sys.argv[1], sys.argv[2])))
+    print("RESULT " + json.dumps(main(*sys.argv[1:4])))

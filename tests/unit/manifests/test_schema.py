@@ -69,7 +69,7 @@ def _set(path: str, value: Any) -> Any:
 _DELETE = object()
 
 INVALID = [
-    ("format_version", 2, UnknownFormatVersionError, "reads version 1, got 2"),
+    ("format_version", 3, UnknownFormatVersionError, r"reads versions \[1, 2\], got 3"),
     ("format_version", "1", ManifestError, "'format_version': expected an integer"),
     ("complete", "yes", ManifestError, "'complete': expected true or false"),
     ("created_at", "yesterday", ManifestError, "'created_at': expected an ISO 8601"),

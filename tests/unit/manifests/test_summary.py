@@ -72,7 +72,7 @@ def test_abandoned_attempt_counts_as_unreferenced(tmp_path: Path) -> None:
     """Slots written by an attempt that never committed are on disk but not in the ratio."""
     cache = build_cache(tmp_path / "c")
     before = summarize_cache(str(cache))
-    orphan = cache / "aux_hidden/c/999999/0/0"
+    orphan = cache / "aux_hidden.1/c/999999/0"
     orphan.parent.mkdir(parents=True)
     orphan.write_bytes(b"\0" * 1000)
     after = summarize_cache(str(cache))
@@ -123,14 +123,14 @@ def test_missing_shards_warn_that_the_ratio_is_inflated(tmp_path: Path,
     """With committed shard objects missing, inspect warns instead of showing a bare ratio."""
     cache = build_cache(tmp_path / "c")
     slot = json.loads((cache / "manifest.json").read_text())["storage"]["units"][0]["slots"][0]
-    (cache / f"aux_hidden/c/{slot['slot']}/0/0").unlink()
+    (cache / f"aux_hidden.1/c/{slot['slot']}/0").unlink()
     s = summarize_cache(str(cache))
-    assert s["arrays"]["aux_hidden"]["missing_objects"] == 1
+    assert s["arrays"]["aux_hidden.1"]["missing_objects"] == 1
     assert s["warnings"] == [
-        f"aux_hidden: 1 of {s['arrays']['aux_hidden']['objects']} committed slot objects are "
+        f"aux_hidden.1: 1 of {s['arrays']['aux_hidden.1']['objects']} committed slot objects are "
         "missing, so its ratio (and the total) is inflated; run `sparkforge validate`"]
     assert main(["inspect", str(cache)]) == 0
-    assert "WARNING: aux_hidden: 1 of" in capsys.readouterr().out
+    assert "WARNING: aux_hidden.1: 1 of" in capsys.readouterr().out
 
 
 def _prod(shape: tuple[int, ...]) -> int:

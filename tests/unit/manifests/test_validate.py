@@ -55,7 +55,7 @@ def _delete_commit(c: Path) -> None:
 
 
 def _delete_shard(c: Path) -> None:
-    (c / f"aux_hidden/c/{_first_slot(c, 2)}/0/0").unlink()
+    (c / f"aux_hidden.1/c/{_first_slot(c, 2)}/0").unlink()
 
 
 def _delete_chunk(c: Path) -> None:
@@ -63,7 +63,7 @@ def _delete_chunk(c: Path) -> None:
 
 
 def _wrong_row_shape(c: Path) -> None:
-    _edit_json(c / "aux_hidden/zarr.json", lambda z: z["shape"].__setitem__(2, 8))
+    _edit_json(c / "aux_hidden.1/zarr.json", lambda z: z["shape"].__setitem__(1, 8))
 
 
 def _wrong_dtype(c: Path) -> None:
@@ -196,17 +196,17 @@ def _commit_links_out(c: Path) -> None:
 
 
 def _shard_links_out(c: Path) -> None:
-    shard = c / f"aux_hidden/c/{_first_slot(c, 1)}/0/0"
+    shard = c / f"aux_hidden.1/c/{_first_slot(c, 1)}/0"
     shard.unlink()
     shard.symlink_to("/etc/passwd")
 
 
 CORRUPTIONS = [
     (_delete_commit, r"^unit 1: commit record _commits/unit_00000001.json is missing$"),
-    (_delete_shard, r"^unit 2, slot \d+: object aux_hidden/c/\d+/0/0 is missing \(it would read"),
+    (_delete_shard, r"^unit 2, slot \d+: object aux_hidden.1/c/\d+/0 is missing \(it would read"),
     (_delete_chunk, r"^unit 0, slot \d+: object input_ids/c/\d+ is missing"),
-    (_wrong_row_shape, r"^array aux_hidden: row shape is \(2, 8\) but the manifest implies "
-                       r"\(2, 16\)$"),
+    (_wrong_row_shape, r"^array aux_hidden.1: row shape is \(8,\) but the manifest implies "
+                       r"\(16,\)$"),
     (_wrong_dtype, r"^array final_hidden: dtype is 'int16' but the manifest implies 'uint16'$"),
     (_tampered_crc, r"^unit 0: manifest storage.units\[0\].slots = .* but the commit record has"),
     (_tampered_accounting, r"^unit 2: manifest storage.units\[2\].accounting = .*too_long.* but "
@@ -246,8 +246,8 @@ CORRUPTIONS = [
                         r"read\)$"),
     (_commit_links_out, r"^unit 1: _commits/unit_00000001.json: a link to .*elsewhere.json, "
                         r"outside the cache root .*; refusing to read it$"),
-    (_shard_links_out, r"^aux_hidden/c/\d+/0/0: a link to /etc/passwd, outside the cache root"),
-    (_shard_links_out, r"^unit 1, slot \d+: object aux_hidden/c/\d+/0/0 is missing"),
+    (_shard_links_out, r"^aux_hidden.1/c/\d+/0: a link to /etc/passwd, outside the cache root"),
+    (_shard_links_out, r"^unit 1, slot \d+: object aux_hidden.1/c/\d+/0 is missing"),
 ]
 
 
@@ -266,7 +266,8 @@ def test_valid_cache_validates(tmp_path: Path, spec: CacheSpec,
     assert report.problems == []
     assert report.checked["units"] == 3
     assert report.checked["samples"] == 12
-    assert report.checked["objects"] == report.checked["slots"] * (7 if spec.topk else 4)
+    # ids, mask, final, one aux array per layer (F = 2); fp8 adds a scale per layer and top-k 2
+    assert report.checked["objects"] == report.checked["slots"] * (9 if spec.topk else 5)
     assert main(["validate", str(c), "--deep"]) == 0
     assert "valid; checked" in capsys.readouterr().out
 
@@ -298,17 +299,17 @@ def test_overwritten_slot_is_caught_only_by_deep(cache: Path) -> None:
 def test_flipped_bytes_in_a_shard_object_are_caught_by_deep(cache: Path) -> None:
     """Bytes flipped inside a stored shard file: --deep reports a crc mismatch or a decode error."""
     slot = _first_slot(cache, 0)
-    path = cache / f"aux_hidden/c/{slot}/0/0"
+    path = cache / f"aux_hidden.1/c/{slot}/0"
     data = bytearray(path.read_bytes())
     for i in range(40, 60):
         data[i] ^= 0xFF
     path.write_bytes(bytes(data))
     problems = validate_cache(str(cache), deep=True).problems
-    assert any(re.match(rf"unit 0, slot {slot}: array aux_hidden: (crc32c .* != committed|"
+    assert any(re.match(rf"unit 0, slot {slot}: array aux_hidden.1: (crc32c .* != committed|"
                         r"cannot be decoded)", p) for p in problems), problems
 
 
-@pytest.mark.parametrize("name", ["aux_hidden", "final_hidden"])
+@pytest.mark.parametrize("name", ["aux_hidden.1", "final_hidden"])
 def test_nan_in_a_slot_names_unit_slot_sample_and_layer(cache: Path, name: str) -> None:
     """A NaN written through zarr is reported with unit, slot, sample, token (and layer slot)."""
     manifest = _json(cache / "manifest.json")
@@ -317,14 +318,14 @@ def test_nan_in_a_slot_names_unit_slot_sample_and_layer(cache: Path, name: str) 
     arr = zarr.open_group(str(cache), mode="r+")[name]
     row = sample["row_offset"] + 2
     value = np.asarray(arr[row:row + 1])
-    if name == "aux_hidden":
-        value[0, 1, 5] = 0x7FC0  # bf16 quiet NaN bits, layer slot 1
+    if name == "aux_hidden.1":
+        value[0, 5] = 0x7FC0  # bf16 quiet NaN bits in the array of layer slot 1
     else:
         value[0, 3] = 0x7F80  # bf16 +inf
     arr[row:row + 1] = value
     assert manifest["storage"]["units"][1]["unit"] == 1
     problems = validate_cache(str(cache), deep=True).problems
-    layer = r" \(layer slots \[1\] = capture.layer_ids \[2\]\)" if name == "aux_hidden" else ""
+    layer = r" \(layer slots \[1\] = capture.layer_ids \[2\]\)" if name == "aux_hidden.1" else ""
     expected = (rf"unit 1, slot {sample['slot']}, sample {sample['sample_id']}: array {name}"
                 rf"{layer}: 1 non-finite values, first at token 2$")
     assert any(re.match(expected, p) for p in problems), problems
@@ -389,8 +390,8 @@ def test_links_out_of_the_root_are_never_read(cache: Path,
 
 def test_directory_link_inside_the_root_is_followed_like_zarr_does(cache: Path) -> None:
     """A slot directory moved inside the cache and linked back is present, not 'missing'."""
-    slot = cache / f"aux_hidden/c/{_first_slot(cache, 0)}"
-    moved = cache / "aux_hidden/moved"
+    slot = cache / f"aux_hidden.1/c/{_first_slot(cache, 0)}"
+    moved = cache / "aux_hidden.1/moved"
     slot.rename(moved)
     slot.symlink_to(moved, target_is_directory=True)
     assert validate_cache(str(cache), deep=True).problems == []

@@ -67,7 +67,7 @@ def test_stored_shards_are_byte_identical_to_the_numpy_path(tmp_path: Path) -> N
     for name, unit in (("numpy", samples), ("torch", quantized)):
         CacheWriter.open(str(tmp_path / name), spec=spec,
                          header=make_run_header(spec)).write_unit(0, unit, accounting)
-    for array in ("aux_hidden", "aux_scale"):
+    for array in ("aux_hidden.0", "aux_hidden.1", "aux_scale.0", "aux_scale.1"):
         objects = sorted(p.relative_to(tmp_path / "numpy")
                          for p in (tmp_path / "numpy" / array).rglob("*") if p.is_file())
         assert any(p.parts[1] == "c" for p in objects), objects  # shard objects exist

@@ -121,7 +121,7 @@ def test_stale_partial_files_are_removed_on_the_next_run(tiny_target: Path, sour
     run(cfg, source=source)
     cache = Path(cfg.output)
     stale = [cache / "_commits" / f".unit_00000007.json.{'a' * 32}.partial",
-             cache / "aux_hidden" / "c" / "9" / "0" / f"0.{'b' * 32}.partial"]
+             cache / "aux_hidden.0" / "c" / "9" / f"0.{'b' * 32}.partial"]
     fresh = cache / "_commits" / f".unit_00000008.json.{'c' * 32}.partial"
     old = time.time() - STALE_PARTIAL_S - 60
     for path in [*stale, fresh]:
@@ -156,9 +156,15 @@ def _config_file(tmp_path: Path, model: Path, data: Path, output: str, **extra) 
     return path
 
 
+BIG_SLOTS = {"rows_per_unit": 256, "shard_rows": 8192}
+"""One unit of 256 rows (~12k tokens) whose first 8192-row slot holds a shard of one aux layer
+over 768 KiB."""
+
+
 def _limit_file_size() -> None:
     # A file-size limit makes the kernel refuse writes past 768 KiB (EFBIG), as a full disk does
-    # (ENOSPC): the target weights (513 KiB) fit, the first aux shard (~1.3 MB) does not.
+    # (ENOSPC): the target weights (513 KiB) fit, the first shard of an aux layer does not
+    # (~8192 rows x H=128 bf16, about 1 MB compressed; see BIG_SLOTS).
     # Python ignores SIGXFSZ, so the write fails instead of killing the process.
     resource.setrlimit(resource.RLIMIT_FSIZE, (768 << 10, 768 << 10))
 
@@ -167,8 +173,8 @@ def test_refused_writes_end_in_one_line_and_resume_cleanly(tiny_target: Path,
                                                           tmp_path: Path) -> None:
     """When the file system refuses a shard, produce exits 1 with one line naming the output,
     leaves no temp file and no commit, and the same command then completes the same cache."""
-    data = write_jsonl(tmp_path / "d.jsonl", chat_rows(128))
-    config = _config_file(tmp_path, tiny_target, data, str(tmp_path / "cache"))
+    data = write_jsonl(tmp_path / "d.jsonl", chat_rows(256))
+    config = _config_file(tmp_path, tiny_target, data, str(tmp_path / "cache"), **BIG_SLOTS)
     command = [sys.executable, "-P", "-m", "sparkforge.app.cli", "produce", "--config",
                str(config)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -183,7 +189,8 @@ def test_refused_writes_end_in_one_line_and_resume_cleanly(tiny_target: Path,
     assert not list(cache.rglob("*.partial"))
     assert not list(cache.glob("_commits/*"))
     assert main(["produce", "--config", str(config)]) == 0
-    reference = _config_file(tmp_path, tiny_target, data, str(tmp_path / "reference"))
+    reference = _config_file(tmp_path, tiny_target, data, str(tmp_path / "reference"),
+                             **BIG_SLOTS)
     assert main(["produce", "--config", str(reference)]) == 0
     assert_same_samples(cache_samples(str(cache)), cache_samples(str(tmp_path / "reference")))
     assert validate_cache(str(cache), deep=True).problems == []

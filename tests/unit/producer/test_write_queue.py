@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cache_helpers import SMALL_SPEC, make_run_header, make_unit
+from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, make_run_header, make_unit
 
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
+from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import CacheWriter
 
@@ -98,6 +99,32 @@ def test_units_captured_before_a_capture_error_are_still_committed(tmp_path: Pat
         writes.submit(_unit(1))
         raise RuntimeError("engine died")
     assert writer.committed_units() == {0, 1}
+
+
+def _stored_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("spec", [SMALL_SPEC, SMALL_FP8_SPEC], ids=["lossless", "fp8"])
+def test_several_writer_threads_store_the_bytes_one_thread_stores(tmp_path: Path,
+                                                                   spec: CacheSpec) -> None:
+    """Units written by 3 threads at once give the same objects, byte for byte, as 1 thread."""
+    units = [CapturedUnit(u, *make_unit(spec, u)) for u in range(8)]
+    stores = {}
+    for threads in (1, 3):
+        path = tmp_path / f"threads{threads}"
+        writer = CacheWriter.open(str(path), spec=spec,
+                                  header=make_run_header(spec, num_units=len(units)))
+        with UnitWriteQueue(writer, queue_units=2, num_threads=threads) as writes:
+            for item in units:
+                writes.submit(item)
+            done = writes.close()
+        assert writer.committed_units() == set(range(len(units)))
+        assert not any(d.taken_over for d in done)
+        stores[threads] = _stored_files(path)
+    assert any(name.startswith("aux_hidden") and "/c/" in name for name in stores[1])
+    assert stores[3] == stores[1]
 
 
 @pytest.mark.parametrize(("cpus", "engine", "expected"), [(16, 2, 13), (2, 2, 1), (8, 0, 7)])

@@ -49,12 +49,12 @@ def test_lost_shard_object_is_detected(cache: Path) -> None:
     """A deleted shard (zarr would read zeros) is refused by unit and by sample reads."""
     reader = open_cache(str(cache), verify=False)
     slot = reader.units()[0].slots[0].slot
-    (cache / f"aux_hidden/c/{slot}/0/0").unlink()
-    with pytest.raises(CacheDataError, match=f"unit 0, slot {slot}: array aux_hidden: object "
-                                             f"aux_hidden/c/{slot}/0/0 is missing"):
+    (cache / f"aux_hidden.1/c/{slot}/0").unlink()
+    with pytest.raises(CacheDataError, match=f"unit 0, slot {slot}: array aux_hidden.1: object "
+                                             f"aux_hidden.1/c/{slot}/0 is missing"):
         reader.read_unit(0)
     sample = reader.units()[0].samples[0].sample_id
-    with pytest.raises(CacheDataError, match="aux_hidden/c/.* is missing"):
+    with pytest.raises(CacheDataError, match="aux_hidden\.1/c/.* is missing"):
         reader.read_sample(sample)
 
 
@@ -148,8 +148,8 @@ def _break_blosc_shard(cache: Path, unit: int) -> str:
 
 
 def _delete_shard(cache: Path, unit: int) -> str:
-    (cache / f"aux_hidden/c/{_slot(cache, unit)}/0/0").unlink()
-    return "aux_hidden"
+    (cache / f"aux_hidden.1/c/{_slot(cache, unit)}/0").unlink()
+    return "aux_hidden.1"
 
 
 @pytest.mark.parametrize("verify", [True, False], ids=["verify", "no_verify"])
@@ -218,10 +218,10 @@ def test_link_out_of_the_root_is_not_read(cache: Path, tmp_path: Path) -> None:
     """A shard replaced by a link to a file outside the cache is refused, not decoded."""
     outside = tmp_path / "outside"
     slot = _slot(cache, 0)
-    shard = cache / f"aux_hidden/c/{slot}/0/0"
+    shard = cache / f"aux_hidden.1/c/{slot}/0"
     outside.write_bytes(shard.read_bytes())
     shard.unlink()
     shard.symlink_to(outside)
-    with pytest.raises(CacheDataError, match=rf"^unit 0, slot {slot}: array aux_hidden: "
-                                             r"aux_hidden/c/\d+/0/0: a link to .*outside"):
+    with pytest.raises(CacheDataError, match=rf"^unit 0, slot {slot}: array aux_hidden.1: "
+                                             r"aux_hidden.1/c/\d+/0: a link to .*outside"):
         open_cache(str(cache)).read_unit(0)

@@ -1,0 +1,133 @@
+"""Format 2 stores one array per captured layer, so a subset read takes only its layers' bytes;
+format 1 caches (every layer in one array) still read, exactly as before."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from cache_helpers import counting_reads, make_run_header, make_unit
+
+from sparkforge.manifests.finalize import finalize_cache
+from sparkforge.manifests.open import open_cache
+from sparkforge.manifests.validate import validate_cache
+from sparkforge.shared.dtypes import (
+    dequantize_e4m3,
+    float_to_storage,
+    quantize_e4m3,
+    storage_to_float32,
+)
+from sparkforge.shared.layout import FORMAT_VERSION, CacheSpec
+from sparkforge.shared.writer import CacheMismatchError, CacheWriter
+
+SPEC = CacheSpec(hidden_size=256, num_aux_layers=4, hidden_dtype="bfloat16", max_seq_len=24,
+                 shard_rows=64, rows_per_unit=6)
+
+
+def _write(path: Path, spec: CacheSpec, units: int = 2) -> str:
+    uri = str(path)
+    w = CacheWriter.open(uri, spec=spec, header=make_run_header(spec))
+    for unit in range(units):
+        w.write_unit(unit, *make_unit(spec, unit))
+    finalize_cache(uri, expected_units=units)
+    return uri
+
+
+def _aux_bytes_read(uri: str, features: tuple[int, ...] | None) -> dict[str, int]:
+    """Bytes each aux array gave the reader while it read every unit (crc32c on)."""
+    with counting_reads() as stores:
+        reader = open_cache(uri, features=features)
+        for unit in reader.units():
+            reader.read_unit(unit.unit)
+    total: dict[str, int] = {}
+    for store in stores:
+        for name, n in store.bytes_by_array.items():
+            if name.startswith("aux_hidden"):
+                total[name] = total.get(name, 0) + n
+    return total
+
+
+def test_new_caches_get_format_2() -> None:
+    """The writer's default layout is the per-layer one."""
+    assert FORMAT_VERSION == 2 == SPEC.format_version
+
+
+@pytest.mark.parametrize("features", [(0,), (2,), (1, 3), (0, 1, 3), (0, 1, 2, 3)])
+def test_bytes_read_scale_with_the_subset(tmp_path: Path, features: tuple[int, ...]) -> None:
+    """Format 2: a run reads only its layers' arrays, each as many bytes as a full read takes."""
+    uri = _write(tmp_path / "c", SPEC)
+    full = _aux_bytes_read(uri, None)
+    subset = _aux_bytes_read(uri, features)
+    assert sorted(full) == [f"aux_hidden.{k}" for k in range(4)]
+    assert subset == {f"aux_hidden.{k}": full[f"aux_hidden.{k}"] for k in features}
+    share = sum(subset.values()) / sum(full.values())
+    assert share == pytest.approx(len(features) / 4, abs=0.03)
+
+
+def test_format_1_subset_reads_every_layer(tmp_path: Path) -> None:
+    """Format 1 holds all layers in one chunk, so a 1-of-4 read still takes all aux bytes."""
+    uri = _write(tmp_path / "c", dataclasses.replace(SPEC, format_version=1))
+    assert _aux_bytes_read(uri, (0,)) == _aux_bytes_read(uri, None)
+
+
+@pytest.mark.parametrize("codec", ["lossless", "fp8"])
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("features", [None, (2,), (3, 0)])
+def test_both_formats_read_back_what_was_written(tmp_path: Path, codec: str, version: int,
+                                                 features: tuple[int, ...] | None) -> None:
+    """Every sample of a format-1 or format-2 cache reads back as written, in the asked order."""
+    spec = dataclasses.replace(SPEC, aux_codec=codec, format_version=version)
+    uri = _write(tmp_path / "c", spec)
+    written = {s.sample_id: s for u in range(2) for s in make_unit(spec, u)[0]}
+    layers = list(range(4)) if features is None else list(features)
+    reader = open_cache(uri, features=features)
+    assert reader.manifest.format_version == version
+    read = [s for u in reader.units() for s in reader.read_unit(u.unit)]
+    assert sorted(s.sample_id for s in read) == sorted(written)
+    for s in read:
+        w = written[s.sample_id]
+        aux = w.aux_hidden
+        if codec == "fp8":  # the numpy reference round trip of the codes the writer stored
+            codes, scales = quantize_e4m3(storage_to_float32(aux, "bfloat16"))
+            aux = float_to_storage(dequantize_e4m3(codes, scales), "bfloat16")
+        np.testing.assert_array_equal(s.aux_hidden, aux[:, layers])
+        np.testing.assert_array_equal(s.final_hidden, w.final_hidden)
+        np.testing.assert_array_equal(s.input_ids, w.input_ids)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_both_formats_validate_deep(tmp_path: Path, version: int) -> None:
+    """validate --deep finds nothing wrong in an intact cache of either format."""
+    uri = _write(tmp_path / "c", dataclasses.replace(SPEC, format_version=version))
+    report = validate_cache(uri, deep=True)
+    assert report.problems == []
+    arrays = 3 + (4 if version == 2 else 1)   # ids, mask, final + aux
+    assert report.checked["objects"] == arrays * report.checked["slots"] > 0
+
+
+def test_format_1_arrays_are_the_old_layout(tmp_path: Path) -> None:
+    """Format 1 keeps aux_hidden [N, F, H] with (c, F, H) chunks; format 2 splits it by layer."""
+    old = tmp_path / "v1"
+    _write(old, dataclasses.replace(SPEC, format_version=1), units=1)
+    new = tmp_path / "v2"
+    _write(new, SPEC, units=1)
+    aux = zarr.open_array(str(old / "aux_hidden"), mode="r")
+    assert (aux.shape[1:], aux.chunks, aux.shards) == ((4, 256), (64, 4, 256), (64, 4, 256))
+    assert json.loads((old / "manifest.json").read_text())["format_version"] == 1
+    for k in range(4):
+        layer = zarr.open_array(str(new / f"aux_hidden.{k}"), mode="r")
+        assert (layer.shape[1:], layer.chunks, layer.shards) == ((256,), (64, 256), (64, 256))
+    assert not (new / "aux_hidden").exists()
+
+
+def test_format_1_store_is_not_resumed_as_format_2(tmp_path: Path) -> None:
+    """A producer run cannot add format-2 units to a format-1 cache; the error says what to do."""
+    old = dataclasses.replace(SPEC, format_version=1)
+    CacheWriter.open(str(tmp_path / "c"), spec=old, header=make_run_header(old))
+    with pytest.raises(CacheMismatchError, match="has format_version 1 and this run writes 2: "
+                                                 "finish it with the sparkforge that started it"):
+        CacheWriter.open(str(tmp_path / "c"), spec=SPEC, header=make_run_header(SPEC))

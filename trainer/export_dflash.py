@@ -1,0 +1,60 @@
+"""The DFlash serving format: what vLLM loads with ``speculative_config.method: dflash``.
+
+vLLM 0.32 resolves ``architectures: ["DFlashDraftModel"]`` to ``DFlashQwen3ForCausalLM``: a
+Qwen3 backbone (``model_type: qwen3``) whose ``dflash_config`` holds ``mask_token_id`` and the
+0-based ``target_layer_ids`` (it adds 1 to them itself), with bare tensor keys: ``fc``,
+``hidden_norm``, ``layers.{i}.*``, ``norm`` and optionally the frozen ``embed_tokens`` /
+``lm_head``, i.e. the DSpark key set without ``markov_head`` and ``confidence_head``. vLLM takes
+``num_speculative_tokens`` (= ``block_size - 1``) from the serving command, not from the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sparkforge.trainer import export_qwen3
+from sparkforge.trainer.draft_config import DSparkDraftConfig, backbone_config
+
+if TYPE_CHECKING:
+    from sparkforge.trainer.architectures import Engine
+
+SERVED_AS = "DFlashDraftModel"
+
+
+def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+    """Reasons ``engine`` could not serve this draft correctly (empty when it can).
+
+    The config itself already refuses heads on a DFlash draft; what is left is what no
+    Qwen3-shaped format can express.
+    """
+    return export_qwen3.backbone_problems(cfg, engine)
+
+
+def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """``config.json`` contents: a Qwen3Config with the DFlash fields."""
+    from transformers import Qwen3Config
+
+    fields = {
+        **backbone_config(cfg), "architectures": [SERVED_AS],
+        "dflash_config": {"mask_token_id": cfg.mask_token_id,
+                          "target_layer_ids": list(cfg.target_layer_ids)},
+        "num_anchors": cfg.num_anchors, "max_window_layers": cfg.num_hidden_layers,
+    }
+    out: dict[str, Any] = Qwen3Config(**fields, dtype="bfloat16").to_dict()
+    assert out["model_type"] == "qwen3", out["model_type"]
+    assert out["architectures"] == [SERVED_AS], out["architectures"]
+    return out
+
+
+def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
+    """Every required tensor and its shape: the backbone's 11 per draft layer + 3 shared."""
+    return export_qwen3.expected_shapes(cfg)
+
+
+def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+    """Read a DFlash ``config.json`` (``dflash_config`` values win over top-level ones)."""
+    flat = {**config, **(config.get("dflash_config") or {}), "markov_rank": 0,
+            "enable_confidence_head": False, "confidence_head_with_markov": False}
+    return dataclasses.replace(export_qwen3.draft_config_from_hf(flat), architecture="dflash")
