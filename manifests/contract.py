@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared.layer_ids import feature_to_hf, missing_features
-from sparkforge.shared.target_families import FeatureSemantics, FinalSemantics
+from sparkforge.shared.target_families import FeatureSemantics, FinalSemantics, TargetScaling
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,9 @@ class RunContract:
     """What the draft expects a feature to be (``hc_mean`` for hyper-connection targets)."""
     final_hidden: FinalSemantics = "post_norm"
     """What the draft expects the final state to be (``lm_head_input`` for DeepSeek-V4)."""
+    scaling: TargetScaling | None = None
+    """The embedding scale and logit softcap the draft applies (they must be the target's);
+    None: not checked."""
     need_eval_split: bool = False
 
 
@@ -78,6 +81,11 @@ def contract_problems(manifest: CacheManifest, run: RunContract, *,
     differ("model.draft.target_features", run.features, "capture.features", capture.features)
     differ("model.draft.target_final", run.final_hidden, "capture.final_hidden",
            capture.final_hidden)
+    if run.scaling is not None:
+        differ("model.draft embedding_scale", run.scaling.embedding_scale,
+               "capture.embedding_scale", capture.embedding_scale)
+        differ("model.draft final_logit_softcapping", run.scaling.final_logit_softcapping,
+               "capture.final_logit_softcapping", capture.final_logit_softcapping)
     differ("model.hidden_size", run.hidden_size, "target.hidden_size", target.hidden_size)
     differ("model.hidden_size", run.hidden_size, "storage.spec.hidden_size", spec.hidden_size)
     differ("model.vocab_size", run.vocab_size, "target.vocab_size", target.vocab_size)

@@ -19,7 +19,7 @@ from sparkforge.shared.header import (
 )
 from sparkforge.shared.layer_ids import HfIndices, hf_to_feature
 from sparkforge.shared.provenance import package_version
-from sparkforge.shared.target_families import family_of
+from sparkforge.shared.target_families import TargetScaling, family_of
 
 REGENERATION_KEY = "sparkforge.regenerate"
 
@@ -61,6 +61,7 @@ def build_header(
     sources: Sequence[DataSource],
     num_units: int,
     eval_ids: frozenset[int] | None,
+    scaling: TargetScaling,
 ) -> RunHeader:
     """The header the cache writer stores at creation and compares on every reopen.
 
@@ -92,6 +93,8 @@ def build_header(
             expert_parallel=engine.enable_expert_parallel,
             data_parallel_size=engine.data_parallel_size,
             max_seq_len=cfg.seq_len,
+            embedding_scale=scaling.embedding_scale,
+            final_logit_softcapping=scaling.final_logit_softcapping,
         ),
         tokenizer=TokenizerInfo(hash=encoder.tokenizer_hash,
                                 chat_template_sha256=encoder.template_sha256),

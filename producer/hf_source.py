@@ -50,6 +50,7 @@ class HfSource:
         self.model = model.to(device).eval()  # type: ignore[arg-type]  # odd transformers stub
         config = self.model.config.get_text_config()
         self.family = family_of(self.model.config.model_type)
+        self.scaling = self.family.scaling(config.to_dict())
         self.num_hidden_layers = int(config.num_hidden_layers)
         self.layer_ids = check_hf_ids(layer_ids, self.num_hidden_layers)
         self.dtype = getattr(torch, dtype)
@@ -67,6 +68,8 @@ class HfSource:
             "layer_id_convention": "hf_hidden_states_index",
             "features": self.family.features,
             "final_hidden": self.family.final_state,
+            "embedding_scale": self.scaling.embedding_scale,
+            "final_logit_softcapping": self.scaling.final_logit_softcapping,
             "dtype": str(self.dtype).removeprefix("torch."),
         }
 
@@ -125,12 +128,16 @@ class HfSource:
             )
 
     def target_head(self) -> TargetHead:
-        """The model's final norm and lm_head as fp32 CPU tensors (for recomputed logits)."""
-        norm = self.model.model.norm
+        """The model's lm_head (fp32, CPU) and logit softcap, to recompute logits from the final
+        state, which this backend takes as it is (no norm)."""
+        config = self.model.config.get_text_config().to_dict()
+        lm_head = self.model.get_output_embeddings()
+        assert lm_head is not None, "a causal LM has an output projection"
         return TargetHead(
-            norm_weight=norm.weight.detach().float().cpu(),
-            eps=float(norm.variance_epsilon),
-            lm_head_weight=self.model.lm_head.weight.detach().float().cpu(),
+            norm_weight=None,
+            eps=float(config.get("rms_norm_eps", 1e-6)),
+            lm_head_weight=lm_head.weight.detach().float().cpu(),
+            final_logit_softcapping=self.scaling.final_logit_softcapping,
         )
 
     def close(self) -> None:

@@ -19,10 +19,11 @@ class PayloadError(ValueError):
 
 @dataclass(frozen=True)
 class SplitPayload:
-    """A checked connector file split into the captured layers and the pre-norm final residual."""
+    """A checked connector file split into the captured layers and the final slot."""
 
     aux_TFH: torch.Tensor
-    final_residual_TH: torch.Tensor
+    final_TH: torch.Tensor
+    """The slot of ``final_id``: the pre-norm final residual (aux id L) or the lm_head input."""
 
 
 def check_payload(
@@ -77,10 +78,10 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
 def split_payload(
     hidden_TNH: torch.Tensor, *, aux_ids: Sequence[int], layer_ids: Sequence[int], final_id: int
 ) -> SplitPayload:
-    """Map file slots (ascending aux ids) to the captured layers and the final residual."""
+    """Map file slots (ascending aux ids) to the captured layers and the final slot."""
     slot = {aux: i for i, aux in enumerate(aux_ids)}
     aux = hidden_TNH[:, [slot[k] for k in layer_ids]]
-    return SplitPayload(aux_TFH=aux, final_residual_TH=hidden_TNH[:, slot[final_id]])
+    return SplitPayload(aux_TFH=aux, final_TH=hidden_TNH[:, slot[final_id]])
 
 
 class FlatLogprobsLike(Protocol):

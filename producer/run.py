@@ -53,6 +53,7 @@ from sparkforge.shared.layer_ids import (
 )
 from sparkforge.shared.layout import PARITY_FILE, TARGET_PREFIX
 from sparkforge.shared.target_config import read_target_config
+from sparkforge.shared.target_families import family_of_config
 from sparkforge.shared.writer import CacheSpec, CacheWriter
 
 if TYPE_CHECKING:
@@ -151,7 +152,8 @@ def _hf_source(
 def _open_writer(cfg: ProducerConfig, prep: Prepared) -> CacheWriter:
     header = build_header(cfg, target=target_identity(cfg.engine, prep.model_dir),
                           hf_layer_ids=prep.hf_layer_ids, encoder=prep.encoder,
-                          sources=prep.sources, num_units=prep.num_units, eval_ids=prep.eval_ids)
+                          sources=prep.sources, num_units=prep.num_units, eval_ids=prep.eval_ids,
+                          scaling=family_of_config(prep.target_config).scaling(prep.target_config))
     spec = CacheSpec(hidden_size=prep.target_config["hidden_size"],
                      num_aux_layers=len(prep.hf_layer_ids), hidden_dtype=cfg.hidden_dtype,
                      max_seq_len=cfg.seq_len, aux_codec=cfg.aux_codec, topk=cfg.topk,

@@ -1,8 +1,10 @@
-"""The target's final RMSNorm and lm_head, read from the checkpoint, to finish captured states.
+"""The target's final RMSNorm, lm_head and logit softcap, read from the checkpoint.
 
-vLLM's extractor returns the final residual *before* the final norm (aux id L), so the producer
-applies ``RMSNorm(h_L) * w`` itself (exact in fp32, about one bf16 ulp from vLLM's fused norm in
-bf16) and checks the result against the engine's own prompt logprobs through ``lm_head``.
+vLLM's extractor returns the final residual *before* the final norm (aux id L), so for families
+whose lm_head input is ``RMSNorm(h_L) * w`` the producer applies the norm itself (exact in fp32,
+about one bf16 ulp from vLLM's fused norm in bf16); other families capture the lm_head input
+(``sparkforge.producer.lm_head_capture``) and need no norm. Either way the final state is checked
+against the engine's own prompt logprobs through ``lm_head`` and the target's softcap.
 """
 
 from __future__ import annotations
@@ -38,22 +40,28 @@ class FinalStateMismatch(ValueError):
 
 @dataclass(frozen=True)
 class TargetHead:
-    """Final norm weight and eps, and optionally the lm_head weight, all fp32 on CPU."""
+    """Final norm weight and eps, the lm_head weight (each optional; fp32 on CPU) and softcap."""
 
-    norm_weight: torch.Tensor
+    norm_weight: torch.Tensor | None
+    """None when the final state is captured as the lm_head input rather than recomputed."""
     eps: float
     lm_head_weight: torch.Tensor | None = None
+    final_logit_softcapping: float | None = None
 
     def final_norm(self, residual_TH: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Post-norm state ``RMSNorm(residual) * w`` computed in fp32, returned in ``dtype``."""
+        assert self.norm_weight is not None, "TargetHead was loaded without the final norm"
         h = residual_TH.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * self.norm_weight).to(dtype)
 
     def log_probs(self, final_TH: torch.Tensor) -> torch.Tensor:
-        """fp32 ``log_softmax(lm_head(final))`` [T, V]; needs the lm_head weight."""
+        """fp32 ``log_softmax(softcap(lm_head(final)))`` [T, V]; needs the lm_head weight."""
         assert self.lm_head_weight is not None, "TargetHead was loaded without lm_head"
-        return torch.log_softmax(final_TH.float() @ self.lm_head_weight.T, dim=-1)
+        logits = final_TH.float() @ self.lm_head_weight.T
+        if (cap := self.final_logit_softcapping) is not None:
+            logits = cap * torch.tanh(logits / cap)
+        return torch.log_softmax(logits, dim=-1)
 
     def check_against_engine(
         self, ids: np.ndarray, final_TH: torch.Tensor, engine_lp: torch.Tensor
@@ -80,7 +88,7 @@ class TargetHead:
         err = float((ours.squeeze(1) - engine_lp[:rows]).abs().mean())
         warn = CHECK_WARN.get(final_TH.dtype, 0.1)
         message = (
-            f"logprobs recomputed from the final post-norm state differ from the engine's by "
+            f"logprobs recomputed from the final state differ from the engine's by "
             f"{err:.3g} on average over {rows} rows (dtype {final_TH.dtype}, warn above {warn})"
         )
         if err > 10 * warn:
@@ -90,24 +98,32 @@ class TargetHead:
         return err
 
 
-def load_target_head(model_dir: str | Path, *, with_lm_head: bool) -> TargetHead:
-    """Read the final norm (and lm_head, or the tied embedding) from a local checkpoint.
+def load_target_head(model_dir: str | Path, *, with_lm_head: bool,
+                     with_norm: bool = True) -> TargetHead:
+    """Read the final norm and lm_head (or the tied embedding) from a local checkpoint.
+
+    Args:
+        model_dir: The checkpoint folder.
+        with_lm_head: Load lm_head (for the logprob check).
+        with_norm: Load the final norm, to finish the pre-norm residual offline.
 
     Raises:
-        ValueError: For families whose lm_head input is not ``RMSNorm(h_L) * w``.
+        ValueError: ``with_norm`` for a family whose lm_head input is not ``RMSNorm(h_L) * w``.
     """
     target = read_target_config(model_dir)
     config, family = target.text, family_of(target.model_type)
-    if not family.final_from_residual:
+    if with_norm and not family.final_from_residual:
         raise ValueError(
             f"model_type {target.model_type!r} ({family.name} family): the final state is not "
-            "RMSNorm(h_L) * w, so the vllm backend cannot finish it offline; use backend 'hf'"
+            "RMSNorm(h_L) * w and cannot be finished offline; capture the lm_head input instead"
         )
     locations = tensor_locations(Path(model_dir))
     pieces = locate_pieces(Path(model_dir), locations)
     block = fp8_block_size(config)
-    head = load_tensor(locations, pieces["lm_head.weight"], block) if with_lm_head else None
     return TargetHead(
-        norm_weight=load_tensor(locations, pieces["norm.weight"], block),
-        eps=float(config.get("rms_norm_eps", 1e-6)), lm_head_weight=head,
+        norm_weight=load_tensor(locations, pieces["norm.weight"], block) if with_norm else None,
+        eps=float(config.get("rms_norm_eps", 1e-6)),
+        lm_head_weight=load_tensor(locations, pieces["lm_head.weight"], block)
+        if with_lm_head else None,
+        final_logit_softcapping=family.scaling(config).final_logit_softcapping,
     )

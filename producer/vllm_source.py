@@ -1,10 +1,13 @@
-"""The vLLM capture backend (the only module importing vllm): teacher-forced prefill with the
-built-in ``extract_hidden_states`` method, consumed file by file as requests finish.
+"""The vLLM capture backend (with its connector and plugin, the only modules importing vllm):
+teacher-forced prefill with the built-in ``extract_hidden_states`` method, consumed file by file
+as requests finish.
 
 Requests go in as token ids through ``LLMEngine`` with at most ``window`` in flight, so the scratch
 folder never holds more than ``window`` files. Each file is checked against its request, split into
-the captured layers and the pre-norm final residual, finished with the target's final RMSNorm,
-optionally checked against the engine's own prompt logprobs, and deleted.
+the captured layers and the final state, optionally checked against the engine's own prompt
+logprobs, and deleted. The final state is the pre-norm residual (aux id L) finished with the
+target's RMSNorm, or, for families whose lm_head input is not that norm, the lm_head input itself,
+which the ``sparkforge.producer.lm_head_capture`` plugin stores in one more aux slot.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from vllm.platforms import current_platform
 from vllm.v1.engine.core_client import InprocClient
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.producer.lm_head_capture import LM_HEAD_INPUT_KEY, lm_head_input_id
 from sparkforge.producer.payload import (
     PayloadError,
     check_payload,
@@ -44,11 +48,15 @@ from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import load_target_head
 from sparkforge.shared.layer_ids import check_hf_ids, vllm_aux_ids
 from sparkforge.shared.target_config import read_target_config
+from sparkforge.shared.target_families import family_of
 
 logger = logging.getLogger(__name__)
 
 CONNECTOR = "HostHiddenStatesConnector"
 CONNECTOR_MODULE = "sparkforge.producer.hs_connector"
+PLUGIN = "sparkforge-lm-head-input"
+"""Name of the ``vllm.general_plugins`` entry point (pyproject.toml) that captures the lm_head
+input; an allow-list in ``VLLM_PLUGINS`` must name it."""
 
 
 def engine_kwargs(engine: EngineOptions) -> dict[str, Any]:
@@ -95,6 +103,8 @@ class VllmSource:
             elements each.
         max_retries: Resubmissions of a request whose capture failed before it is reported.
         verify_every: Check one request in this many against vLLM's logprobs (0 = never).
+        lm_head_input: Take the final state from the captured lm_head input instead of the
+            offline norm of the pre-norm residual; None: when the target family needs it.
     """
 
     def __init__(
@@ -107,17 +117,26 @@ class VllmSource:
         window: int | None = None,
         max_retries: int = 2,
         verify_every: int = 100,
+        lm_head_input: bool | None = None,
     ) -> None:
         config = read_target_config(engine.model)
+        self.family = family_of(config.model_type)
+        self.scaling = self.family.scaling(config.text)
         self.num_hidden_layers = config.positive_int("num_hidden_layers")
         self.hidden_size = config.positive_int("hidden_size")
         self.layer_ids = check_hf_ids(layer_ids, self.num_hidden_layers)
-        self.aux_ids = vllm_aux_ids(self.layer_ids, self.num_hidden_layers)
+        self.lm_head_input = (
+            not self.family.final_from_residual if lm_head_input is None else lm_head_input)
+        self.aux_ids: tuple[int, ...] = vllm_aux_ids(self.layer_ids, self.num_hidden_layers)
+        if self.lm_head_input:
+            _check_plugin_allowed()
+            self.aux_ids = (*self.aux_ids, lm_head_input_id(self.num_hidden_layers))
         self.topk, self.max_retries = topk, max_retries
         self.window = window or engine.max_num_seqs
         self.verify_every = verify_every
         self._engine_options = engine
-        self._head = load_target_head(engine.model, with_lm_head=verify_every > 0)
+        self._head = load_target_head(engine.model, with_lm_head=verify_every > 0,
+                                      with_norm=not self.lm_head_input)
         self._own_scratch = scratch_dir is None
         shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
         self.scratch_dir = Path(scratch_dir or tempfile.mkdtemp(prefix="sparkforge-hs-", dir=shm))
@@ -137,14 +156,15 @@ class VllmSource:
         self.timings = {"engine_s": 0.0, "file_load_s": 0.0, "check_s": 0.0, "norm_s": 0.0}
 
     def _build_kwargs(self, engine: EngineOptions) -> dict[str, Any]:
+        draft_config: dict[str, Any] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_ids)}
+        if self.lm_head_input:
+            draft_config[LM_HEAD_INPUT_KEY] = lm_head_input_id(self.num_hidden_layers)
         kwargs = engine_kwargs(engine) | {
             "skip_tokenizer_init": True,
             "speculative_config": {
                 "method": "extract_hidden_states",
                 "num_speculative_tokens": 1,
-                "draft_model_config": {
-                    "hf_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_ids)}
-                },
+                "draft_model_config": {"hf_config": draft_config},
             },
             "kv_transfer_config": {
                 "kv_connector": CONNECTOR,
@@ -168,9 +188,13 @@ class VllmSource:
             "layer_ids": list(self.layer_ids),
             "layer_id_convention": "hf_hidden_states_index",
             "vllm_aux_ids": list(self.aux_ids),
-            "features": "residual",
-            "final_hidden": "post_norm",
-            "final_norm": "offline RMSNorm(aux id L) in fp32",
+            "features": self.family.features,
+            "final_hidden": "lm_head_input" if self.lm_head_input else "post_norm",
+            "final_norm": (f"captured: aux id {lm_head_input_id(self.num_hidden_layers)} is the "
+                           "lm_head input" if self.lm_head_input
+                           else "offline RMSNorm(aux id L) in fp32"),
+            "embedding_scale": self.scaling.embedding_scale,
+            "final_logit_softcapping": self.scaling.final_logit_softcapping,
             "dtype": str(self.dtype).removeprefix("torch."),
             "quantization": e.quantization,
             "kv_cache_dtype": e.kv_cache_dtype,
@@ -303,11 +327,13 @@ class VllmSource:
             data["hidden_states"],
             aux_ids=self.aux_ids,
             layer_ids=self.layer_ids,
-            final_id=self.num_hidden_layers,
+            final_id=(lm_head_input_id(self.num_hidden_layers) if self.lm_head_input
+                      else self.num_hidden_layers),
         )
         self.timings["check_s"] += time.perf_counter() - start
         start = time.perf_counter()
-        final = self._head.final_norm(parts.final_residual_TH, self.dtype)
+        final = (parts.final_TH.to(self.dtype) if self.lm_head_input
+                 else self._head.final_norm(parts.final_TH, self.dtype))
         self.timings["norm_s"] += time.perf_counter() - start
         out = job.output
         if job.verify:
@@ -333,6 +359,16 @@ class VllmSource:
         self._engine.engine_core.shutdown()
         if self._own_scratch:
             shutil.rmtree(self.scratch_dir, ignore_errors=True)
+
+
+def _check_plugin_allowed() -> None:
+    """Refuse to start when ``VLLM_PLUGINS`` is an allow-list without the lm_head plugin (vLLM
+    would not load it, and the extractor would find one aux state fewer than it has slots)."""
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN not in allowed.split(","):
+        raise ValueError(
+            f"this target's final state is captured by the vLLM plugin {PLUGIN!r}, which "
+            f"VLLM_PLUGINS={allowed!r} does not allow; add it to the list or unset VLLM_PLUGINS")
 
 
 def _keep_cpu_reservation(engine: EngineOptions) -> None:

@@ -17,6 +17,7 @@ from sparkforge.shared.target_families import (
     FINAL_SEMANTICS,
     FeatureSemantics,
     FinalSemantics,
+    TargetScaling,
 )
 
 
@@ -57,6 +58,19 @@ class CaptureInfo:
         default="residual", metadata={"optional_in_json": True})
     """``residual`` (the residual stream after a layer) or ``hc_mean`` (the mean over a
     hyper-connection target's streams); manifests written before this field are ``residual``."""
+    embedding_scale: float = dataclasses.field(default=1.0, metadata={"optional_in_json": True})
+    """Factor the target applies to its embed_tokens output (``sqrt(hidden_size)`` for Gemma);
+    manifests written before this field are 1.0."""
+    final_logit_softcapping: float | None = dataclasses.field(
+        default=None, metadata={"optional_in_json": True})
+    """The target's logit softcap ``cap * tanh(logits / cap)`` after lm_head, which the stored
+    final state has not been through; None: no cap (and manifests written before this field)."""
+
+    @property
+    def scaling(self) -> TargetScaling:
+        """The embedding scale and logit softcap as one record, to compare with a draft's."""
+        return TargetScaling(embedding_scale=self.embedding_scale,
+                             final_logit_softcapping=self.final_logit_softcapping)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,13 +192,17 @@ def parse_capture(data: object) -> CaptureInfo:
     d = f.obj(data, "capture", required=_keys(
         "layer_ids", "layer_id_convention", "final_hidden", "engine", "engine_version",
         "tensor_parallel_size", "expert_parallel", "data_parallel_size", "max_seq_len"),
-        optional=_keys("features"))
+        optional=_keys("features", "embedding_scale", "final_logit_softcapping"))
     return CaptureInfo(
         layer_ids=parse_layer_ids(d["layer_ids"]),
         layer_id_convention=f.choice(d["layer_id_convention"], "capture.layer_id_convention",
                                      ("hf_hidden_states_index",)),
         final_hidden=f.choice(d["final_hidden"], "capture.final_hidden", FINAL_SEMANTICS),
         features=f.choice(d.get("features", "residual"), "capture.features", FEATURE_SEMANTICS),
+        embedding_scale=f.number(d.get("embedding_scale", 1.0), "capture.embedding_scale",
+                                 lo=1e-6, hi=1e6),
+        final_logit_softcapping=f.optional(d.get("final_logit_softcapping"), f.number,
+                                           "capture.final_logit_softcapping", lo=1e-6, hi=1e6),
         engine=f.choice(d["engine"], "capture.engine", ("vllm", "hf")),
         engine_version=f.string(d["engine_version"], "capture.engine_version", max_len=64),
         tensor_parallel_size=f.integer(d["tensor_parallel_size"], "capture.tensor_parallel_size",

@@ -8,6 +8,7 @@ this table, so adding a family is one entry here rather than branches spread ove
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -17,11 +18,27 @@ FeatureSemantics = Literal["residual", "hc_mean"]
 streams of a layer's output (HF ``hidden_states[l + 1]`` is ``[B, S, hc_mult, H]``)."""
 FinalSemantics = Literal["post_norm", "lm_head_input"]
 """``post_norm``: ``RMSNorm(h_L) * w`` of the last residual, which is what lm_head consumes.
-``lm_head_input``: the exact tensor lm_head consumed, for families where it is not a norm of one
-residual (DeepSeek-V4 collapses its streams with ``hc_head`` before the norm)."""
+``lm_head_input``: the exact tensor lm_head consumed (before any logit softcap), for families
+where it is not ``RMSNorm(h_L) * w`` of the last residual: DeepSeek-V4 collapses its streams with
+``hc_head`` before the norm, Gemma has its own final norm, Kimi-K3 folds its block residuals after
+the last layer."""
 FEATURE_SEMANTICS: tuple[FeatureSemantics, ...] = ("residual", "hc_mean")
 FINAL_SEMANTICS: tuple[FinalSemantics, ...] = ("post_norm", "lm_head_input")
 
+
+@dataclass(frozen=True, kw_only=True)
+class TargetScaling:
+    """What the target does around its transformer stack that a draft must repeat.
+
+    Recorded in the manifest's capture section (``capture.embedding_scale``,
+    ``capture.final_logit_softcapping``) so the trainer and ``validate --against`` can check a
+    draft against the target that made the cache.
+    """
+
+    embedding_scale: float = 1.0
+    """Factor on the embed_tokens output: ``sqrt(hidden_size)`` for Gemma, 1.0 otherwise."""
+    final_logit_softcapping: float | None = None
+    """``logits = cap * tanh(logits / cap)`` after lm_head (Gemma); None: no cap."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,9 +59,6 @@ class TargetFamily:
     ``lm_head.weight`` and ``norm.weight`` are always present."""
     features: FeatureSemantics = "residual"
     final_state: FinalSemantics = "post_norm"
-    final_from_residual: bool = True
-    """True when ``RMSNorm(h_L) * w`` is the lm_head input, so the vLLM backend can finish its
-    pre-norm aux id ``L`` offline (false for offset norms, softcaps and hyper-connection heads)."""
     vllm_dspark_id_offset: int = 1
     """vLLM aux id of DSpark feature id ``l`` when read from ``dspark_target_layer_ids``:
     ``l + 1`` for every family except DeepSeek-V4.1, whose ids vLLM uses as they are."""
@@ -53,6 +67,29 @@ class TargetFamily:
     rope_section: str | None = None
     """Key of the RoPE settings the draft copies when ``rope_parameters`` is nested per layer
     type (DeepSeek-V4: ``main``); None when it is flat."""
+
+    @property
+    def final_from_residual(self) -> bool:
+        """True when ``RMSNorm(h_L) * w`` is the lm_head input, so the vLLM backend can finish
+        its pre-norm aux id ``L`` offline; otherwise it captures the lm_head input itself."""
+        return self.final_state == "post_norm"
+
+    def scaling(self, text_config: Mapping[str, Any]) -> TargetScaling:
+        """The embedding scale and logit softcap of a target of this family (its text config)."""
+        softcap = text_config.get("final_logit_softcapping")
+        hidden = text_config.get("hidden_size")
+        scale = 1.0
+        if self.embedding_scale_sqrt_hidden:
+            if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
+                raise ValueError(f"{self.name} target: hidden_size must be a positive integer "
+                                 f"(its embedding scale is sqrt(hidden_size)), got {hidden!r}")
+            scale = math.sqrt(hidden)
+        if softcap is not None and (isinstance(softcap, bool) or not isinstance(
+                softcap, int | float) or not softcap > 0):
+            raise ValueError(f"{self.name} target: final_logit_softcapping must be a positive "
+                             f"number or null, got {softcap!r}")
+        return TargetScaling(embedding_scale=scale, final_logit_softcapping=(
+            None if softcap is None else float(softcap)))
 
     def builtin_dspark_ids(self, feature_ids: Sequence[int]) -> tuple[int, ...]:
         """The ``dspark_target_layer_ids`` that make vLLM capture each feature layer's output.
@@ -83,15 +120,14 @@ FAMILIES: tuple[TargetFamily, ...] = (
                                             "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")),
     TargetFamily(name="gemma", model_types=("gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
                                             "gemma4_text"),
-                 final_from_residual=False, embedding_scale_sqrt_hidden=True),
+                 final_state="lm_head_input", embedding_scale_sqrt_hidden=True),
     TargetFamily(name="deepseek_v4", model_types=("deepseek_v4",), pieces=_V4_PIECES,
-                 features="hc_mean", final_state="lm_head_input", final_from_residual=False,
-                 rope_section="main"),
+                 features="hc_mean", final_state="lm_head_input", rope_section="main"),
     TargetFamily(name="deepseek_v41", model_types=("deepseek_v41",), pieces=_V4_PIECES,
-                 features="hc_mean", final_state="lm_head_input", final_from_residual=False,
-                 vllm_dspark_id_offset=0, rope_section="main"),
+                 features="hc_mean", final_state="lm_head_input", vllm_dspark_id_offset=0,
+                 rope_section="main"),
     TargetFamily(name="kimi_k3", model_types=("kimi_k3", "kimi_linear"),
-                 final_from_residual=False),
+                 final_state="lm_head_input"),
 )
 
 

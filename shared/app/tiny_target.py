@@ -170,6 +170,56 @@ def build_tiny_deepseek_v4(
     return out
 
 
+def build_tiny_gemma4(
+    out_dir: str | Path,
+    *,
+    multimodal: bool = False,
+    num_hidden_layers: int = 4,
+    hidden_size: int = 128,
+    vocab_size: int = 1024,
+    final_logit_softcapping: float = 5.0,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny Gemma4 text model (or the multimodal top level with a tiny vision tower).
+
+    Sliding and full attention layers alternate (window 16; head_dim 32, global_head_dim 64,
+    both sizes vLLM's CPU attention supports); tied embeddings scaled by sqrt(hidden_size), a
+    small logit softcap so it visibly bends the logits, and a final norm weight away from 1 so
+    the pre-norm and post-norm states differ; fp32 weights.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out, vocab_size=vocab_size)
+    text = AutoConfig.for_model(
+        "gemma4_text", vocab_size=vocab_size, hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
+        intermediate_size=2 * hidden_size, max_position_embeddings=4096,
+        layer_types=["sliding_attention", "full_attention"] * (num_hidden_layers // 2),
+        sliding_window=16, hidden_size_per_layer_input=0, vocab_size_per_layer_input=vocab_size,
+        final_logit_softcapping=final_logit_softcapping, initializer_range=0.08,
+        bos_token_id=None, eos_token_id=2, pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    if multimodal:
+        vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                  "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+                  "patch_size": 4, "image_size": 16}
+        config = AutoConfig.for_model("gemma4", text_config=text.to_dict(),
+                                      vision_config=vision, pad_token_id=0, eos_token_id=2)
+        model = AutoModelForImageTextToText.from_config(config).float()
+    else:
+        model = AutoModelForCausalLM.from_config(text).float()
+    with torch.no_grad():
+        norm = model.get_decoder().norm.weight
+        norm.uniform_(0.5, 1.5)
+    model.save_pretrained(str(out))
+    return out
+
+
 def demo_conversations(num_rows: int, *, seed: int = 0) -> list[dict[str, object]]:
     """Chat rows in OpenAI ``messages`` form (system, user, assistant) from the synthetic corpus."""
     rng = random.Random(seed)

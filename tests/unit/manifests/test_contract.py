@@ -21,6 +21,7 @@ from sparkforge.manifests.contract import (
 )
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.validate import validate_cache
+from sparkforge.shared.target_families import TargetScaling
 from sparkforge.trainer.run_config import TrainConfigError, contract_from_train_config
 
 # The trainer's tiny.yaml shape, fitted to the test cache (H=16, F=2 -> HF ids [1, 2], L=4).
@@ -157,6 +158,23 @@ def test_missing_ids_and_hidden_size_both_fields_named(cache: Path) -> None:
         "capture.layer_ids [1, 2]" in problems[0]
     assert "model.hidden_size=8 but the cache's storage.spec.hidden_size=16" in problems
     assert len(problems) == 3
+
+
+def test_scaling_differences_are_named(cache: Path) -> None:
+    """A draft whose embedding scale or logit softcap differs from the capture's is refused with
+    both values named; the cache's own values (1.0, no cap: a Qwen3 target) fit."""
+    m = open_cache(str(cache)).manifest
+    assert m.capture.scaling == TargetScaling()
+    base = contract_from_train_config(FITS)
+    fits = RunContract(**{**base.__dict__, "scaling": TargetScaling()})
+    assert contract_problems(m, fits, split_counts={"train": 9, "eval": 3}) == []
+    gemma = TargetScaling(embedding_scale=4.0, final_logit_softcapping=30.0)
+    problems = contract_problems(m, RunContract(**{**base.__dict__, "scaling": gemma}),
+                                 split_counts={"train": 9, "eval": 3})
+    assert problems == [
+        "model.draft embedding_scale=4.0 but the cache's capture.embedding_scale=1.0",
+        "model.draft final_logit_softcapping=30.0 but the cache's "
+        "capture.final_logit_softcapping=None"]
 
 
 def test_eval_split_needed_when_validating(cache: Path) -> None:

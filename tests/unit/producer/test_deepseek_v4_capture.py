@@ -42,9 +42,9 @@ def test_v4_target_files_hold_head_and_hc_head(tiny_v4_target: Path) -> None:
         assert torch.equal(weights[ours], source[theirs].float()), ours
 
 
-def test_vllm_backend_refuses_v4_final(tiny_v4_target: Path) -> None:
-    """The vLLM backend cannot finish a V4 final state from one residual and says so."""
-    with pytest.raises(ValueError, match="deepseek_v4 family.*use backend 'hf'"):
+def test_v4_final_is_not_finished_offline(tiny_v4_target: Path) -> None:
+    """A V4 final state cannot be finished from one residual: no offline norm is given."""
+    with pytest.raises(ValueError, match="deepseek_v4 family.*capture the lm_head input"):
         load_target_head(tiny_v4_target, with_lm_head=False)
 
 

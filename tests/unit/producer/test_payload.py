@@ -32,7 +32,7 @@ def test_good_file_passes_and_splits_by_id(tmp_path) -> None:
     _check(data, sent)
     parts = split_payload(data["hidden_states"], aux_ids=AUX, layer_ids=(1, 3), final_id=4)
     assert torch.equal(parts.aux_TFH, hidden[:, :2])
-    assert torch.equal(parts.final_residual_TH, hidden[:, 2])
+    assert torch.equal(parts.final_TH, hidden[:, 2])
 
 
 def test_token_mismatch_is_rejected(tmp_path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -45,8 +47,20 @@ def test_logprob_check_accepts_the_right_state_and_stops_a_wrong_one(tiny_target
         head.check_against_engine(ids, pre_norm, actual)
 
 
-def test_unsupported_family_is_refused(tmp_path) -> None:
-    """A family whose lm_head input is not RMSNorm(h_L) * w is refused with a pointer to 'hf'."""
+def test_final_norm_of_an_lm_head_input_family_is_refused(tmp_path) -> None:
+    """A family whose lm_head input is not RMSNorm(h_L) * w gets no offline norm."""
     (tmp_path / "config.json").write_text('{"model_type": "gemma3", "num_hidden_layers": 2}')
-    with pytest.raises(ValueError, match="use backend 'hf'"):
+    with pytest.raises(ValueError, match="gemma family.*capture the lm_head input instead"):
         load_target_head(tmp_path, with_lm_head=False)
+
+
+def test_softcap_bends_the_recomputed_logprobs(tiny_target, forward) -> None:
+    """With a logit softcap the recomputed logprobs are log_softmax(cap * tanh(logits / cap))."""
+    _, hidden, _, logprobs = forward
+    head = load_target_head(tiny_target, with_lm_head=True, with_norm=False)
+    assert head.norm_weight is None
+    capped = dataclasses.replace(head, final_logit_softcapping=0.5)
+    logits = hidden[4][0] @ head.lm_head_weight.T
+    torch.testing.assert_close(capped.log_probs(hidden[4][0]),
+                               torch.log_softmax(0.5 * torch.tanh(logits / 0.5), -1))
+    assert not torch.allclose(capped.log_probs(hidden[4][0]), logprobs, atol=1e-2)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkforge.shared.target_families import STANDARD, family_of
+from sparkforge.shared.target_families import STANDARD, TargetScaling, family_of
 
 FEATURE_IDS = (40, 41, 42)
 
@@ -14,14 +14,37 @@ FEATURE_IDS = (40, 41, 42)
 @pytest.mark.parametrize(("model_type", "family", "features", "final"), [
     ("qwen3", "qwen3", "residual", "post_norm"),
     ("llama", "standard", "residual", "post_norm"),
-    ("gemma4_text", "gemma", "residual", "post_norm"),
+    ("gemma4_text", "gemma", "residual", "lm_head_input"),
+    ("gemma4", "gemma", "residual", "lm_head_input"),
+    ("kimi_linear", "kimi_k3", "residual", "lm_head_input"),
     ("deepseek_v4", "deepseek_v4", "hc_mean", "lm_head_input"),
     ("deepseek_v41", "deepseek_v41", "hc_mean", "lm_head_input"),
 ])
 def test_family_semantics(model_type: str, family: str, features: str, final: str) -> None:
-    """Each model_type maps to its family's feature and final-state semantics."""
+    """Each model_type maps to its family's feature and final-state semantics; only post_norm
+    families have their final state finished offline from the last residual."""
     found = family_of(model_type)
     assert (found.name, found.features, found.final_state) == (family, features, final)
+    assert found.final_from_residual == (final == "post_norm")
+
+
+def test_scaling_comes_from_the_text_config() -> None:
+    """Gemma scales embeddings by sqrt(H); the softcap is the config's (None when absent)."""
+    gemma, qwen = family_of("gemma4_text"), family_of("qwen3")
+    assert gemma.scaling({"hidden_size": 144, "final_logit_softcapping": 30}) == TargetScaling(
+        embedding_scale=12.0, final_logit_softcapping=30.0)
+    assert qwen.scaling({"hidden_size": 144}) == TargetScaling()
+
+
+@pytest.mark.parametrize(("config", "match"), [
+    ({"hidden_size": "144"}, "hidden_size must be a positive integer"),
+    ({"hidden_size": 144, "final_logit_softcapping": 0}, "final_logit_softcapping must be"),
+    ({"hidden_size": 144, "final_logit_softcapping": True}, "final_logit_softcapping must be"),
+])
+def test_bad_scaling_fields_are_named(config: dict, match: str) -> None:
+    """A config whose hidden size or softcap cannot give a scaling names the field."""
+    with pytest.raises(ValueError, match=match):
+        family_of("gemma4_text").scaling(config)
 
 
 def test_unknown_model_type_is_standard() -> None:
