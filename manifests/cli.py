@@ -128,7 +128,7 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
         layers.add_argument("--layer_ids", help="HF hidden_states indices to capture, e.g. 2,10,18")
         layers.add_argument("--num_aux_layers", type=int, help="how many layers to capture")
         layers.add_argument("--layer_stride", type=int,
-                            help="a superset capture: every k-th portable feature id from "
+                            help="a superset capture: every k-th feature id up to L-2 from "
                                  "--layer_start, as `sparkforge produce --layer_stride` (needs "
                                  "--target_config)")
         p.add_argument("--layer_start", type=int, default=1,

@@ -40,7 +40,7 @@ class ProducerConfig:
     ``hidden_states`` indices l + 1, see ``sparkforge.shared.layer_ids``); default: evenly
     spaced."""
     layer_stride: int | None = None
-    """Capture every k-th portable feature id from ``layer_start`` instead of ``layer_ids``: a
+    """Capture every k-th feature id up to L-2 from ``layer_start`` instead of ``layer_ids``: a
     superset cache from which drafts train on any subset of these features."""
     layer_start: int = 1
     """First feature id of ``layer_stride`` (1, the default rule's first id)."""

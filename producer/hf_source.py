@@ -3,7 +3,8 @@
 It serves targets vLLM cannot run and is the reference for the parity check. ``hidden_states[k]``
 is the output of the first k decoder layers and HF's ``hidden_states[L]`` is the lm_head input,
 which the cache stores as ``final_hidden``: post-final-norm for Llama/Qwen-style targets, and
-``norm(hc_head(streams))`` for DeepSeek-V4. A V4 layer output is ``[B, S, hc_mult, H]``; its
+``norm(hc_head(streams))`` for DeepSeek-V4. Feature index ``L`` is instead the last layer's raw
+output, read by a hook as vLLM serves it. A V4 layer output is ``[B, S, hc_mult, H]``; its
 feature is the mean over the hc streams, what vLLM's aux capture feeds a V4 draft.
 
 Every captured row equals that row's own one-row forward: rows are right-padded into batches only
@@ -23,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
-from sparkforge.shared.hidden_features import layer_feature
+from sparkforge.shared.hidden_features import layer_feature, served_hidden_states
 from sparkforge.shared.layer_ids import check_hf_ids
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import family_of, loads_as_image_text
@@ -113,15 +114,17 @@ class HfSource:
         for i, r in enumerate(batch):
             ids_BT[i, : lengths[i]] = torch.from_numpy(r.input_ids.astype("int64"))
             mask_BT[i, : lengths[i]] = 1
-        out = self.model(
-            input_ids=ids_BT.to(self.device),
-            attention_mask=mask_BT.to(self.device),
-            output_hidden_states=True,
-        )
+        with served_hidden_states(self.model) as served:
+            out = self.model(
+                input_ids=ids_BT.to(self.device),
+                attention_mask=mask_BT.to(self.device),
+                output_hidden_states=True,
+            )
+            states = served(out.hidden_states)
         # Left on the device: the capturer converts (and quantises) there and copies each sample
         # to the host once.
         aux_BTFH = torch.stack(
-            [layer_feature(out.hidden_states[k_], self.family) for k_ in self.layer_ids], dim=2
+            [layer_feature(states[k_], self.family) for k_ in self.layer_ids], dim=2
         )
         final_BTH = out.hidden_states[self.num_hidden_layers]
         if k:

@@ -9,10 +9,18 @@ Two conventions name the same tensors, so they get distinct types:
   also vLLM's aux id ``k``. Feature id ``l`` is HF index ``l + 1``.
 
 Range rule, for a target of ``L`` decoder layers: HF indices ``[0, L]`` exist (0 is the embedding
-output, L the final state), i.e. feature ids ``[-1, L - 1]``. Only feature ids ``[0, L - 2]``
-(HF ``[1, L - 1]``) mean the same thing in every engine: vLLM serves the last layer's output
-pre-norm and HF post-norm, so ``L - 1`` is never a portable feature, and ``-1`` is no layer's
-output. The producer captures only portable ids; the trainer accepts any existing one and warns.
+output), i.e. feature ids ``[-1, L - 1]``. Index ``L`` here means the last decoder layer's raw
+output, before the final norm (for DeepSeek-V4 the mean of its streams before ``hc_head``): that
+is vLLM's aux id ``L``, the feature vLLM serves for id ``L - 1``. HF's own ``hidden_states[L]``
+is the lm_head input instead, so both capture backends read index ``L`` from the last layer's
+output (``sparkforge.shared.hidden_features``), and the cache's final state is separate.
+
+- **Portable** feature ids ``[0, L - 1]`` (HF ``[1, L]``): the producer captures them and a
+  draft trained on them sees at serve time what it saw in training.
+- Id ``-1`` (the embeddings) is no layer's output and SGLang cannot capture it: never captured.
+- Id ``L - 1`` is portable but SGLang cannot capture it either, so defaults and stride captures
+  stay in ``[0, L - 2]`` (``every_engine_feature_range``) and the export names the engines that
+  cannot serve a draft using it.
 """
 
 from __future__ import annotations
@@ -52,7 +60,12 @@ def existing_feature_range(num_hidden_layers: int) -> tuple[int, int]:
 
 
 def portable_feature_range(num_hidden_layers: int) -> tuple[int, int]:
-    """Inclusive range of feature ids every engine serves alike: ``[0, L - 2]``."""
+    """Inclusive range of feature ids captured as vLLM serves them: ``[0, L - 1]``."""
+    return 0, num_hidden_layers - 1
+
+
+def every_engine_feature_range(num_hidden_layers: int) -> tuple[int, int]:
+    """Inclusive range of portable feature ids SGLang can capture too: ``[0, L - 2]``."""
     return 0, num_hidden_layers - 2
 
 
@@ -71,7 +84,7 @@ def range_problems(ids: Sequence[int], bounds: tuple[int, int], *, name: str) ->
 
 
 def check_feature_ids(feature_ids: Sequence[int], num_hidden_layers: int) -> FeatureIds:
-    """Portable feature ids: non-empty, strictly increasing, each in ``[0, L - 2]``.
+    """Portable feature ids: non-empty, strictly increasing, each in ``[0, L - 1]``.
 
     Raises:
         LayerIdError: naming every offending id and the allowed range.
@@ -79,14 +92,13 @@ def check_feature_ids(feature_ids: Sequence[int], num_hidden_layers: int) -> Fea
     bounds = portable_feature_range(num_hidden_layers)
     problems = range_problems(feature_ids, bounds, name="target_layer_ids")
     if problems:
-        raise LayerIdError("; ".join(problems) + f" (L={num_hidden_layers}; the last layer's "
-                           "output is pre-norm in vLLM and post-norm in HF, so it is never a "
-                           "feature)")
+        raise LayerIdError("; ".join(problems) + f" (L={num_hidden_layers}; id -1, the "
+                           "embeddings, is no layer's output)")
     return FeatureIds(tuple(int(i) for i in feature_ids))
 
 
 def check_hf_ids(hf_ids: Sequence[int], num_hidden_layers: int) -> HfIndices:
-    """Captured HF indices of portable features: strictly increasing, each in ``[1, L - 1]``.
+    """Captured HF indices of portable features: strictly increasing, each in ``[1, L]``.
 
     Raises:
         LayerIdError: as :func:`check_feature_ids`, in the HF convention.
@@ -96,11 +108,14 @@ def check_hf_ids(hf_ids: Sequence[int], num_hidden_layers: int) -> HfIndices:
     except LayerIdError as exc:
         raise LayerIdError(
             f"invalid capture layer_ids {list(hf_ids)} (HF hidden_states indices, allowed "
-            f"[1, {num_hidden_layers - 1}], strictly increasing): {exc}") from exc
+            f"[1, {num_hidden_layers}], strictly increasing): {exc}") from exc
 
 
 def vllm_aux_ids(hf_ids: Sequence[int], num_hidden_layers: int) -> HfIndices:
     """The aux ids to request from vLLM: sorted unique ``hf_ids`` plus ``L`` (pre-norm final).
+
+    Aux id ``L`` is the last layer's raw output: the source of the final state and, when
+    ``hf_ids`` holds ``L``, of feature ``L - 1`` too.
 
     vLLM sorts and de-duplicates the ids itself (DeepSeek-V2/V3 does not), so they are passed in
     the order the file slots come back in.
@@ -110,17 +125,17 @@ def vllm_aux_ids(hf_ids: Sequence[int], num_hidden_layers: int) -> HfIndices:
 
 
 def strided_feature_ids(num_hidden_layers: int, stride: int, *, start: int = 1) -> FeatureIds:
-    """Every ``stride``-th portable feature id from ``start``: a superset capture for many drafts.
+    """Every ``stride``-th feature id from ``start`` up to ``L - 2``: a superset capture.
 
     The default start 1 is the DFlash rule's first id, so a stride dividing its spacing holds the
     default draft ids (L=36: stride 8 -> [1, 9, 17, 25, 33], stride 4 adds the ids between).
 
     Raises:
-        LayerIdError: ``stride`` < 1, or ``start`` outside the portable range ``[0, L - 2]``.
+        LayerIdError: ``stride`` < 1, or ``start`` outside ``[0, L - 2]``.
     """
     if stride < 1:
         raise LayerIdError(f"layer_stride must be >= 1, got {stride}")
-    _, hi = portable_feature_range(num_hidden_layers)
+    _, hi = every_engine_feature_range(num_hidden_layers)
     return check_feature_ids(range(start, hi + 1, stride) if start >= 0 else [start],
                              num_hidden_layers)
 
@@ -128,8 +143,9 @@ def strided_feature_ids(num_hidden_layers: int, stride: int, *, start: int = 1) 
 def default_feature_ids(num_hidden_layers: int, num_features: int) -> FeatureIds:
     """DFlash rule: n ids evenly spaced in [1, L-3], round(1 + i*(L-4)/(n-1)) (half-even).
 
-    Chosen over NeMo's [1, L-1] rule because it never includes the last layer (L=36 ->
-    [1,9,17,25,33], DeepSpec's released Qwen3-4B/8B ids). Small targets fall back to [0, L-2].
+    Chosen over NeMo's [1, L-1] rule because it never includes the last layer, which SGLang
+    cannot capture (L=36 -> [1,9,17,25,33], DeepSpec's released Qwen3-4B/8B ids). Small
+    targets fall back to [0, L-2].
     The producer's default capture and the trainer's default draft both come from here.
     """
     top = num_hidden_layers - 3

@@ -60,12 +60,16 @@ def counting_reads() -> Iterator[list[CountingStore]]:
         storage.zarr_store = real  # type: ignore[assignment]
 
 
-def build_cache(path: Path, spec: CacheSpec = SMALL_SPEC, units: int = 3) -> Path:
-    """A finalized cache of ``make_unit`` samples written by the real writer."""
+def build_cache(path: Path, spec: CacheSpec = SMALL_SPEC, units: int = 3,
+                header: dict[str, Any] | None = None) -> Path:
+    """A finalized cache of ``make_unit`` samples written by the real writer (``header``: a
+    :func:`make_header` result to use instead of the default one)."""
     from sparkforge.manifests.finalize import finalize_cache
     from sparkforge.shared.writer import CacheWriter
 
-    w = CacheWriter.open(str(path), spec=spec, header=make_run_header(spec, num_units=units))
+    run_header = (make_run_header(spec, num_units=units) if header is None
+                  else RunHeader.from_json(header))
+    w = CacheWriter.open(str(path), spec=spec, header=run_header)
     for u in range(units):
         w.write_unit(u, *make_unit(spec, u))
     finalize_cache(str(path), expected_units=units)

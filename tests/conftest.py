@@ -35,8 +35,9 @@ def tiny_v4_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_deepseek_v4(tmp_path_factory.mktemp("tiny_v4"))
 
 
-# A tiny V4 target's HF capture: 16 chat rows, feature ids [0, 1, 2], fp32, 1/4 held out.
-V4_PRODUCER = {"backend": "hf", "layer_ids": [0, 1, 2], "hidden_dtype": "float32",
+# A tiny V4 target's HF capture: 16 chat rows, every feature id [0, 3] (3 = L-1, the last layer),
+# fp32, 1/4 held out.
+V4_PRODUCER = {"backend": "hf", "layer_ids": [0, 1, 2, 3], "hidden_dtype": "float32",
                "rows_per_unit": 8, "shard_rows": 1024, "max_seq_len": 512, "eval_fraction": 0.25,
                "overlong": "truncate", "parity_samples": 0}
 

@@ -236,13 +236,13 @@ def _deepseek_v4_fields(tc: Any, model_type: str) -> dict[str, Any]:
 
 
 def _warn_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> None:
-    # Ids -1 (embeddings) and L-1 (served pre-norm by vLLM but post-norm from HF) exist but make
-    # training and serving disagree; see sparkforge.shared.layer_ids for the range rule.
+    # Id -1 (the embeddings) exists but no cache holds it; see sparkforge.shared.layer_ids for
+    # the range rule.
     lo, hi = portable_feature_range(num_target_layers)
     for bad in layer_ids:
         if not lo <= bad <= hi:
-            logger.warning("target_layer_ids contains %d: keep ids in [%d, %d] so every engine "
-                           "agrees", bad, lo, hi)
+            logger.warning("target_layer_ids contains %d: keep ids in [%d, %d], the ones a cache "
+                           "holds", bad, lo, hi)
 
 
 def text_config(target_config: Any) -> Any:

@@ -29,7 +29,7 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     The config itself already refuses heads on a DFlash draft; what is left is what no
     Qwen3-shaped format can express.
     """
-    return export_qwen3.backbone_problems(cfg)
+    return export_qwen3.backbone_problems(cfg, engine)
 
 
 def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from sparkforge.shared.layer_ids import every_engine_feature_range
 from sparkforge.trainer.draft_config import DSPARK_KEYS, DSparkDraftConfig, serving_config
 from sparkforge.trainer.heads import head_shapes
 
@@ -19,32 +20,33 @@ if TYPE_CHECKING:
 
 def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     """Reasons ``engine`` could not serve this draft correctly (empty when it can)."""
-    return backbone_problems(cfg) + head_problems(cfg, engine)
+    return backbone_problems(cfg, engine) + head_problems(cfg, engine)
 
 
 def dspark_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     """Serving problems of the DSpark parts every DSpark format shares (ids, mask, heads)."""
-    return id_problems(cfg) + head_problems(cfg, engine)
+    return id_problems(cfg, engine) + head_problems(cfg, engine)
 
 
-def backbone_problems(cfg: DSparkDraftConfig) -> list[str]:
-    """What no Qwen3-shaped serving format (DSpark or DFlash) can express for this draft."""
-    problems = id_problems(cfg)
+def backbone_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+    """What ``engine`` cannot serve in any Qwen3-shaped format (DSpark or DFlash) for this draft."""
+    problems = id_problems(cfg, engine)
     if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
         problems.append("the draft uses a Gemma-style embedding scale or logit softcap, which the "
                         "Qwen3-shaped serving format cannot express (use architecture 'gemma4')")
     return problems
 
 
-def id_problems(cfg: DSparkDraftConfig) -> list[str]:
-    """Feature ids and mask id every engine can serve as trained."""
+def id_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+    """Feature ids and mask id ``engine`` can serve as trained."""
     problems = []
-    last = cfg.num_target_layers - 1
-    bad_ids = [i for i in cfg.target_layer_ids if i < 0 or i >= last]
-    if bad_ids:
-        problems.append(
-            f"target_layer_ids {bad_ids} outside [0, {last - 1}]: vLLM serves id {last} (the last "
-            "layer) pre-norm while training saw it post-norm, and SGLang cannot capture -1")
+    lo, hi = every_engine_feature_range(cfg.num_target_layers)
+    if any(i < lo for i in cfg.target_layer_ids):
+        problems.append("target_layer_ids holds -1 (the embeddings): no cache holds it, and "
+                        "SGLang cannot capture it")
+    if engine in ("sglang", "any") and any(i > hi for i in cfg.target_layer_ids):
+        problems.append(f"target_layer_ids holds {hi + 1}, the last layer: SGLang cannot capture "
+                        "it (vLLM serves it as the layer's raw output, which the cache holds)")
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         problems.append(f"mask_token_id={cfg.mask_token_id} must be below "
                         f"vocab_size={cfg.vocab_size}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from sparkforge.shared.hidden_features import layer_feature
+from sparkforge.shared.hidden_features import layer_feature, served_hidden_states
 from sparkforge.shared.layer_ids import feature_to_hf
 from sparkforge.shared.target_families import STANDARD, TargetFamily, family_of
 from sparkforge.trainer.model import DSparkDraftModel
@@ -58,13 +58,23 @@ def target_features(
     hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int],
     family: TargetFamily = STANDARD,
 ) -> torch.Tensor:
-    """Concat the features of HF ``hidden_states[l+1]`` over the DSpark ids, in id order.
+    """Concat the features of ``hidden_states[l+1]`` over the DSpark ids, in id order.
+
+    ``hidden_states`` are the served ones (``_forward``): entry ``L`` is the last layer's raw
+    output, as vLLM serves feature ``L - 1``.
 
     Returns:
         [B, T, X]; a hyper-connection target's streams are averaged first (see ``family``).
     """
     return torch.cat([layer_feature(hidden_states[k], family) for k in feature_to_hf(layer_ids)],
                      dim=-1)
+
+
+def _forward(target: Any, ids: torch.Tensor, **kwargs: Any) -> tuple[Any, list[torch.Tensor]]:
+    """One target forward: its output and its hidden states as vLLM's aux ids hold them."""
+    with served_hidden_states(target) as served:
+        out = target(ids, output_hidden_states=True, **kwargs)
+        return out, served(out.hidden_states)
 
 
 def verify_draft(
@@ -139,10 +149,9 @@ def speculative_generate(
     # sequence each round instead of cropping the rejected tokens' K/V.
     rewindable = not getattr(target, "_is_stateful", False) and not _has_sliding_layers(target)
     res = SpecDecodeResult(tokens=[], position_accepted=[0] * k, position_trials=[0] * k)
-    out = target(ids, use_cache=rewindable, output_hidden_states=True)
+    out, states = _forward(target, ids, use_cache=rewindable)
     cache_t = out.past_key_values
-    cache_d = draft.extend_context(draft.empty_cache(),
-                                   target_features(out.hidden_states, layer_ids, family))
+    cache_d = draft.extend_context(draft.empty_cache(), target_features(states, layer_ids, family))
     x0 = int(sample_token(out.logits[0, -1], temperature, generator))
     res.tokens.append(x0)
     context = ids
@@ -157,14 +166,12 @@ def speculative_generate(
         m = _verify_length(conf_K, k, confidence_threshold)
         block = torch.cat([anchor[:, None], drafts[:, :m]], dim=1)
         if rewindable:
-            ver = target(block, past_key_values=cache_t, use_cache=True,
-                         output_hidden_states=True)
-            logits, states = ver.logits, ver.hidden_states
+            ver, states = _forward(target, block, past_key_values=cache_t, use_cache=True)
+            logits = ver.logits
         else:
-            ver = target(torch.cat([context, block], dim=1), use_cache=False,
-                         output_hidden_states=True)
+            ver, states = _forward(target, torch.cat([context, block], dim=1), use_cache=False)
             logits = ver.logits[:, -(m + 1):]
-            states = [h[:, -(m + 1):] for h in ver.hidden_states]
+            states = [h[:, -(m + 1):] for h in states]
         p = logits_to_probs(logits[0], temperature)
         q = logits_to_probs(q_logits[0, :m], temperature)
         n, nxt = verify_draft(drafts[0, :m], q, p, generator)

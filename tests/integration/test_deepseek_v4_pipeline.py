@@ -78,8 +78,12 @@ def test_v4_target_runs_every_stage(tmp_path: Path, tiny_v4_target: Path,
 @pytest.mark.slow
 def test_v4_drafter_trains_and_evaluates(tmp_path: Path, tiny_v4_target: Path,
                                          tiny_v4_cache: Path) -> None:
-    """architecture deepseek_v4 trains on the V4 cache and evaluates; export says why it can't."""
-    train = _train_config(tmp_path, tiny_v4_cache, "train", architecture="deepseek_v4")
+    """architecture deepseek_v4 trains on the V4 cache with the last layer's feature (ids
+    [1, 2, 3] of 4 layers, as V4-Flash's [40, 41, 42] of 43) and evaluates; export says why not."""
+    train = _train_config(tmp_path, tiny_v4_cache, "train", architecture="deepseek_v4",
+                          target_layer_ids=[1, 2, 3])
+    capture = json.loads((tiny_v4_cache / "manifest.json").read_text())["capture"]
+    assert capture["layer_ids"] == [1, 2, 3, 4]   # HF index 4 = L: the last layer's raw output
     assert main(["validate", str(tiny_v4_cache), "--deep", "--against", str(train)]) == 0
     assert main(["train", "--config", str(train)]) == 0
     ckpt = next((tmp_path / "train").rglob("*.ckpt"))

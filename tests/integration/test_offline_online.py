@@ -27,7 +27,7 @@ SPEC = DraftSpec(mask_token_id=3, hidden_size=128, vocab_size=1024, num_target_l
                  target_layer_ids=(0, 2), num_hidden_layers=1, block_size=4, num_anchors=8,
                  markov_rank=16)
 V4_SPEC = DraftSpec(mask_token_id=3, hidden_size=64, vocab_size=1024, num_target_layers=4,
-                    target_layer_ids=(0, 1, 2), num_hidden_layers=1, block_size=4,
+                    target_layer_ids=(0, 1, 2, 3), num_hidden_layers=1, block_size=4,
                     num_anchors=8, markov_rank=16, architecture="deepseek_v4",
                     target_model_type="deepseek_v4")
 
@@ -57,6 +57,11 @@ class _OnlineData(L.LightningDataModule):
                                                            dtype=torch.float32).eval()
         self.family = family_of(self.target.config.model_type)
         self.reader, self.batches, self.spec = reader, batches, spec
+        # Feature id L-1 is the last layer's raw output (as vLLM serves it), not HF's post-norm
+        # hidden_states[L]: read it from the layer itself.
+        self.last: list[torch.Tensor] = []
+        self.target.model.layers[-1].register_forward_hook(
+            lambda module, args, output: self.last.append(output))
 
     def target_config(self) -> dict[str, Any]:
         return self.target.config.to_dict()
@@ -70,7 +75,8 @@ class _OnlineData(L.LightningDataModule):
         ids = torch.from_numpy(cached.input_ids).long()
         with torch.no_grad():
             hs = self.target(ids[None], output_hidden_states=True, use_cache=False).hidden_states
-        feats = [layer_feature(hs[i + 1], self.family)[0] for i in self.spec.layer_ids()]
+        raw = [*hs[:-1], self.last.pop()]
+        feats = [layer_feature(raw[i + 1], self.family)[0] for i in self.spec.layer_ids()]
         return dataclasses.replace(
             cached, hidden_dtype="float32", aux_hidden=torch.stack(feats, dim=1).numpy(),
             final_hidden=hs[-1][0].numpy())
@@ -115,5 +121,6 @@ def test_cache_training_equals_live_target_training(tiny_target: Path, tmp_path:
 @pytest.mark.slow
 def test_v4_drafter_cache_training_equals_live_v4_training(tiny_v4_target: Path,
                                                            tiny_v4_cache: Path) -> None:
-    """The deepseek_v4 draft fed from a V4 cache trains as when fed by a live HF V4 forward."""
+    """The deepseek_v4 draft fed from a V4 cache trains as when fed by a live HF V4 forward,
+    the last layer's feature (id L-1, raw stream mean) included."""
     _offline_equals_online(str(tiny_v4_cache), tiny_v4_target, V4_SPEC)

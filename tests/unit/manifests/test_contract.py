@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from cache_helpers import build_cache
+from cache_helpers import SMALL_SPEC, build_cache, make_header
 
 from sparkforge.app.cli import main
 from sparkforge.manifests.contract import (
@@ -61,6 +62,33 @@ def test_v4_draft_config_expects_v4_semantics(cache: Path, tmp_path: Path) -> No
     problems = validate_cache(str(cache), against=run).problems
     assert any("target_features='hc_mean'" in p for p in problems), problems
     assert any("target_final='lm_head_input'" in p for p in problems), problems
+
+
+V4_FLASH_EXAMPLE = Path(__file__).resolve().parents[3] / "trainer/examples/deepseek_v4_flash.yaml"
+
+
+@pytest.mark.parametrize(("held", "missing"), [([41, 42, 43], None), ([40, 41, 42], 42)])
+def test_v4_flash_ids_need_the_last_layer_of_a_43_layer_cache(
+    tmp_path: Path, held: list[int], missing: int | None
+) -> None:
+    """The V4-Flash example's ids [40, 41, 42] (42 = L-1) fit a 43-layer V4 cache holding HF
+    [41, 42, 43]; one without index 43 (the last layer) is refused naming feature 42."""
+    spec = dataclasses.replace(SMALL_SPEC, num_aux_layers=3)
+    header = make_header(spec, num_hidden_layers=43, num_units=3)
+    header["target"] |= {"model_type": "deepseek_v4", "architecture": "DeepseekV4ForCausalLM",
+                         "vocab_size": 129_280}
+    header["capture"] |= {"layer_ids": held, "features": "hc_mean",
+                          "final_hidden": "lm_head_input"}
+    cache = build_cache(tmp_path / "c", spec, header=header)
+    example = contract_from_train_config(V4_FLASH_EXAMPLE)
+    assert (example.target_layer_ids, example.num_target_layers) == ((40, 41, 42), 43)
+    run = dataclasses.replace(example, hidden_size=spec.hidden_size)
+    problems = validate_cache(str(cache), against=run).problems
+    if missing is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1, problems
+        assert f"feature ids [{missing}]" in problems[0]
 
 
 def test_unknown_semantics_are_refused(tmp_path: Path) -> None:

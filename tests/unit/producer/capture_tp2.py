@@ -29,7 +29,7 @@ if __name__ == "__main__":
         tensor_parallel_size=2,
         extra={"distributed_executor_backend": "mp"},
     )
-    source = VllmSource(engine, layer_ids=(1, 3), topk=4, window=2, verify_every=1)
+    source = VllmSource(engine, layer_ids=(1, 3, 4), topk=4, window=2, verify_every=1)
     results = {r.sample_id: r for r in source.capture(requests)}
     info = source.engine_info()
     source.close()

@@ -16,7 +16,7 @@ from sparkforge.producer.source import CaptureRequest
 from sparkforge.producer.target_files import target_files
 from sparkforge.producer.target_head import load_target_head
 
-LAYER_IDS = (1, 2, 3)
+LAYER_IDS = (1, 2, 3, 4)   # HF indices of feature ids 0..3, L-1 = 3 included
 
 
 def _requests() -> list[CaptureRequest]:
@@ -63,6 +63,28 @@ def test_v4_features_are_stream_means_and_final_is_lm_head_input(tiny_v4_target:
                                    atol=1e-4, rtol=1e-5)
 
 
+def test_v4_last_layer_feature_is_the_stream_mean_before_hc_head(tiny_v4_target: Path) -> None:
+    """Feature id L-1 = mean over the streams the last layer hands to hc_head: norm(hc_head(those
+    streams)) is HF's hidden_states[L], which the feature itself is not."""
+    source = HfSource(str(tiny_v4_target), layer_ids=LAYER_IDS)
+    model = source.model
+    results = list(source.capture(_requests()))
+    seen: list[torch.Tensor] = []
+    handle = model.model.layers[-1].register_forward_hook(
+        lambda module, args, output: seen.append(output))
+    for request, result in zip(_requests(), results, strict=True):
+        with torch.no_grad():
+            out = model(torch.from_numpy(request.input_ids.astype(np.int64))[None],
+                        output_hidden_states=True, use_cache=False)
+            streams = seen.pop()
+            assert streams.dim() == 4
+            torch.testing.assert_close(model.model.norm(model.model.hc_head(streams)),
+                                       out.hidden_states[4])
+        torch.testing.assert_close(result.aux_hidden[:, 3], streams[0].mean(1))
+        assert (result.aux_hidden[:, 3] - out.hidden_states[4][0]).abs().max() > 0.1
+    handle.remove()
+
+
 def test_v4_parity_passes_against_module_hooks(tiny_v4_target: Path) -> None:
     """The HF backend agrees with a capture read from layer and lm_head hooks."""
     reference = HfSource(str(tiny_v4_target), layer_ids=LAYER_IDS)
@@ -72,7 +94,8 @@ def test_v4_parity_passes_against_module_hooks(tiny_v4_target: Path) -> None:
 
 
 @pytest.mark.parametrize(("variant", "broken"), [
-    ({"reduce": "sum"}, {"hidden_states[1]", "hidden_states[2]", "hidden_states[3]"}),
+    ({"reduce": "sum"}, {"hidden_states[1]", "hidden_states[2]", "hidden_states[3]",
+                         "hidden_states[4]"}),
     ({"final": "before_hc_head"}, {"final"}),
 ])
 def test_v4_parity_fails_on_wrong_semantics(

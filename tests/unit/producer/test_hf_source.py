@@ -1,4 +1,4 @@
-"""The transformers backend: right layers, post-norm final state, batching that changes nothing."""
+"""The transformers backend: right layers (the last one raw), post-norm final, exact batching."""
 
 from __future__ import annotations
 
@@ -46,3 +46,31 @@ def test_padded_batches_equal_single_forwards(tiny_target) -> None:
         assert a.sample_id == b.sample_id
         torch.testing.assert_close(a.aux_hidden, b.aux_hidden, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(a.final_hidden, b.final_hidden, atol=1e-5, rtol=1e-5)
+
+
+def _last_layer_output(model, ids: torch.Tensor) -> tuple[torch.Tensor, object]:
+    """The last decoder layer's raw output (a hook in this test) and the forward's output."""
+    seen: list[torch.Tensor] = []
+    handle = model.model.layers[-1].register_forward_hook(
+        lambda module, args, output: seen.append(output))
+    try:
+        with torch.no_grad():
+            out = model(ids, output_hidden_states=True, use_cache=False)
+    finally:
+        handle.remove()
+    return seen[0], out
+
+
+def test_last_layer_feature_is_the_raw_pre_norm_output(tiny_target) -> None:
+    """Feature id L-1 (HF index L) = the last layer's output before the final norm, as vLLM serves
+    it: RMSNorm of it is HF's post-norm hidden_states[L], which it is not itself."""
+    source = HfSource(str(tiny_target), layer_ids=(1, 4))
+    model = source.model
+    for request, result in zip(_requests(), source.capture(_requests()), strict=True):
+        ids = torch.from_numpy(request.input_ids.astype(np.int64))[None]
+        raw, out = _last_layer_output(model, ids)
+        torch.testing.assert_close(result.aux_hidden[:, 1], raw[0])
+        post_norm = out.hidden_states[4][0]
+        torch.testing.assert_close(model.model.norm(result.aux_hidden[:, 1]), post_norm)
+        assert (result.aux_hidden[:, 1] - post_norm).abs().max() > 0.1
+        torch.testing.assert_close(result.final_hidden, post_norm)

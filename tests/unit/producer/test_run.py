@@ -190,9 +190,9 @@ def test_eval_ids_mark_the_listed_rows(tiny_target: Path, source, tmp_path: Path
 
 
 def test_layer_ids_outside_the_target_name_the_flag(tiny_target: Path, tmp_path: Path) -> None:
-    """Feature ids beyond [0, L-2] of the actual target are refused naming --layer_ids."""
+    """Feature ids beyond [0, L-1] of the actual target are refused naming --layer_ids."""
     data = write_jsonl(tmp_path / "d.jsonl", chat_rows(1))
-    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), layer_ids=[0, 3])
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), layer_ids=[0, 4])
     with pytest.raises(ValueError, match="--layer_ids"):
         run(cfg, source=None)
     assert not (tmp_path / "cache").exists()

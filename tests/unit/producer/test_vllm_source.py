@@ -17,7 +17,7 @@ from sparkforge.producer.source import CaptureRequest
 from sparkforge.shared.header import CaptureInfo, parse_capture
 
 pytestmark = pytest.mark.slow
-LAYER_IDS = (1, 3)
+LAYER_IDS = (1, 3, 4)   # 4 = L: feature id L-1, the last layer's raw output
 TOPK = 4
 LENGTHS = (150, 90, 7, 120, 33)
 
@@ -33,10 +33,17 @@ def requests_() -> list[CaptureRequest]:
 
 @pytest.fixture(scope="module")
 def hf_reference(tiny_target: Path, requests_) -> dict[int, dict[str, torch.Tensor]]:
-    """Plain transformers forward, computed before vLLM changes torch threads (pitfall 9)."""
+    """Plain transformers forward, computed before vLLM changes torch threads (pitfall 9).
+
+    ``hidden_states[L]`` is replaced by the last layer's raw output (a hook), what vLLM's aux id
+    ``L`` holds; HF's post-norm entry is kept as ``final``.
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+    last: list[torch.Tensor] = []
+    handle = model.model.layers[-1].register_forward_hook(
+        lambda module, args, output: last.append(output))
     refs = {}
     with torch.no_grad():
         for r in requests_:
@@ -44,9 +51,11 @@ def hf_reference(tiny_target: Path, requests_) -> dict[int, dict[str, torch.Tens
                 torch.from_numpy(r.input_ids.astype(np.int64))[None], output_hidden_states=True
             )
             refs[r.sample_id] = {
-                "hidden_states": torch.stack(out.hidden_states)[:, 0],
+                "hidden_states": torch.stack([*out.hidden_states[:-1], last.pop()])[:, 0],
+                "final": out.hidden_states[-1][0],
                 "logprobs": torch.log_softmax(out.logits[0], -1),
             }
+    handle.remove()
     return refs
 
 
@@ -99,7 +108,8 @@ def captured(source, requests_):
 
 
 def test_aux_and_final_match_transformers(captured, hf_reference, requests_) -> None:
-    """aux = HF hidden_states[k] and final = post-norm HF hidden_states[L], chunked prompts too."""
+    """aux = HF hidden_states[k] (k = L: the raw last layer) and final = post-norm HF
+    hidden_states[L], chunked prompts too."""
     results, _ = captured
     assert sorted(results) == sorted(r.sample_id for r in requests_)
     for sample_id, result in results.items():
@@ -109,7 +119,8 @@ def test_aux_and_final_match_transformers(captured, hf_reference, requests_) -> 
         torch.testing.assert_close(
             result.aux_hidden, ref[list(LAYER_IDS)].transpose(0, 1), atol=5e-5, rtol=1e-5
         )
-        torch.testing.assert_close(result.final_hidden, ref[4], atol=5e-5, rtol=1e-5)
+        torch.testing.assert_close(result.final_hidden, hf_reference[sample_id]["final"],
+                                   atol=5e-5, rtol=1e-5)
 
 
 def test_topk_rows_predict_the_next_token(captured, hf_reference) -> None:
@@ -146,7 +157,7 @@ def test_too_long_request_fails_alone(source) -> None:
     long = CaptureRequest(sample_id=2, input_ids=np.full(300, 5, dtype=np.int32))
     results = {r.sample_id: r for r in source.capture([long, ok])}
     assert results[1].error is None
-    assert results[1].aux_hidden.shape == (36, 2, 128)
+    assert results[1].aux_hidden.shape == (36, 3, 128)
     assert "engine refused" in results[2].error
     assert results[2].aux_hidden is None
 
@@ -156,13 +167,13 @@ def test_engine_info_names_ids_and_sizes(source) -> None:
     info = source.engine_info()
     assert info["engine"] == "vllm"
     assert info["engine_version"].startswith("0.")
-    assert info["layer_ids"] == [1, 3]
+    assert info["layer_ids"] == [1, 3, 4]
     assert info["vllm_aux_ids"] == [1, 3, 4]
     assert info["dtype"] == "float32"
     assert info["tensor_parallel_size"] == 1
     capture_keys = set(CaptureInfo.__dataclass_fields__) - {"max_seq_len"}
     parsed = parse_capture({k: info[k] for k in capture_keys} | {"max_seq_len": 256})
-    assert parsed.layer_ids == (1, 3)
+    assert parsed.layer_ids == (1, 3, 4)
 
 
 def test_parity_against_hf_backend_passes_in_fp32(source, hf_source, requests_) -> None:
@@ -172,7 +183,8 @@ def test_parity_against_hf_backend_passes_in_fp32(source, hf_source, requests_) 
     report = run_parity(source, hf_source, requests_[:3])
     print(report.table())
     assert report.passed
-    assert [p.name for p in report.layers] == ["hidden_states[1]", "hidden_states[3]", "final"]
+    assert [p.name for p in report.layers] == ["hidden_states[1]", "hidden_states[3]",
+                                               "hidden_states[4]", "final"]
     assert all(p.rel < 1e-5 and p.max_abs < 5e-5 for p in report.layers)
     assert report.top1_agreement == 1.0
     assert report.kl_topk < 1e-7
@@ -187,14 +199,14 @@ def test_parity_flags_a_shifted_layer(source, tiny_target, requests_) -> None:
     with pytest.raises(ValueError, match="layer_ids differ"):
         run_parity(source, HfSource(str(tiny_target), layer_ids=(2, 3)), requests_[:1])
     report = run_parity(
-        source, _Mislabelled(HfSource(str(tiny_target), layer_ids=(2, 3))), requests_[:1]
+        source, _Mislabelled(HfSource(str(tiny_target), layer_ids=(2, 3, 4))), requests_[:1]
     )
     assert not report.passed
     assert report.layers[0].rel > 0.1
 
 
 class _Mislabelled:
-    """A reference that claims ids (1, 3) but captures (2, 3): the classic off-by-one."""
+    """A reference that claims ids (1, 3, 4) but captures (2, 3, 4): the classic off-by-one."""
 
     layer_ids = LAYER_IDS
 

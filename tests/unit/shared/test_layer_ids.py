@@ -45,32 +45,40 @@ def test_feature_and_hf_ids_differ_by_one() -> None:
 
 
 def test_vllm_aux_ids_add_the_final_layer_sorted() -> None:
-    """The engine is asked for the captured ids plus L (pre-norm final), ascending."""
+    """The engine is asked for the captured ids plus L (pre-norm final), ascending, once."""
     assert vllm_aux_ids([1, 9, 17], 36) == (1, 9, 17, 36)
+    assert vllm_aux_ids([9, 36], 36) == (9, 36)
+
+
+def test_last_layer_is_a_portable_feature() -> None:
+    """Feature id L-1 (HF index L, the last layer's raw output) is captured; V4-Flash's ids pass."""
+    assert check_feature_ids([40, 41, 42], 43) == (40, 41, 42)
+    assert check_hf_ids([41, 42, 43], 43) == (41, 42, 43)
+    assert feature_to_hf(check_feature_ids([40, 41, 42], 43)) == (41, 42, 43)
 
 
 @pytest.mark.parametrize(
     ("ids", "match"),
     [
         ([], "empty"),
-        ([0, 35], r"outside \[0, 34\]"),
+        ([0, 36], r"outside \[0, 35\]"),
         ([-1, 3], "outside"),
         ([3, 3], "strictly increasing"),
         ([5, 2], "strictly increasing"),
     ],
 )
 def test_bad_feature_ids_are_rejected(ids, match) -> None:
-    """Feature ids must be non-empty, strictly increasing and in [0, L-2]."""
+    """Feature ids must be non-empty, strictly increasing and in [0, L-1]."""
     with pytest.raises(LayerIdError, match=match):
         check_feature_ids(ids, 36)
 
 
 def test_bad_hf_ids_name_the_hf_range() -> None:
-    """Captured HF indices outside [1, L-1] are rejected with the HF range in the message."""
-    with pytest.raises(LayerIdError, match=r"allowed \[1, 35\]"):
+    """Captured HF indices outside [1, L] are rejected with the HF range in the message."""
+    with pytest.raises(LayerIdError, match=r"allowed \[1, 36\]"):
         check_hf_ids([0, 4], 36)
     with pytest.raises(LayerIdError, match="outside"):
-        check_hf_ids([36], 36)
+        check_hf_ids([37], 36)
 
 
 def test_feature_positions_index_the_captured_layers() -> None:
@@ -88,7 +96,7 @@ def test_feature_positions_index_the_captured_layers() -> None:
     (4, 1, 0, (0, 1, 2)), (4, 2, 0, (0, 2)), (4, 1, 1, (1, 2)), (8, 3, 2, (2, 5))])
 def test_stride_rule_takes_every_kth_portable_id(num_layers: int, stride: int, start: int,
                                                  expected: tuple[int, ...]) -> None:
-    """layer_stride k: start, start + k, ... up to L - 2 (the last portable feature)."""
+    """layer_stride k: start, start + k, ... up to L - 2 (the last id every engine serves)."""
     ids = strided_feature_ids(num_layers, stride, start=start)
     assert ids == expected
     assert ids == tuple(i for i in range(num_layers - 1)
@@ -104,7 +112,7 @@ def test_stride_rule_covers_the_default_draft_ids() -> None:
 
 @pytest.mark.parametrize(("stride", "start", "match"), [
     (0, 1, "layer_stride must be >= 1, got 0"), (1, 3, "must be non-empty"),
-    (1, -1, r"ids \[-1\] are outside \[0, 2\]")])
+    (1, -1, r"ids \[-1\] are outside \[0, 3\]")])
 def test_stride_rule_refuses_bad_input(stride: int, start: int, match: str) -> None:
     """A stride < 1 or a start outside the portable range is refused by the one range rule."""
     with pytest.raises(LayerIdError, match=match):

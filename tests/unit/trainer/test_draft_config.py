@@ -116,12 +116,14 @@ def test_all_problems_reported_together() -> None:
     assert "markov_rank" in str(err.value)
 
 
-@pytest.mark.parametrize("ids", [(-1, 3), (2, 7)])
-def test_edge_layer_ids_warn(ids: tuple[int, ...], caplog: pytest.LogCaptureFixture) -> None:
-    """Ids -1 and L-1 are accepted with a warning (engines disagree on them)."""
+@pytest.mark.parametrize(("ids", "warned"), [((-1, 3), True), ((2, 7), False)])
+def test_only_the_embedding_id_warns(ids: tuple[int, ...], warned: bool,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Id -1 is accepted with a warning (no cache holds it); the last layer L-1 is a plain id."""
     with caplog.at_level(logging.WARNING):
-        from_target_config(_qwen3(), mask_token_id=1, target_layer_ids=ids)
-    assert "keep ids in [0, 6]" in caplog.text
+        cfg = from_target_config(_qwen3(), mask_token_id=1, target_layer_ids=ids)
+    assert cfg.target_layer_ids == ids
+    assert ("keep ids in [0, 7]" in caplog.text) is warned
 
 
 def test_json_round_trip(tmp_path: Path) -> None:

@@ -93,7 +93,9 @@ def test_exported_layout_is_the_serving_format(tmp_path: Path) -> None:
     ({"markov_head_type": "gated"}, "vllm", "vanilla Markov head"),
     ({"markov_head_type": "rnn"}, "any", "vanilla Markov head"),
     ({"markov_rank": 0, "confidence_head_with_markov": False}, "vllm", "rank-0"),
-    ({"target_layer_ids": (0, 3)}, "any", "last layer"),
+    ({"target_layer_ids": (0, 3)}, "any", "3, the last layer: SGLang cannot capture it"),
+    ({"target_layer_ids": (0, 3)}, "sglang", "3, the last layer: SGLang cannot capture it"),
+    ({"target_layer_ids": (-1, 2)}, "vllm", "-1 \\(the embeddings\\)"),
     ({"enable_confidence_head": False}, "sglang", "SGLang"),
     ({"final_logit_softcapping": 30.0}, "any", "softcap"),
 ])
@@ -105,6 +107,14 @@ def test_unservable_drafts_are_refused(tmp_path: Path, change: dict, engine: str
     with pytest.raises(ExportError, match=reason):
         export_draft(cfg, model.state_dict(), tmp_path / "d", engine=engine)  # type: ignore[arg-type]
     assert not (tmp_path / "d").exists()
+
+
+def test_last_layer_feature_exports_for_vllm(tmp_path: Path) -> None:
+    """vLLM serves feature id L-1 as the last layer's raw output, what the cache holds: exported."""
+    cfg = dataclasses.replace(draft_tiny(), target_layer_ids=(0, 3))
+    assert cfg.num_target_layers == 4
+    export_draft(cfg, DSparkDraftModel(cfg).state_dict(), tmp_path / "d", engine="vllm")
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["target_layer_ids"] == [0, 3]
 
 
 def test_gated_head_exports_for_sglang_only(tmp_path: Path) -> None:

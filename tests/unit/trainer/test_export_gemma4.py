@@ -90,7 +90,7 @@ def test_export_reloads_with_identical_logits(tmp_path: Path) -> None:
     ({}, "any", "SGLang has no Gemma4 DSpark loader"),
     ({"embedding_scale": 1.0}, "vllm", r"sqrt\(hidden_size\)"),
     ({"markov_rank": 0, "confidence_head_with_markov": False}, "vllm", "rank-0"),
-    ({"target_layer_ids": (0, 3)}, "vllm", "last layer"),
+    ({"target_layer_ids": (-1, 1)}, "vllm", "-1 \\(the embeddings\\)"),
 ])
 def test_unservable_gemma4_drafts_are_refused(tmp_path: Path, change: dict, engine: str,
                                               reason: str) -> None:
