@@ -54,7 +54,7 @@ def test_lost_shard_object_is_detected(cache: Path) -> None:
                                              f"aux_hidden.1/c/{slot}/0 is missing"):
         reader.read_unit(0)
     sample = reader.units()[0].samples[0].sample_id
-    with pytest.raises(CacheDataError, match="aux_hidden\.1/c/.* is missing"):
+    with pytest.raises(CacheDataError, match=r"aux_hidden\.1/c/.* is missing"):
         reader.read_sample(sample)
 
 
