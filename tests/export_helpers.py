@@ -15,12 +15,7 @@ LOAD_SCRIPT = Path(__file__).parent / "integration" / "vllm_dspark_load.py"
 def load_in_vllm(target: Path, draft: Path, *, method: str = "dspark",
                  timeout: int = 600) -> dict[str, Any]:
     """Run ``vllm_dspark_load.py TARGET DRAFT METHOD`` and return its ``RESULT`` JSON account."""
-    out = subprocess.run([sys.executable, "-P", str(LOAD_SCRIPT), str(target), str(draft), method],
-                         capture_output=True, text=True, timeout=timeout, check=False)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line is not None, out.stderr[-3000:]
-    result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
-    return result
+    return _script_result(LOAD_SCRIPT, [target, draft, method], timeout)
 
 
 RESOLVE_SCRIPT = Path(__file__).parent / "integration" / "vllm_draft_resolve.py"
@@ -28,10 +23,24 @@ RESOLVE_SCRIPT = Path(__file__).parent / "integration" / "vllm_draft_resolve.py"
 
 def resolve_in_vllm(target: Path, drafts: list[Path], *, timeout: int = 600) -> dict[str, Any]:
     """Run ``vllm_draft_resolve.py TARGET DRAFT...``: per draft, vLLM's model type and class."""
-    out = subprocess.run([sys.executable, "-P", str(RESOLVE_SCRIPT), str(target),
-                          *map(str, drafts)],
+    return _script_result(RESOLVE_SCRIPT, [target, *drafts], timeout)
+
+
+def _script_result(script: Path, args: list[Any], timeout: int) -> dict[str, Any]:
+    """Run ``script`` in a fresh interpreter; its ``RESULT {json}`` stdout line, parsed."""
+    out = subprocess.run([sys.executable, "-P", str(script), *map(str, args)],
                          capture_output=True, text=True, timeout=timeout, check=False)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, out.stderr[-3000:]
     result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
     return result
+
+
+def eval_report(draft: Path, target: Path, cache: Path | str, out_dir: Path) -> dict[str, Any]:
+    """``sparkforge eval`` of a draft on 2 held-out prompts x 8 tokens; its ``eval_report.json``."""
+    from sparkforge.app.cli import main
+
+    assert main(["eval", "--draft", str(draft), "--target", str(target), "--cache", str(cache),
+                 "--out_dir", str(out_dir), "--num_prompts", "2", "--max_new_tokens", "8"]) == 0
+    report: dict[str, Any] = json.loads((out_dir / "eval_report.json").read_text())
+    return report

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from export_helpers import load_in_vllm
+from export_helpers import eval_report, load_in_vllm
 
 from sparkforge.app.cli import main
 
@@ -66,11 +66,7 @@ def test_v4_target_runs_every_stage(tmp_path: Path, tiny_v4_target: Path,
     assert res["params_not_equal"] == []
     assert res["tensors_not_loaded"] == []
 
-    report_dir = tmp_path / "eval"
-    assert main(["eval", "--draft", str(draft), "--target", str(tiny_v4_target),
-                 "--cache", str(cache), "--out_dir", str(report_dir), "--num_prompts", "2",
-                 "--max_new_tokens", "8"]) == 0
-    report = json.loads((report_dir / "eval_report.json").read_text())
+    report = eval_report(draft, tiny_v4_target, cache, tmp_path / "eval")
     assert report["speculative"]["tau"] >= 1.0
     assert report["teacher_forced"]["metrics"]["tau"] >= 1.0
 
@@ -95,10 +91,6 @@ def test_v4_drafter_trains_and_evaluates(tmp_path: Path, tiny_v4_target: Path,
     assert main(["export", str(ckpt), str(tmp_path / "draft"), "--engine", "vllm"]) == 1
     assert not (tmp_path / "draft").exists()
 
-    report_dir = tmp_path / "eval"
-    assert main(["eval", "--draft", str(ckpt), "--target", str(tiny_v4_target),
-                 "--cache", str(tiny_v4_cache), "--out_dir", str(report_dir),
-                 "--num_prompts", "2", "--max_new_tokens", "8"]) == 0
-    report = json.loads((report_dir / "eval_report.json").read_text())
+    report = eval_report(ckpt, tiny_v4_target, tiny_v4_cache, tmp_path / "eval")
     assert report["speculative"]["tau"] >= 1.0
     assert report["teacher_forced"]["metrics"]["tau"] >= 1.0

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from export_helpers import eval_report
 from tiny_families import COMPOSITES
 
 from sparkforge.app.cli import main
@@ -90,10 +91,6 @@ def test_family_runs_every_stage(model_type: str, tmp_path: Path,
     assert main(["export", str(ckpt), str(draft), "--engine", "vllm"]) == 0
     config = json.loads((draft / "config.json").read_text())
     assert (config["model_type"], config["architectures"]) == ("qwen3", ["Qwen3DSparkModel"])
-    report_dir = tmp_path / "eval"
-    assert main(["eval", "--draft", str(draft), "--target", str(target), "--cache", str(cache),
-                 "--out_dir", str(report_dir), "--num_prompts", "2",
-                 "--max_new_tokens", "8"]) == 0
-    report = json.loads((report_dir / "eval_report.json").read_text())
+    report = eval_report(draft, target, cache, tmp_path / "eval")
     assert report["speculative"]["tau"] >= 1.0
     assert report["teacher_forced"]["metrics"]["tau"] >= 1.0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from export_helpers import load_in_vllm
+from export_helpers import eval_report, load_in_vllm
 
 from sparkforge.app.cli import main
 
@@ -71,10 +71,6 @@ def test_gemma4_target_trains_a_gemma4_draft_that_vllm_loads(
     # vLLM 0.32 passes the Markov bias through the softcapped logits processor.
     assert res["markov_bias_vs_softcapped"] < 1e-3
 
-    report_dir = tmp_path / "eval"
-    assert main(["eval", "--draft", str(draft), "--target", str(target), "--cache", str(cache),
-                 "--out_dir", str(report_dir), "--num_prompts", "2",
-                 "--max_new_tokens", "8"]) == 0
-    report = json.loads((report_dir / "eval_report.json").read_text())
+    report = eval_report(draft, target, cache, tmp_path / "eval")
     assert report["speculative"]["tau"] >= 1.0
     assert report["teacher_forced"]["metrics"]["tau"] >= 1.0
