@@ -3,7 +3,8 @@
 Tiny random targets of each family (``tiny_families``); the draft is the Qwen3-shaped DSpark draft
 for all of them. The vLLM CPU build (0.32) starts Qwen3-MoE, so it is captured by vLLM with
 ``enable_expert_parallel`` passed through; it does not start GLM-5 (``glm_moe_dsa``), Kimi-K3
-(``kimi_linear``) or MiniMax-M3 VL, which the HF backend captures. The MiniMax-M3 VL case runs the
+(``kimi_linear``) or MiniMax-M3 VL (``test_vllm_cpu_refusals.py`` records why), which the HF
+backend captures. The MiniMax-M3 VL case runs the
 multimodal top level on text-only rows; rows with an image part are counted as ``image_content``
 skips.
 """
