@@ -30,8 +30,8 @@ WRITER_MB_S_PER_CORE: Final = 165.0
 """Raw hidden-state MB one writer core compresses and writes per CPU second through zarr (Blosc
 zstd-1 + byte shuffle, bf16, local disk, crc32c included), measured by benchmarks/bench_writer.py
 on a 2-vCPU x86_64 host: 230-323 MB per CPU-s idle, 140-223 when shared with other jobs; the figure
-is the loaded one, so the cores it asks for keep up on a busy inference node. fp8 codes are assumed to cost the same per
-stored byte."""
+is the loaded one, so the cores it asks for keep up on a busy inference node. fp8 codes are
+assumed to cost the same per stored byte."""
 FIXED_OBJECTS: Final = 4
 """zarr.json of the group, _meta/header.json, index.parquet, manifest.json (plus target files)."""
 
