@@ -87,7 +87,8 @@ class DraftSpec:
     """A: blocks sampled per sequence per step."""
     architecture: str | None = None
     """The draft's layer stack: ``qwen3`` (every engine loads it, any target), ``deepseek_v4`` (a
-    DeepSeek-V4 target's attention; export refused for now) or ``dflash`` (the DFlash draft);
+    DeepSeek-V4 target's attention; export refused for now), ``gemma4`` / ``kimi_k3`` (the
+    drafts vLLM's Gemma4 / Kimi-K3 DSpark classes load) or ``dflash`` (the DFlash draft);
     None: the recipe's (dspark: qwen3)."""
     markov_rank: int | None = None
     """r: rank of the Markov bigram bias; 0 disables the head. None: the recipe's (dspark 256,
