@@ -5,10 +5,10 @@ for all of them. The vLLM CPU build (0.32) starts Qwen3-MoE, so it is captured b
 ``enable_expert_parallel`` passed through, and Qwen3-Next (in bf16, which its CPU Gated DeltaNet
 kernel requires, with 64-wide linear-attention heads) with the lm_head-input plugin giving the
 final state, since its final norm scales by ``1 + w``; both pass ``parity`` first. It does not
-start GLM-5 (``glm_moe_dsa``), Kimi-K3 (``kimi_linear``) or MiniMax-M3 VL, which the HF backend
-captures. The MiniMax-M3 VL case runs the
-multimodal top level on text-only rows; rows with an image part are counted as ``image_content``
-skips.
+start GLM-5 (``glm_moe_dsa``), Kimi-K3 (``kimi_linear``) or MiniMax-M3 VL
+(``test_vllm_cpu_refusals.py`` records why), which the HF backend captures. The MiniMax-M3 VL case
+runs the multimodal top level on text-only rows; rows with an image part are counted as
+``image_content`` skips.
 """
 
 from __future__ import annotations
