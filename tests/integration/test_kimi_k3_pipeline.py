@@ -1,11 +1,12 @@
-"""A tiny Kimi-K3 text target goes produce -> validate -> train -> export -> vLLM load -> eval.
+"""Kimi-K3 and Qwen3-MoE targets go produce -> validate -> train -> export -> vLLM load -> eval.
 
-The target is a tiny ``kimi_linear`` (K3's text model; the HF backend captures it, the vLLM CPU
-build does not start it). From one cache, two drafts: the MLA DSpark draft (``architecture:
-kimi_k3``) in the format vLLM's ``K3DSparkForCausalLM`` loads, and the DFlash recipe's draft in
-the format ``DFlashQwen3ForCausalLM`` loads. Each is built by vLLM on CPU from the exported
-directory and compared parameter by parameter with the exported tensors (the loaders ignore
-unknown keys and never report missing ones), then evaluated.
+The targets are a tiny ``kimi_linear`` (K3's text model; the HF backend captures it, the vLLM CPU
+build does not start it) and a tiny ``qwen3_moe``, both captured by the HF backend. From the Kimi
+cache, the MLA DSpark draft (``architecture: kimi_k3``) in the format vLLM's
+``K3DSparkForCausalLM`` loads; from each cache, the DFlash recipe's draft (whose recipes name
+these targets besides dense Qwen3) in the format ``DFlashQwen3ForCausalLM`` loads. Each is
+built by vLLM on CPU from the exported directory and compared parameter by parameter with the
+exported tensors (the loaders ignore unknown keys and never report missing ones), then evaluated.
 """
 
 from __future__ import annotations
@@ -27,25 +28,41 @@ PRODUCER = {"backend": "hf", "layer_ids": [0, 1, 2], "hidden_dtype": "float32",
 TARGET_FACING = {"mask_token_id": 3, "hidden_size": 64, "vocab_size": 1024,
                  "num_target_layers": 4, "target_layer_ids": [0, 1, 2], "block_size": 4,
                  "num_anchors": 8, "target_model_type": "kimi_linear"}
+HIDDEN_SIZE = {"kimi_linear": 64, "qwen3_moe": 128}  # of the tiny_families targets
 # Kimi-Linear has no query bottleneck; vLLM's K3 draft needs one, so the run sets its width.
 K3_DRAFT = {**TARGET_FACING, "num_hidden_layers": 2, "markov_rank": 16,
             "architecture": "kimi_k3", "overrides": {"q_lora_rank": 32}}
 
 
 @pytest.fixture(scope="module")
-def kimi(tiny_family: Callable[[str], Path],
-         tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The tiny Kimi target and its HF-captured cache (16 chat rows, feature ids [0, 1, 2])."""
+def captured(tiny_family: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+             ) -> Callable[[str], tuple[Path, Path]]:
+    """``captured(model_type)``: a tiny target and its HF-captured cache (16 chat rows, feature
+    ids [0, 1, 2]), built once per module."""
     from sparkforge.app.tiny_target import demo_conversations
 
-    target, out = tiny_family("kimi_linear"), tmp_path_factory.mktemp("kimi_cache")
-    rows = out / "chat.jsonl"
-    rows.write_text("".join(json.dumps(r) + "\n" for r in demo_conversations(16)))
-    producer = out / "producer.yaml"
-    producer.write_text(yaml.safe_dump({**PRODUCER, "data": str(rows), "output": str(out / "c"),
-                                        "engine": {"model": str(target), "dtype": "float32"}}))
-    assert main(["produce", "--config", str(producer)]) == 0
-    return target, out / "c"
+    built: dict[str, tuple[Path, Path]] = {}
+
+    def build(model_type: str) -> tuple[Path, Path]:
+        if model_type not in built:
+            target, out = tiny_family(model_type), tmp_path_factory.mktemp(f"{model_type}_cache")
+            rows = out / "chat.jsonl"
+            rows.write_text("".join(json.dumps(r) + "\n" for r in demo_conversations(16)))
+            producer = out / "producer.yaml"
+            producer.write_text(yaml.safe_dump({
+                **PRODUCER, "data": str(rows), "output": str(out / "c"),
+                "engine": {"model": str(target), "dtype": "float32"}}))
+            assert main(["produce", "--config", str(producer)]) == 0
+            built[model_type] = target, out / "c"
+        return built[model_type]
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def kimi(captured: Callable[[str], tuple[Path, Path]]) -> tuple[Path, Path]:
+    """The tiny Kimi target and its cache."""
+    return captured("kimi_linear")
 
 
 def _train(out: Path, cache: Path, model: dict[str, Any]) -> Path:
@@ -97,12 +114,16 @@ def test_kimi_target_trains_a_k3_draft_that_vllm_loads(
 
 
 @pytest.mark.slow
-def test_kimi_target_trains_a_dflash_draft_that_vllm_loads(
-        kimi: tuple[Path, Path], tmp_path: Path) -> None:
-    """The DFlash recipe trains from the Kimi cache; vLLM's DFlash class loads every tensor."""
-    target, cache = kimi
+@pytest.mark.parametrize("model_type", ["kimi_linear", "qwen3_moe"])
+def test_family_cache_trains_a_dflash_draft_that_vllm_loads(
+        model_type: str, captured: Callable[[str], tuple[Path, Path]], tmp_path: Path) -> None:
+    """The DFlash recipe trains from a Kimi or Qwen3-MoE cache; vLLM's DFlash class loads every
+    tensor."""
+    target, cache = captured(model_type)
+    facing = {**TARGET_FACING, "hidden_size": HIDDEN_SIZE[model_type],
+              "target_model_type": model_type}
     ckpt = _train(tmp_path, cache, {"recipe": "dflash",
-                                    "draft": {**TARGET_FACING, "num_hidden_layers": 1}})
+                                    "draft": {**facing, "num_hidden_layers": 1}})
     draft = tmp_path / "draft"
     assert main(["export", str(ckpt), str(draft), "--engine", "vllm"]) == 0
     config = json.loads((draft / "config.json").read_text())
