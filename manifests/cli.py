@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -22,6 +22,7 @@ from sparkforge.manifests.contract import RunContract
 from sparkforge.manifests.finalize import finalize_run
 from sparkforge.manifests.no_samples import require_samples
 from sparkforge.manifests.objects import CacheNotFoundError
+from sparkforge.manifests.open import cache_target_config
 from sparkforge.manifests.plan import plan_cache, plan_table, target_shape_from_config
 from sparkforge.manifests.status import DEFAULT_WINDOW_S, StatusReader, status_table
 from sparkforge.manifests.summary import summarize_cache, summary_table
@@ -173,10 +174,18 @@ def _storage_options(text: str) -> dict[str, Any]:
     return options
 
 
-def run_validate(cfg: ValidateConfig, run: RunContract | None = None) -> int:
-    """Validate the cache (against ``run``, the contract of ``cfg.against``); 1 if invalid."""
-    report = validate_cache(cfg.cache, deep=cfg.deep, against=run,
-                            storage_options=_storage_options(cfg.storage_options), progress=True)
+ContractBuilder = Callable[[Mapping[str, Any] | None], RunContract]
+"""Builds the contract of ``--against`` from the cache's target ``config.json`` (None when
+unreadable), as ``train`` builds it."""
+
+
+def run_validate(cfg: ValidateConfig, contract: ContractBuilder | None = None) -> int:
+    """Validate the cache (against the run ``contract`` builds for ``cfg.against``); 1 if
+    invalid."""
+    options = _storage_options(cfg.storage_options)
+    run = None if contract is None else contract(cache_target_config(cfg.cache, options))
+    report = validate_cache(cfg.cache, deep=cfg.deep, against=run, storage_options=options,
+                            progress=True)
     report.against = cfg.against
     against = f", against {cfg.against}" if cfg.against else ""
     if cfg.json:

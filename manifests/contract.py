@@ -1,7 +1,9 @@
 """The training contract: does a cache's manifest fit a training run? Every mismatch named.
 
 This is the single check shared by ``sparkforge validate --against`` and the trainer's pre-flight
-check; the trainer alone builds the contract (``sparkforge.trainer.run_config``). Each problem is
+check; the trainer alone builds the contract (``DraftSpec.contract`` in
+``sparkforge.trainer.run_config``), in both cases from the train config and the cache's target
+``config.json``. Each problem is
 one line naming the run field and the manifest field with both values, so one failed launch shows
 everything to fix.
 """
@@ -45,8 +47,8 @@ class RunContract:
     final_hidden: FinalSemantics = "post_norm"
     """What the draft expects the final state to be (``lm_head_input`` for DeepSeek-V4)."""
     scaling: TargetScaling | None = None
-    """The embedding scale and logit softcap the draft applies (they must be the target's);
-    None: not checked."""
+    """The embedding scale and logit softcap the draft applies (they must be the ones the
+    capture recorded); None: not checked (no target config to build the draft from)."""
     need_eval_split: bool = False
 
 

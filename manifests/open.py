@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,8 +15,11 @@ from sparkforge.shared import storage
 from sparkforge.shared.commit import SampleRow, UnitInfo, parse_commit_bytes
 from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.layer_ids import feature_positions
-from sparkforge.shared.layout import MANIFEST_KEY, CacheSpec, commit_key
+from sparkforge.shared.layout import MANIFEST_KEY, TARGET_PREFIX, CacheSpec, commit_key
 from sparkforge.shared.reader import CacheReader
+from sparkforge.shared.target_config import parse_target_config
+
+logger = logging.getLogger(__name__)
 
 
 class IndexMismatchError(ManifestError):
@@ -40,6 +44,20 @@ def read_manifest(loc: storage.Location) -> CacheManifest:
     if not manifest.complete:
         raise CacheIncompleteError(f"{loc.uri}: manifest says complete=false; refusing to read")
     return manifest
+
+
+def cache_target_config(uri: str,
+                        storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The target ``config.json`` stored in the cache (the one ``train`` builds its draft from);
+    None, with a warning, when it cannot be read."""
+    key = f"{TARGET_PREFIX}/config.json"
+    try:
+        loc = storage.open_location(uri, storage_options)
+        return dict(parse_target_config(storage.read_bytes(loc, key), f"{uri}/{key}").raw)
+    except (OSError, ValueError) as exc:
+        logger.warning("%s/%s unreadable (%s): the draft's embedding scale and logit softcap "
+                       "are not checked", uri, key, exc)
+        return None
 
 
 def read_index(loc: storage.Location, manifest: CacheManifest) -> pa.Table:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sparkforge.shared import fields as f
 
@@ -17,6 +17,8 @@ class LayerParityInfo:
     name: str
     max_abs: float
     rel: float
+    dtype_noise: float | None = field(default=None, metadata={"optional_in_json": True})
+    """The reference's own relative error in the engine's reduced dtype (absent: not measured)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,10 +54,14 @@ def parse_parity(data: object, field: str = "parity") -> ParityInfo:
     layers = []
     for i, item in enumerate(f.array(d["layers"], f"{field}.layers", max_len=MAX_PARITY_LAYERS)):
         where = f"{field}.layers[{i}]"
-        layer = f.obj(item, where, required=frozenset({"name", "max_abs", "rel"}))
-        layers.append(LayerParityInfo(name=f.string(layer["name"], f"{where}.name", max_len=64),
-                                      max_abs=error_metric(layer["max_abs"], f"{where}.max_abs"),
-                                      rel=error_metric(layer["rel"], f"{where}.rel")))
+        layer = f.obj(item, where, required=frozenset({"name", "max_abs", "rel"}),
+                      optional=frozenset({"dtype_noise"}))
+        noise = layer.get("dtype_noise")
+        layers.append(LayerParityInfo(
+            name=f.string(layer["name"], f"{where}.name", max_len=64),
+            max_abs=error_metric(layer["max_abs"], f"{where}.max_abs"),
+            rel=error_metric(layer["rel"], f"{where}.rel"),
+            dtype_noise=None if noise is None else error_metric(noise, f"{where}.dtype_noise")))
     return ParityInfo(
         num_samples=f.integer(d["num_samples"], f"{field}.num_samples", lo=1),
         num_tokens=f.integer(d["num_tokens"], f"{field}.num_tokens"),

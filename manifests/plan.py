@@ -29,9 +29,9 @@ SMALL_ARRAY_RATIO: Final[dict[str, float]] = {"input_ids": 3.4, "loss_mask": 100
 WRITER_MB_S_PER_CORE: Final = 165.0
 """Raw hidden-state MB one writer core compresses and writes per CPU second through zarr (Blosc
 zstd-1 + byte shuffle, bf16, local disk, crc32c included), measured by benchmarks/bench_writer.py
-on a shared 2-vCPU x86_64 host: 193-223 MB per CPU-s with 1 writer thread, 140-221 with 2 (threads
-contend there); the figure sits inside both ranges. fp8 codes are assumed to cost the same per
-stored byte."""
+on a 2-vCPU x86_64 host: 230-323 MB per CPU-s idle, 140-223 when shared with other jobs; the figure
+is the loaded one, so the cores it asks for keep up on a busy inference node. fp8 codes are
+assumed to cost the same per stored byte."""
 FIXED_OBJECTS: Final = 4
 """zarr.json of the group, _meta/header.json, index.parquet, manifest.json (plus target files)."""
 

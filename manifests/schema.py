@@ -251,14 +251,15 @@ def parse_manifest(data: object) -> CacheManifest:
     """
     d = f.obj(data, "<manifest>", required=MANIFEST_KEYS, optional=OPTIONAL_MANIFEST_KEYS)
     version = parse_format_version(d["format_version"])
+    target = parse_target(d["target"])
     manifest = CacheManifest(
         format_version=version, complete=f.boolean(d["complete"], "complete"),
         created_at=parse_created_at(d["created_at"]),
         sparkforge_version=f.string(d["sparkforge_version"], "sparkforge_version", max_len=64),
         git_sha=f.optional(d["git_sha"], f.hexdigest, "git_sha"),
         producer_config=f.mapping(d["producer_config"], "producer_config"),
-        target=parse_target(d["target"]),
-        capture=parse_capture(d["capture"]), tokenizer=parse_tokenizer(d["tokenizer"]),
+        target=target, capture=parse_capture(d["capture"], target),
+        tokenizer=parse_tokenizer(d["tokenizer"]),
         data=parse_data(d["data"]), accounting=parse_accounting(d["accounting"]),
         storage=parse_storage(d["storage"], version),
         parity=f.optional(d.get("parity"), parse_parity, "parity"))

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from sparkforge.manifests.finalize import read_run_header
-from sparkforge.manifests.objects import existing_location, object_times
+from sparkforge.manifests.objects import MAX_COMMIT_BYTES, existing_location, object_times
 from sparkforge.manifests.open import read_manifest
 from sparkforge.manifests.schema import ManifestError
 from sparkforge.shared import storage
@@ -121,16 +121,20 @@ class StatusReader:
         }
 
     def _read_new(self, commit_times: Mapping[int, float | None], problems: list[str]) -> None:
-        """Parse the commit records not seen before (all in one batched read)."""
+        """Parse the commit records not seen before (all in one batched read, each capped)."""
         new = sorted(set(commit_times) - set(self.done))
         paths = {self.loc.path(commit_key(u)): u for u in new}
-        raw = self.loc.fs.cat(list(paths), on_error="return") if paths else {}
+        # Ranged reads: an oversized record costs one byte past the cap, never its whole size.
+        raw = (self.loc.fs.cat(list(paths), on_error="return", start=0, end=MAX_COMMIT_BYTES + 1)
+               if paths else {})
         for path, data in raw.items():
             unit = paths[path] if path in paths else _unit_of(path.rsplit("/", 1)[-1])
             assert unit is not None, path
             try:
                 if isinstance(data, BaseException):
                     raise data
+                if len(data) > MAX_COMMIT_BYTES:
+                    raise ValueError(f"larger than the {MAX_COMMIT_BYTES:,} bytes allowed")
                 info = parse_commit_bytes(data, unit=unit, spec=self.spec)
             except (OSError, ValueError) as exc:
                 problems.append(f"unit {unit}: commit record cannot be read: {exc}")

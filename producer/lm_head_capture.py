@@ -13,7 +13,11 @@ draft config carries ``LM_HEAD_INPUT_KEY`` (set by the producer, never by anyone
 target model's ``forward`` is wrapped to append its own output to the aux list it returns. The
 producer asks for one more aux id than the target has layers (``num_hidden_layers + 1``), which
 no decoder layer matches, so the cache-only layer has a slot for it and the appended tensor is
-the last slot of every capture file, in ascending-id order. Without the key nothing changes.
+the last slot of every capture file, in ascending-id order. The target model itself never sees
+that id: its ``set_aux_hidden_state_layers`` is wrapped to drop it, because vLLM's Transformers
+modeling backend (the fallback for architectures vLLM does not implement, e.g. MiniMax-M3's text
+model) maps every aux id to a decoder layer and raises ``KeyError`` on one past the last. Without
+the key nothing changes.
 
 vLLM's files are not edited; the wrapped methods are private to vLLM 0.32 and checked by the real
 engine tests.
@@ -76,6 +80,7 @@ def _wrap_load_model(cls: type, draft_config_of: Callable[[Any], Any]) -> None:
         sentinel = getattr(draft_config_of(self), LM_HEAD_INPUT_KEY, None)
         if sentinel is not None:
             append_output_to_aux(target_model)
+            hide_aux_id(target_model, sentinel)
             logger.info("aux id %s holds the lm_head input (%s)", sentinel, type(target_model))
 
     setattr(load_model, _WRAPPED, True)
@@ -108,6 +113,21 @@ def append_output_to_aux(model: nn.Module) -> None:
 
     setattr(forward_with_lm_head_input, _WRAPPED, True)
     model.forward = forward_with_lm_head_input
+
+
+def hide_aux_id(model: nn.Module, aux_id: int) -> None:
+    """Make ``model.set_aux_hidden_state_layers`` drop ``aux_id`` (the lm_head input's, which
+    matches no layer) before the model maps ids to its layers. Idempotent."""
+    setter = getattr(model, "set_aux_hidden_state_layers", None)
+    if setter is None or getattr(setter, _WRAPPED, False):
+        return
+
+    @functools.wraps(setter)
+    def set_layers_but_lm_head_input(layers: tuple[int, ...]) -> None:
+        setter(tuple(i for i in layers if i != aux_id))
+
+    setattr(set_layers_but_lm_head_input, _WRAPPED, True)
+    model.set_aux_hidden_state_layers = set_layers_but_lm_head_input  # type: ignore[assignment]
 
 
 def _shape(x: object) -> str:

@@ -6,6 +6,11 @@ the max abs and relative (Frobenius) error of the captured states, and for the f
 recomputes ``log_softmax(lm_head(final))`` and compares it with the backend's own top-k logprobs:
 top-1 agreement and KL over the backend's top-k support. Silently wrong hidden states (off-by-one
 layer ids, a missing norm, padding leaking into a row) show up here as errors of order one.
+
+A reduced-precision engine (bf16, fp16) is also held against the reference's own rounding noise:
+the reference run in the engine's dtype, compared with the fp32 one. Some architectures amplify
+rounding far past one ulp (a tiny Qwen3-Next in bf16: 4-10% relative in transformers itself), and
+an engine that is as close to fp32 as transformers in the same dtype is right.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ PARITY_TOPK = 20
 # differs from an fp32 reference by about one bf16 ulp.
 REL_TOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
 MIN_TOP1 = 0.9
+NOISE_FACTOR = 3.0
+"""A layer passes within this multiple of the reference's own error in the engine's dtype: two
+kernels round differently (vLLM's CPU Gated DeltaNet vs transformers' on a tiny Qwen3-Next in
+bf16: 1.5-2.2x), while a wrong layer or norm is off by order one."""
+MAX_NOISE_TOL = 0.3
+"""Beyond this the rounding noise would hide order-one errors; such a layer fails regardless."""
 
 
 class ParitySource(Protocol):
@@ -52,6 +63,15 @@ class LayerParity:
     name: str
     max_abs: float
     rel: float
+    dtype_noise: float | None = None
+    """Relative error of the reference itself run in the engine's dtype (None: not measured)."""
+
+    def tolerance(self, dtype: str) -> float:
+        """The relative error this layer may show: the dtype's own limit, or the measured noise."""
+        tol = REL_TOL.get(dtype, 3e-2)
+        if self.dtype_noise is None:
+            return tol
+        return max(tol, min(NOISE_FACTOR * self.dtype_noise, MAX_NOISE_TOL))
 
 
 @dataclass(frozen=True)
@@ -73,11 +93,15 @@ class ParityReport:
 
     def table(self) -> str:
         """A printable table, one line per layer then the logit comparison."""
+        noise = any(p.dtype_noise is not None for p in self.layers)
         lines = [
             f"parity on {self.num_samples} samples / {self.num_tokens} tokens ({self.dtype})",
-            f"{'layer':<20}{'max abs':>12}{'rel':>12}",
+            f"{'layer':<20}{'max abs':>12}{'rel':>12}"
+            + (f"{self.dtype + ' noise':>18}{'limit':>12}" if noise else ""),
         ]
-        lines += [f"{p.name:<20}{p.max_abs:>12.3e}{p.rel:>12.3e}" for p in self.layers]
+        lines += [f"{p.name:<20}{p.max_abs:>12.3e}{p.rel:>12.3e}"
+                  + (f"{p.dtype_noise or 0.0:>18.3e}{p.tolerance(self.dtype):>12.3e}"
+                     if noise else "") for p in self.layers]
         lines.append(
             f"logits vs engine: top-1 agreement {self.top1_agreement:.4f}, KL(top-k) "
             f"{self.kl_topk:.3e}, max |dlogprob| {self.max_abs_logprob:.3e}"
@@ -90,6 +114,8 @@ def run_parity(
     source: ParitySource,
     reference: ParityReference,
     requests: Sequence[CaptureRequest],
+    *,
+    dtype_reference: ParitySource | None = None,
 ) -> ParityReport:
     """Capture ``requests`` with both backends and compare them.
 
@@ -98,6 +124,8 @@ def run_parity(
         reference: ``HfSource`` forwarding one row at a time, ideally in fp32; it also supplies
             lm_head.
         requests: A few samples (token ids).
+        dtype_reference: The same reference in the engine's reduced dtype; its distance to
+            ``reference`` is each layer's rounding noise, which widens that layer's limit.
 
     Raises:
         ValueError: If the two sources capture different layers or a capture failed.
@@ -109,26 +137,19 @@ def run_parity(
     ours = _by_sample(source.capture(requests, topk=PARITY_TOPK))
     ref = _by_sample(reference.capture(requests, topk=0))
     names = [f"hidden_states[{k}]" for k in source.layer_ids] + ["final"]
-    diffs: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {n: [] for n in names}
-    logit_rows = []
-    for r in requests:
-        a, b = ours[r.sample_id], ref[r.sample_id]
-        assert a.aux_hidden is not None
-        assert b.aux_hidden is not None
-        assert a.final_hidden is not None
-        assert b.final_hidden is not None
-        for f, name in enumerate(names[:-1]):
-            diffs[name].append((a.aux_hidden[:, f].float().cpu(), b.aux_hidden[:, f].float().cpu()))
-        diffs["final"].append((a.final_hidden.float().cpu(), b.final_hidden.float().cpu()))
-        logit_rows.append(_logit_parity(a, head))
-    layers = tuple(_layer_error(name, pairs) for name, pairs in diffs.items())
+    diffs = _pairs(names, requests, ours, ref)
+    noise = (None if dtype_reference is None else
+             _pairs(names, requests, _by_sample(dtype_reference.capture(requests, topk=0)), ref))
+    logit_rows = [_logit_parity(ours[r.sample_id], head) for r in requests]
+    layers = tuple(
+        _layer_error(name, pairs, None if noise is None else _layer_error(name, noise[name]).rel)
+        for name, pairs in diffs.items())
     top1 = float(torch.cat([row[0] for row in logit_rows]).mean())
     # KL is >= 0; float32 rounding of two nearly equal distributions can leave a few 1e-10
     # below it, which the manifest's parity section (a non-negative number) would refuse.
     kl = max(0.0, float(torch.cat([row[1] for row in logit_rows]).mean()))
     max_lp = float(torch.cat([row[2] for row in logit_rows]).max())
     dtype = str(source.engine_info()["dtype"])
-    tol = REL_TOL.get(dtype, 3e-2)
     return ParityReport(
         num_samples=len(requests),
         num_tokens=sum(r.input_ids.shape[0] for r in requests),
@@ -137,7 +158,7 @@ def run_parity(
         top1_agreement=top1,
         kl_topk=kl,
         max_abs_logprob=max_lp,
-        passed=all(p.rel <= tol for p in layers) and top1 >= MIN_TOP1,
+        passed=all(p.rel <= p.tolerance(dtype) for p in layers) and top1 >= MIN_TOP1,
     )
 
 
@@ -150,12 +171,29 @@ def _by_sample(results: Iterator[CaptureResult]) -> dict[int, CaptureResult]:
     return out
 
 
-def _layer_error(name: str, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> LayerParity:
+def _pairs(names: Sequence[str], requests: Sequence[CaptureRequest],
+           ours: dict[int, CaptureResult], ref: dict[int, CaptureResult]
+           ) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Per layer name: (captured, reference) fp32 CPU tensors of every request."""
+    pairs: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {n: [] for n in names}
+    for r in requests:
+        a, b = ours[r.sample_id], ref[r.sample_id]
+        assert a.aux_hidden is not None
+        assert b.aux_hidden is not None
+        assert a.final_hidden is not None
+        assert b.final_hidden is not None
+        for f, name in enumerate(names[:-1]):
+            pairs[name].append((a.aux_hidden[:, f].float().cpu(), b.aux_hidden[:, f].float().cpu()))
+        pairs[names[-1]].append((a.final_hidden.float().cpu(), b.final_hidden.float().cpu()))
+    return pairs
+
+
+def _layer_error(name: str, pairs: list[tuple[torch.Tensor, torch.Tensor]],
+                 dtype_noise: float | None = None) -> LayerParity:
     delta = torch.cat([(a - b).flatten() for a, b in pairs])
     ref = torch.cat([b.flatten() for _, b in pairs])
-    return LayerParity(
-        name=name, max_abs=float(delta.abs().max()), rel=float(delta.norm() / ref.norm())
-    )
+    return LayerParity(name=name, max_abs=float(delta.abs().max()),
+                       rel=float(delta.norm() / ref.norm()), dtype_noise=dtype_noise)
 
 
 def _logit_parity(

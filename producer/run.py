@@ -324,11 +324,19 @@ def _parity_report(
     # One row per forward: the reference is what each row alone gives, so an HF backend that
     # batches a padding-sensitive family wrongly fails here too.
     reference = _hf_source(cfg, prep.model_dir, prep.hf_layer_ids, dtype="float32", one_row=True)
+    engine_dtype = str(source.engine_info()["dtype"])
+    # The same reference in the engine's reduced dtype measures that dtype's own rounding noise.
+    in_dtype = (None if engine_dtype == "float32" else
+                _hf_source(cfg, prep.model_dir, prep.hf_layer_ids, dtype=engine_dtype,
+                           one_row=True))
     try:
         return run_parity(source, reference,  # type: ignore[arg-type]
-                          _parity_requests(prep, num_samples, cfg))
+                          _parity_requests(prep, num_samples, cfg),
+                          dtype_reference=in_dtype)  # type: ignore[arg-type]
     finally:
         reference.close()
+        if in_dtype is not None:
+            in_dtype.close()
 
 
 def _check_parity(

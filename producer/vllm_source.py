@@ -30,7 +30,7 @@ import vllm
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from vllm import LLM, SamplingParams
-from vllm.exceptions import VLLMClientError
+from vllm.exceptions import VLLMClientError, VLLMError
 from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
 from vllm.v1.engine.core_client import InprocClient
@@ -80,6 +80,10 @@ def engine_kwargs(engine: EngineOptions) -> dict[str, Any]:
         "enable_prefix_caching": False,
     }
     return kwargs | engine.extra
+
+
+class EngineStopped(RuntimeError):
+    """The vLLM engine died mid-capture (a kernel or worker error): the run stops with exit 1."""
 
 
 @dataclass
@@ -278,7 +282,13 @@ class VllmSource:
             time.sleep(0.001)
             return
         start = time.perf_counter()
-        outputs = self._engine.step()
+        try:
+            outputs = self._engine.step()
+        except VLLMError as exc:  # EngineDeadError: the engine core died; no request can finish
+            raise EngineStopped(
+                f"the vLLM engine stopped while capturing ({type(exc).__name__}); its own error "
+                "is logged above (look for 'Worker failed with error'). Committed units are kept "
+                "and a rerun resumes after them") from exc
         self.timings["engine_s"] += time.perf_counter() - start
         for out in outputs:
             job = running.pop(out.request_id, None) if out.finished else None

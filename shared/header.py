@@ -18,6 +18,7 @@ from sparkforge.shared.target_families import (
     FeatureSemantics,
     FinalSemantics,
     TargetScaling,
+    family_of,
 )
 
 
@@ -60,11 +61,13 @@ class CaptureInfo:
     hyper-connection target's streams); manifests written before this field are ``residual``."""
     embedding_scale: float = dataclasses.field(default=1.0, metadata={"optional_in_json": True})
     """Factor the target applies to its embed_tokens output (``sqrt(hidden_size)`` for Gemma);
-    manifests written before this field are 1.0."""
+    manifests written before this field take their target family's rule."""
     final_logit_softcapping: float | None = dataclasses.field(
         default=None, metadata={"optional_in_json": True})
     """The target's logit softcap ``cap * tanh(logits / cap)`` after lm_head, which the stored
-    final state has not been through; None: no cap (and manifests written before this field)."""
+    final state has not been through; None: no cap. Manifests written before this field read as
+    None: the cap is no family constant (Gemma 2 and 4 cap at 30, Gemma 3 does not), and a Gemma
+    cache that old recorded ``final_hidden=post_norm``, which a Gemma draft refuses anyway."""
 
     @property
     def scaling(self) -> TargetScaling:
@@ -187,8 +190,9 @@ def parse_layer_ids(data: object, field: str = "capture.layer_ids") -> HfIndices
     return HfIndices(ids)
 
 
-def parse_capture(data: object) -> CaptureInfo:
-    """The ``capture`` section."""
+def parse_capture(data: object, target: TargetInfo) -> CaptureInfo:
+    """The ``capture`` section (``target``: the parsed ``target`` section, whose family gives
+    the embedding scale of manifests written before that field)."""
     d = f.obj(data, "capture", required=_keys(
         "layer_ids", "layer_id_convention", "final_hidden", "engine", "engine_version",
         "tensor_parallel_size", "expert_parallel", "data_parallel_size", "max_seq_len"),
@@ -199,7 +203,8 @@ def parse_capture(data: object) -> CaptureInfo:
                                      ("hf_hidden_states_index",)),
         final_hidden=f.choice(d["final_hidden"], "capture.final_hidden", FINAL_SEMANTICS),
         features=f.choice(d.get("features", "residual"), "capture.features", FEATURE_SEMANTICS),
-        embedding_scale=f.number(d.get("embedding_scale", 1.0), "capture.embedding_scale",
+        embedding_scale=f.number(d.get("embedding_scale", family_of(target.model_type).scaling(
+            {"hidden_size": target.hidden_size}).embedding_scale), "capture.embedding_scale",
                                  lo=1e-6, hi=1e6),
         final_logit_softcapping=f.optional(d.get("final_logit_softcapping"), f.number,
                                            "capture.final_logit_softcapping", lo=1e-6, hi=1e6),
@@ -255,6 +260,7 @@ def parse_header(data: object) -> RunHeader:
     d = f.obj(data, "header", required=_keys("producer_config", "target", "capture",
                                              "tokenizer", "data"))
     config = f.mapping(d["producer_config"], "producer_config")
-    return RunHeader(producer_config=dict(config), target=parse_target(d["target"]),
-                     capture=parse_capture(d["capture"]),
+    target = parse_target(d["target"])
+    return RunHeader(producer_config=dict(config), target=target,
+                     capture=parse_capture(d["capture"], target),
                      tokenizer=parse_tokenizer(d["tokenizer"]), data=parse_data(d["data"]))

@@ -21,7 +21,7 @@ FinalSemantics = Literal["post_norm", "lm_head_input"]
 ``lm_head_input``: the exact tensor lm_head consumed (before any logit softcap), for families
 where it is not ``RMSNorm(h_L) * w`` of the last residual: DeepSeek-V4 collapses its streams with
 ``hc_head`` before the norm, Gemma has its own final norm, Kimi-K3 folds its block residuals after
-the last layer."""
+the last layer, Qwen3-Next/3.5 and MiniMax-M3 scale by ``1 + w``."""
 FEATURE_SEMANTICS: tuple[FeatureSemantics, ...] = ("residual", "hc_mean")
 FINAL_SEMANTICS: tuple[FinalSemantics, ...] = ("post_norm", "lm_head_input")
 
@@ -124,8 +124,12 @@ _V4_PIECES = {
 STANDARD = TargetFamily(name="standard", model_types=())
 """Llama/Qwen-style targets (and any model_type not listed): plain residual, post-norm final."""
 FAMILIES: tuple[TargetFamily, ...] = (
-    TargetFamily(name="qwen3", model_types=("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5",
-                                            "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")),
+    TargetFamily(name="qwen3", model_types=("qwen3", "qwen3_moe")),
+    # Qwen3-Next and Qwen3.5 (hybrid Gated DeltaNet attention) scale their final norm by (1 + w),
+    # so the plain RMSNorm the vLLM backend applies to aux id L would not give the lm_head input.
+    TargetFamily(name="qwen3_next", model_types=("qwen3_next", "qwen3_5", "qwen3_5_text",
+                                                 "qwen3_5_moe", "qwen3_5_moe_text"),
+                 final_state="lm_head_input"),
     TargetFamily(name="gemma", model_types=("gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
                                             "gemma4_text", "gemma4_unified", "gemma4_unified_text"),
                  final_state="lm_head_input", embedding_scale_sqrt_hidden=True),

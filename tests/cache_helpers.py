@@ -61,15 +61,19 @@ def counting_reads() -> Iterator[list[CountingStore]]:
 
 
 def build_cache(path: Path, spec: CacheSpec = SMALL_SPEC, units: int = 3,
-                header: dict[str, Any] | None = None) -> Path:
+                header: dict[str, Any] | None = None,
+                target_files: dict[str, bytes] | None = None) -> Path:
     """A finalized cache of ``make_unit`` samples written by the real writer (``header``: a
-    :func:`make_header` result to use instead of the default one)."""
+    :func:`make_header` result to use instead of the default one; ``target_files``: stored
+    under ``target/``, e.g. a ``config.json``)."""
     from sparkforge.manifests.finalize import finalize_cache
     from sparkforge.shared.writer import CacheWriter
 
     run_header = (make_run_header(spec, num_units=units) if header is None
                   else RunHeader.from_json(header))
     w = CacheWriter.open(str(path), spec=spec, header=run_header)
+    if target_files:
+        w.write_target_files(target_files)
     for u in range(units):
         w.write_unit(u, *make_unit(spec, u))
     finalize_cache(str(path), expected_units=units)

@@ -3,7 +3,9 @@
 Each family is its transformers 5.19 config type with small sizes (H=64, 4 layers, vocab 1024,
 the tokenizer of ``sparkforge.app.tiny_target``); the extra settings per type are those that
 make a tiny instance build and run (MLA needs as many KV heads as query heads, an indexer needs
-its own head sizes). Only ``qwen3_moe`` gets head_dim 32, which vLLM's CPU attention needs.
+its own head sizes). The types vLLM's CPU build runs or nearly runs (the Qwen3 family, MiniMax-M3)
+get head_dim 32, the smallest its CPU attention takes (at 16 MiniMax stops there, before its
+real CPU blocker).
 """
 
 from __future__ import annotations
@@ -14,19 +16,28 @@ from typing import Any
 _MLA = {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
         "v_head_dim": 16, "qk_head_dim": 24, "num_key_value_heads": 4, "head_dim": 8}
 _INDEXER = {"index_n_heads": 2, "index_head_dim": 16}
+_GATED_DELTANET = {"hidden_size": 128, "head_dim": 32, "num_key_value_heads": 2,
+                   "layer_types": ["linear_attention", "full_attention"] * 2,
+                   "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                   "linear_key_head_dim": 64, "linear_value_head_dim": 64}
 
 FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
     "qwen3": {"hidden_size": 128, "head_dim": 32, "num_key_value_heads": 2},
     "qwen3_moe": {"hidden_size": 128, "head_dim": 32, "num_key_value_heads": 2,
                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen3_next": {**_GATED_DELTANET, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+                   "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen3_5_text": _GATED_DELTANET,
     "glm_moe_dsa": {**_MLA, **_INDEXER, "n_routed_experts": 4, "num_experts_per_tok": 2,
                     "moe_intermediate_size": 32, "n_shared_experts": 1,
                     "first_k_dense_replace": 1, "index_topk": 8,
                     "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
                     "layer_types": ["indexed_attention"] * 4},
-    "minimax_m3_vl_text": {**_INDEXER, "num_local_experts": 4, "num_experts_per_tok": 2,
-                           "rotary_dim": 8, "dense_intermediate_size": 128,
+    "minimax_m3_vl_text": {**_INDEXER, "head_dim": 32, "num_local_experts": 4,
+                           "num_experts_per_tok": 2, "rotary_dim": 8,
+                           "dense_intermediate_size": 128,
                            "shared_intermediate_size": 32, "index_block_size": 4,
                            "index_topk_blocks": 2, "index_local_blocks": 1,
                            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],

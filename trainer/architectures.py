@@ -13,11 +13,18 @@ from typing import Any, Literal
 
 from torch import nn
 
-from sparkforge.trainer import export_deepseek_v4, export_dflash, export_gemma4, export_qwen3
+from sparkforge.trainer import (
+    export_deepseek_v4,
+    export_dflash,
+    export_gemma4,
+    export_kimi_k3,
+    export_qwen3,
+)
 from sparkforge.trainer.deepseek_v4_draft import DeepseekV4DSparkModel
 from sparkforge.trainer.dflash_draft import dflash_draft
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.gemma4_draft import Gemma4DSparkModel
+from sparkforge.trainer.kimi_k3_draft import K3DSparkModel
 from sparkforge.trainer.model import DSparkDraftModel
 
 Engine = Literal["vllm", "sglang", "any"]
@@ -65,6 +72,11 @@ ARCHITECTURES: dict[str, DraftArchitecture] = {
         expected_shapes=export_gemma4.expected_shapes, hf_config=export_gemma4.hf_config,
         serving_problems=export_gemma4.serving_problems,
         config_from_hf=export_gemma4.draft_config_from_hf),
+    "kimi_k3": DraftArchitecture(
+        name="kimi_k3", served_as=(export_kimi_k3.SERVED_AS,), model=K3DSparkModel,
+        expected_shapes=export_kimi_k3.expected_shapes, hf_config=export_kimi_k3.hf_config,
+        serving_problems=export_kimi_k3.serving_problems,
+        config_from_hf=export_kimi_k3.draft_config_from_hf),
 }
 
 

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 MarkovHeadType = Literal["vanilla", "gated", "rnn"]
 MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla", "gated", "rnn")
-DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3", "deepseek_v4", "dflash", "gemma4")
+DRAFT_ARCHITECTURES: tuple[str, ...] = ("qwen3", "deepseek_v4", "dflash", "gemma4", "kimi_k3")
 """Names of ``sparkforge.trainer.architectures.ARCHITECTURES`` (kept torch-free here)."""
 
 
@@ -88,15 +88,25 @@ class DSparkDraftConfig:
     DeepSeek-V4 target's attention (its sizes below come from that target); ``dflash`` is the
     Qwen3-shaped backbone with the DFlash block layout and no Markov or confidence head, served
     as a DFlash draft (vLLM ``method: dflash``); ``gemma4`` is the Gemma4 draft vLLM's
-    ``Gemma4DSparkForCausalLM`` loads (k_eq_v attention, sandwich norms)."""
+    ``Gemma4DSparkForCausalLM`` loads (k_eq_v attention, sandwich norms); ``kimi_k3`` is the
+    MLA draft vLLM's ``K3DSparkForCausalLM`` loads (its MLA sizes below come from a Kimi
+    target)."""
     q_lora_rank: int = 0
-    """deepseek_v4: width of the query low-rank bottleneck (wq_a -> q_norm -> wq_b)."""
+    """deepseek_v4, kimi_k3: width of the query low-rank bottleneck (deepseek_v4: wq_a ->
+    q_norm -> wq_b; kimi_k3: q_a_proj -> q_a_layernorm -> q_b_proj)."""
     o_lora_rank: int = 0
     """deepseek_v4: low-rank width of each head group's output projection (wo_a)."""
     o_groups: int = 0
     """deepseek_v4: head groups of the grouped output projection."""
     qk_rope_head_dim: int = 0
-    """deepseek_v4: trailing channels of each head that RoPE rotates, in adjacent pairs."""
+    """deepseek_v4, kimi_k3: trailing channels of each head that RoPE rotates, in adjacent
+    pairs (kimi_k3: the key's rope part, shared by every head)."""
+    kv_lora_rank: int = 0
+    """kimi_k3: width of the key/value latent (kv_a_proj_with_mqa -> kv_a_layernorm)."""
+    qk_nope_head_dim: int = 0
+    """kimi_k3: leading channels of each query/key head that RoPE leaves alone."""
+    v_head_dim: int = 0
+    """kimi_k3: per-head value size (kv_b_proj makes nope keys and values from the latent)."""
     swiglu_limit: float | None = None
     """deepseek_v4: SwiGLU clamp (gate <= limit, -limit <= up <= limit); None: no clamp."""
 
@@ -171,9 +181,13 @@ def _collect_problems(cfg: DSparkDraftConfig) -> list[str]:
         problems.append(f"head_dim={cfg.head_dim} must be even for RoPE")
     if cfg.architecture == "deepseek_v4":
         problems += _deepseek_v4_problems(cfg)
-    else:
-        problems += [f"{name}={getattr(cfg, name)!r}: only architecture='deepseek_v4' reads it"
-                     for name in _V4_FIELDS if getattr(cfg, name) != _DEFAULTS[name]]
+    if cfg.architecture == "kimi_k3":
+        problems += _kimi_k3_problems(cfg)
+    own = _ARCHITECTURE_FIELDS.get(cfg.architecture, ())
+    for name, readers in _FIELD_READERS.items():
+        if name not in own and getattr(cfg, name) != _DEFAULTS[name]:
+            problems.append(f"{name}={getattr(cfg, name)!r}: only architecture="
+                            f"{' or '.join(map(repr, readers))} reads it")
     return problems
 
 
@@ -208,7 +222,34 @@ def _deepseek_v4_problems(cfg: DSparkDraftConfig) -> list[str]:
     return problems
 
 
-_V4_FIELDS = ("q_lora_rank", "o_lora_rank", "o_groups", "qk_rope_head_dim", "swiglu_limit")
+def _kimi_k3_problems(cfg: DSparkDraftConfig) -> list[str]:
+    problems = [f"{name}={getattr(cfg, name)} must be > 0 for architecture='kimi_k3'"
+                for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+                if getattr(cfg, name) <= 0]
+    if cfg.q_lora_rank <= 0:
+        problems.append(f"q_lora_rank={cfg.q_lora_rank}: vLLM's K3DSparkForCausalLM needs a "
+                        "query low-rank bottleneck (q_lora_rank > 0); a target without one "
+                        "(Kimi-Linear) needs it set, e.g. model.draft.overrides.q_lora_rank")
+    if cfg.qk_rope_head_dim % 2:
+        problems.append(f"qk_rope_head_dim={cfg.qk_rope_head_dim} must be even for RoPE")
+    if cfg.head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim:
+        problems.append(f"head_dim={cfg.head_dim} must be qk_nope_head_dim + qk_rope_head_dim="
+                        f"{cfg.qk_nope_head_dim + cfg.qk_rope_head_dim} (the query/key head)")
+    if cfg.num_key_value_heads != cfg.num_attention_heads:
+        problems.append(f"num_key_value_heads={cfg.num_key_value_heads}: MLA expands the latent "
+                        f"into one key/value per head ({cfg.num_attention_heads})")
+    return problems
+
+
+_ARCHITECTURE_FIELDS: dict[str, tuple[str, ...]] = {
+    "deepseek_v4": ("q_lora_rank", "o_lora_rank", "o_groups", "qk_rope_head_dim",
+                    "swiglu_limit"),
+    "kimi_k3": ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                "v_head_dim"),
+}
+"""The config fields only some architectures read; every other one must leave them unset."""
+_FIELD_READERS = {name: tuple(a for a, own in _ARCHITECTURE_FIELDS.items() if name in own)
+                  for name in dict.fromkeys(n for f in _ARCHITECTURE_FIELDS.values() for n in f)}
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DSparkDraftConfig)}
 # The DeepSeek-V4 target config field each deepseek_v4 draft field is copied from; the draft's
 # MLP is one dense SwiGLU as wide as the target's experts.
@@ -232,6 +273,29 @@ def _deepseek_v4_fields(tc: Any, model_type: str) -> dict[str, Any]:
     limit = getattr(tc, "swiglu_limit", None)
     out["swiglu_limit"] = None if limit is None else float(limit)
     out["num_key_value_heads"] = 1
+    return out
+
+
+# The Kimi target config field each kimi_k3 draft field is copied from (MLA sizes; a target
+# without a query bottleneck, like Kimi-Linear, has q_lora_rank None and the run must set it).
+_K3_TARGET_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                     "v_head_dim")
+
+
+def _kimi_k3_fields(tc: Any, model_type: str) -> dict[str, Any]:
+    """The MLA sizes a kimi_k3 draft copies from its Kimi target's text config.
+
+    The draft's query/key head is ``qk_nope_head_dim + qk_rope_head_dim`` wide and every head
+    has its own key and value (expanded from the shared latent), so ``head_dim`` and
+    ``num_key_value_heads`` follow from them.
+    """
+    missing = sorted(t for t in _K3_TARGET_FIELDS[1:] if getattr(tc, t, None) is None)
+    if missing:
+        raise ValueError(f"architecture='kimi_k3' needs an MLA target: the {model_type!r} "
+                         f"target config has no {missing}")
+    out: dict[str, Any] = {t: int(getattr(tc, t) or 0) for t in _K3_TARGET_FIELDS}
+    out["head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
+    out["num_key_value_heads"] = int(tc.num_attention_heads)
     return out
 
 
@@ -317,6 +381,8 @@ def from_target_config(
     }
     if overrides.get("architecture") == "deepseek_v4":
         base |= _deepseek_v4_fields(tc, model_type)
+    if overrides.get("architecture") == "kimi_k3":
+        base |= _kimi_k3_fields(tc, model_type)
     ids = target_layer_ids
     if ids is None:
         ids = default_feature_ids(base["num_target_layers"], depth)
@@ -342,6 +408,14 @@ def draft_tiny_deepseek_v4(*, vocab_size: int = 256, mask_token_id: int = 3) -> 
         draft_tiny(vocab_size=vocab_size, mask_token_id=mask_token_id),
         architecture="deepseek_v4", num_key_value_heads=1, q_lora_rank=32, o_lora_rank=16,
         o_groups=2, qk_rope_head_dim=8, swiglu_limit=10.0)
+
+
+def draft_tiny_kimi_k3(*, vocab_size: int = 256, mask_token_id: int = 3) -> DSparkDraftConfig:
+    """draft_tiny() as a kimi_k3 draft: Q-LoRA 32, latent 16, heads 16 nope + 8 rope, values 16."""
+    return dataclasses.replace(
+        draft_tiny(vocab_size=vocab_size, mask_token_id=mask_token_id),
+        architecture="kimi_k3", num_key_value_heads=4, head_dim=24, q_lora_rank=32,
+        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
 
 
 def draft_qwen3_small(*, mask_token_id: int = 151_669) -> DSparkDraftConfig:

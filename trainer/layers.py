@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.draft_forward import DraftLayer
 from sparkforge.trainer.rope import apply_rotary
 
 
@@ -62,7 +63,7 @@ def compiled_flex() -> Any:
     return torch.compile(flex_attention)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any,
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any,
             scale: float | None = None) -> torch.Tensor:
     """SDPA over a dense bool mask (or none), flex attention over a BlockMask; GQA either way.
 
@@ -130,18 +131,25 @@ class DSparkAttention(nn.Module):
         k_blk, v_blk = self.key_values(x_BQH, *rope_q)
         k = torch.cat([ctx_kv[0].to(k_blk.dtype), k_blk], dim=2)
         v = torch.cat([ctx_kv[1].to(v_blk.dtype), v_blk], dim=2)
-        out = _attend(q, k, v, mask, self.softmax_scale)
+        out = attend(q, k, v, mask, self.softmax_scale)
         res: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, nq, -1))
         return res
 
 
 class DSparkLayer(nn.Module):
-    """Pre-norm block: input_layernorm -> attention -> +res -> post_attention_layernorm -> MLP."""
+    """Pre-norm block: input_layernorm -> attention -> +res -> post_attention_layernorm -> MLP.
 
-    def __init__(self, cfg: DSparkDraftConfig) -> None:
+    Args:
+        cfg: The draft config (sizes).
+        attention: Builds the layer's attention from the config (default: Qwen3's), a
+            ``DraftLayer`` as far as calls go (``key_values`` and the same call signature).
+    """
+
+    def __init__(self, cfg: DSparkDraftConfig,
+                 attention: Callable[[DSparkDraftConfig], nn.Module] = DSparkAttention) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DSparkAttention(cfg)
+        self.self_attn = attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
@@ -149,7 +157,7 @@ class DSparkLayer(nn.Module):
         self, x_BPH: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention's keys and values [B, G, P, D] for context rows ``x``."""
-        return self.self_attn.key_values(x_BPH, cos, sin)
+        return cast(DraftLayer, self.self_attn).key_values(x_BPH, cos, sin)
 
     def forward(
         self,

@@ -34,6 +34,14 @@ from sparkforge.trainer.rope import RotaryEmbedding
 __all__ = ["AttnImpl", "DSparkDraftModel", "DSparkOutput", "DraftContextCache"]
 
 
+def hf_normal_init(module: nn.Module, std: float) -> None:
+    """HF's default init of one module: Linear/Embedding weights normal(0, std), zero biases."""
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, std=std)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
 class DSparkDraftModel(nn.Module):
     """The DSpark draft.
 
@@ -75,12 +83,7 @@ class DSparkDraftModel(nn.Module):
         self.set_target_weights(embed_weight, lm_head_weight)
 
     def _init_weights(self, module: nn.Module) -> None:
-        # HF default init for Qwen3-style drafts: normal(0, initializer_range), zero biases.
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+        hf_normal_init(module, self.config.initializer_range)
 
     # ---- the shared DSpark passes (sparkforge.trainer.draft_forward) ----------------------
     num_draft_tokens = property(draft_forward.num_draft_tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -15,10 +16,12 @@ from sparkforge.trainer.run_config import validation_on
 logger = logging.getLogger(__name__)
 
 
-def run_contract(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> RunContract:
-    """What this run needs from its cache."""
+def run_contract(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer,
+                 target_config: Mapping[str, Any]) -> RunContract:
+    """What this run needs from its cache, whose ``target_config`` the draft is built from."""
     return model.draft.contract(max_seq_len=data.max_seq_len,
-                                need_eval_split=validation_on(trainer.limit_val_batches))
+                                need_eval_split=validation_on(trainer.limit_val_batches),
+                                target_config=target_config)
 
 
 def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> None:
@@ -27,7 +30,7 @@ def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Traine
     A cache may hold more features than the draft uses; the data module then streams only the
     draft's, in its order.
     """
-    contract = run_contract(model, data, trainer)
+    contract = run_contract(model, data, trainer, data.target_config())
     check_contract(data.reader.manifest, contract, split_counts=data.split_counts(), uri=data.uri)
     data.use_features(contract.target_layer_ids)
     logger.info("cache %s fits the run: %d train / %d eval samples", data.uri,

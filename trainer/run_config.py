@@ -16,11 +16,13 @@ import yaml
 
 from sparkforge.manifests.contract import RunContract
 from sparkforge.shared.layer_ids import default_feature_ids
+from sparkforge.shared.target_config import TargetConfig
 from sparkforge.shared.target_families import (
     FEATURE_SEMANTICS,
     FINAL_SEMANTICS,
     FeatureSemantics,
     FinalSemantics,
+    TargetScaling,
     family_of,
 )
 from sparkforge.trainer.draft_config import DSparkDraftConfig, MarkovHeadType, from_target_config
@@ -85,7 +87,8 @@ class DraftSpec:
     """A: blocks sampled per sequence per step."""
     architecture: str | None = None
     """The draft's layer stack: ``qwen3`` (every engine loads it, any target), ``deepseek_v4`` (a
-    DeepSeek-V4 target's attention; export refused for now) or ``dflash`` (the DFlash draft);
+    DeepSeek-V4 target's attention; export refused for now), ``gemma4`` / ``kimi_k3`` (the
+    drafts vLLM's Gemma4 / Kimi-K3 DSpark classes load) or ``dflash`` (the DFlash draft);
     None: the recipe's (dspark: qwen3)."""
     markov_rank: int | None = None
     """r: rank of the Markov bigram bias; 0 disables the head. None: the recipe's (dspark 256,
@@ -129,8 +132,25 @@ class DraftSpec:
             return tuple(self.target_layer_ids)
         return default_feature_ids(self.num_target_layers, self.num_hidden_layers)
 
-    def contract(self, *, max_seq_len: int, need_eval_split: bool) -> RunContract:
-        """What this draft needs from a cache."""
+    def scaling(self, target_config: Mapping[str, Any]) -> TargetScaling:
+        """The embedding scale and logit softcap the draft built from ``target_config`` applies:
+        the target's (``from_target_config``), unless ``overrides`` sets them."""
+        target = TargetConfig(raw=target_config, source="the cache's target/config.json")
+        return TargetScaling(
+            embedding_scale=self.overrides.get("embedding_scale", target.embedding_scale),
+            final_logit_softcapping=self.overrides.get("final_logit_softcapping",
+                                                       target.final_logit_softcapping))
+
+    def contract(self, *, max_seq_len: int, need_eval_split: bool,
+                 target_config: Mapping[str, Any] | None) -> RunContract:
+        """What this draft needs from a cache.
+
+        Args:
+            max_seq_len: The run's ``data.max_seq_len``.
+            need_eval_split: Whether the run validates (so the cache needs an eval split).
+            target_config: The target ``config.json`` the draft is built from (the cache's);
+                None leaves the embedding scale and softcap unchecked.
+        """
         family = family_of(self.target_model_type)
         return RunContract(
             target_layer_ids=self.layer_ids(), hidden_size=self.hidden_size,
@@ -139,6 +159,7 @@ class DraftSpec:
             target_model_type=self.target_model_type,
             features=self.target_features or family.features,
             final_hidden=self.target_final or family.final_state,
+            scaling=None if target_config is None else self.scaling(target_config),
             need_eval_split=need_eval_split,
         )
 
@@ -242,13 +263,16 @@ def validation_on(limit_val_batches: float | None) -> bool:
     return bool(DEFAULT_LIMIT_VAL_BATCHES if limit_val_batches is None else limit_val_batches)
 
 
-def contract_from_train_config(config: str | Path | Mapping[str, Any]) -> RunContract:
+def contract_from_train_config(config: str | Path | Mapping[str, Any], *,
+                               target_config: Mapping[str, Any] | None = None) -> RunContract:
     """The contract of a ``sparkforge train`` YAML config (or its already-loaded mapping).
 
     Reads ``model.draft.{target_layer_ids, hidden_size, vocab_size, num_target_layers,
-    mask_token_id, target_model_type, target_features, target_final, num_hidden_layers}``,
-    ``data.max_seq_len`` and the
-    ``trainer.limit_val_batches``; everything unset takes the value ``sparkforge train`` gives it.
+    mask_token_id, target_model_type, target_features, target_final, num_hidden_layers,
+    overrides}``, ``data.max_seq_len`` and the ``trainer.limit_val_batches``; everything unset
+    takes the value ``sparkforge train`` gives it. With ``target_config`` (the cache's
+    ``config.json``, which ``train`` builds the draft from) the draft's embedding scale and
+    softcap are part of the contract.
 
     Raises:
         TrainConfigError: naming every missing or mistyped field.
@@ -280,15 +304,21 @@ def contract_from_train_config(config: str | Path | Mapping[str, Any]) -> RunCon
         problems.append(f"model.draft.target_model_type must be a string, got {model_type!r}")
     features = _choice(draft, "target_features", FEATURE_SEMANTICS, problems)
     final = _choice(draft, "target_final", FINAL_SEMANTICS, problems)
+    overrides = draft.get("overrides") or {}
+    if not isinstance(overrides, Mapping):
+        problems.append(f"model.draft.overrides must be a mapping, got {overrides!r}")
+        overrides = {}
     if problems:
         raise TrainConfigError("train config: " + "; ".join(problems))
     spec = DraftSpec(hidden_size=sizes["hidden_size"], vocab_size=sizes["vocab_size"],
                      num_target_layers=sizes["num_target_layers"],
                      mask_token_id=sizes["mask_token_id"], num_hidden_layers=depth,
                      target_model_type=model_type, target_features=features,
-                     target_final=final, target_layer_ids=None if ids is None else tuple(ids))
+                     target_final=final, target_layer_ids=None if ids is None else tuple(ids),
+                     overrides=dict(overrides))
     need_eval = validation_on(trainer.get("limit_val_batches"))
-    return spec.contract(max_seq_len=max_seq_len, need_eval_split=need_eval)
+    return spec.contract(max_seq_len=max_seq_len, need_eval_split=need_eval,
+                         target_config=target_config)
 
 
 def _choice(section: Mapping[str, Any], name: str, options: tuple[T, ...],

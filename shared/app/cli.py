@@ -76,9 +76,13 @@ def _manifests_parser(command: str) -> Callable[[str, str, Sequence[str]], Any]:
 
 
 def _validate(cfg: ValidateConfig) -> int:
-    """``validate``; with ``--against``, the trainer builds the contract the cache must meet."""
-    run = contract_from_train_config(cfg.against) if cfg.against else None
-    return manifests_cli.run_validate(cfg, run)
+    """``validate``; with ``--against``, the trainer builds the contract the cache must meet
+    (from the cache's target config, as ``train`` does)."""
+    if not cfg.against:
+        return manifests_cli.run_validate(cfg)
+    against = cfg.against
+    return manifests_cli.run_validate(cfg, lambda target: contract_from_train_config(
+        against, target_config=target))
 
 
 # A literal table, not a registry: every command, its config, its job and its one-line help.

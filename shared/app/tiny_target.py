@@ -198,7 +198,8 @@ def tiny_gemma4_config(
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
               "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
               "patch_size": 4, "image_size": 16}
-    return AutoConfig.for_model("gemma4", text_config=text.to_dict(), vision_config=vision)
+    return AutoConfig.for_model("gemma4", text_config=text.to_dict(), vision_config=vision,
+                                tie_word_embeddings=False)
 
 
 def build_tiny_gemma4(out_dir: str | Path, *, seed: int = 0, **config: Any) -> Path:

@@ -2,10 +2,13 @@
 
 Tiny random targets of each family (``tiny_families``); the draft is the Qwen3-shaped DSpark draft
 for all of them. The vLLM CPU build (0.32) starts Qwen3-MoE, so it is captured by vLLM with
-``enable_expert_parallel`` passed through; it does not start GLM-5 (``glm_moe_dsa``), Kimi-K3
-(``kimi_linear``) or MiniMax-M3 VL, which the HF backend captures. The MiniMax-M3 VL case runs the
-multimodal top level on text-only rows; rows with an image part are counted as ``image_content``
-skips.
+``enable_expert_parallel`` passed through, and Qwen3-Next (in bf16, which its CPU Gated DeltaNet
+kernel requires, with 64-wide linear-attention heads) with the lm_head-input plugin giving the
+final state, since its final norm scales by ``1 + w``; both pass ``parity`` first. It does not
+start GLM-5 (``glm_moe_dsa``), Kimi-K3 (``kimi_linear``) or MiniMax-M3 VL
+(``test_vllm_cpu_refusals.py`` records why), which the HF backend captures. The MiniMax-M3 VL case
+runs the multimodal top level on text-only rows; rows with an image part are counted as
+``image_content`` skips.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from export_helpers import eval_report
 from tiny_families import COMPOSITES
 
 from sparkforge.app.cli import main
+from sparkforge.shared.target_families import family_of
 
 IMAGE_ROW = {"messages": [
     {"role": "user", "content": [{"type": "text", "text": "What is drawn here?"},
@@ -30,6 +34,8 @@ CASES = {
     "qwen3_moe": {"backend": "vllm", "hidden_size": 128,
                   "engine": {"enable_expert_parallel": True, "max_model_len": 512,
                              "enforce_eager": True}},
+    "qwen3_next": {"backend": "vllm", "hidden_size": 128, "dtype": "bfloat16",
+                   "engine": {"max_model_len": 512, "enforce_eager": True}},
     "glm_moe_dsa": {"backend": "hf", "hidden_size": 64, "engine": {}},
     "kimi_linear": {"backend": "hf", "hidden_size": 64, "engine": {}},
     "minimax_m3_vl": {"backend": "hf", "hidden_size": 64, "engine": {}},
@@ -56,6 +62,7 @@ def _train_config(out: Path, cache: Path, model_type: str, hidden_size: int) -> 
 
 @pytest.mark.parametrize("model_type", [
     pytest.param("qwen3_moe", marks=pytest.mark.slow),  # starts a vLLM engine: ~2 min on 2 cores
+    pytest.param("qwen3_next", marks=pytest.mark.slow),
     "glm_moe_dsa", "kimi_linear", "minimax_m3_vl"])
 def test_family_runs_every_stage(model_type: str, tmp_path: Path,
                                  tiny_family: Callable[[str], Path]) -> None:
@@ -70,9 +77,10 @@ def test_family_runs_every_stage(model_type: str, tmp_path: Path,
     cache = tmp_path / "cache"
     producer = _write_yaml(tmp_path / "producer.yaml", {
         "backend": case["backend"], "data": str(data), "output": str(cache),
-        "layer_ids": [0, 1, 2], "hidden_dtype": "float32", "rows_per_unit": 8,
+        "layer_ids": [0, 1, 2], "hidden_dtype": case.get("dtype", "float32"), "rows_per_unit": 8,
         "shard_rows": 1024, "max_seq_len": 512, "eval_fraction": 0.25, "overlong": "truncate",
-        "engine": {"model": str(target), "dtype": "float32", **case["engine"]}})
+        "parity_samples": 4 if case["backend"] == "vllm" else 0,
+        "engine": {"model": str(target), "dtype": case.get("dtype", "float32"), **case["engine"]}})
     assert main(["produce", "--config", str(producer)]) == 0
     manifest = json.loads((cache / "manifest.json").read_text())
     # The cache records the text model's type (a VL top level's text_config.model_type).
@@ -81,7 +89,10 @@ def test_family_runs_every_stage(model_type: str, tmp_path: Path,
     if model_type in COMPOSITES:
         assert manifest["accounting"]["skipped"] == {"image_content": 2}
     assert manifest["capture"]["engine"] == case["backend"]
-    assert manifest["capture"]["expert_parallel"] is (case["backend"] == "vllm")
+    assert manifest["capture"]["expert_parallel"] is ("enable_expert_parallel" in case["engine"])
+    assert manifest["capture"]["final_hidden"] == family_of(text_type).final_state
+    if case["backend"] == "vllm":
+        assert manifest["parity"]["passed"], manifest["parity"]
 
     train = _train_config(tmp_path, cache, text_type, case["hidden_size"])
     assert main(["validate", str(cache), "--deep", "--against", str(train)]) == 0

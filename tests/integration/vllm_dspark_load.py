@@ -6,9 +6,9 @@ paths run, no forward pass:
 1. config resolution: ``EngineArgs(..., speculative_config={"method": METHOD, "model": DRAFT})``
    ``.create_engine_config()`` and the aux-layer ids vLLM derives from the draft config;
 2. the class vLLM's registry resolves the draft's architecture to (``Qwen3DSparkForCausalLM``,
-   ``Gemma4DSparkForCausalLM``, ``DFlashQwen3ForCausalLM``), built from that config, then its
-   ``load_weights`` on CPU; every parameter is compared with the checkpoint tensor(s) it was
-   loaded from.
+   ``Gemma4DSparkForCausalLM``, ``K3DSparkForCausalLM``, ``DFlashQwen3ForCausalLM``), built from
+   that config, then its ``load_weights`` on CPU; every parameter is compared with the
+   checkpoint tensor(s) it was loaded from.
 
 One in-process patch, for dspark only: vLLM accepts DSpark only on its
 V2 GPU runner, which needs Triton, so ``VllmConfig`` rejects "dspark speculative decoding" on the
@@ -42,9 +42,13 @@ def patch_v1_rejection() -> None:
 
 
 def _sources(name: str, ckpt: dict[str, torch.Tensor]) -> list[str]:
-    """Checkpoint keys a vLLM parameter is loaded from (q/k/v and gate/up are stacked)."""
+    """Checkpoint keys a vLLM parameter is loaded from (stacked ones concatenated in order)."""
     bare = name.removeprefix("model.")
-    stacks = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    if bare == "context_kv_proj.weight":  # K3: every layer's kv_a_proj_with_mqa, in layer order
+        depth = len({key.split(".")[1] for key in ckpt if key.startswith("layers.")})
+        return [f"layers.{i}.self_attn.kv_a_proj_with_mqa.weight" for i in range(depth)]
+    stacks = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+              "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa")}
     for fused, parts in stacks.items():
         if f".{fused}." in bare:
             return [bare.replace(fused, p) for p in parts]

@@ -134,6 +134,21 @@ def test_unreadable_commit_record_is_a_problem_not_a_crash(running: Path,
     assert status["problems"][0].startswith("unit 3: commit record cannot be read")
 
 
+def test_oversized_commit_record_is_a_problem(running: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit record over the size cap is a problem naming its unit; the others still count."""
+    import sparkforge.manifests.status as status_module
+
+    path = running / commit_key(3)
+    cap = max(len((running / commit_key(u)).read_bytes()) for u in (0, 1, 3))
+    monkeypatch.setattr(status_module, "MAX_COMMIT_BYTES", cap)
+    path.write_bytes(path.read_bytes() + b" " * 10_000)  # still valid JSON, over the cap
+    status = StatusReader.open(str(running), num_workers=2).read()
+    assert status["problems"] == [
+        f"unit 3: commit record cannot be read: larger than the {cap:,} bytes allowed"]
+    assert status["samples"] == expected_counts([0, 1])[0]
+
+
 def test_cli_table_and_exit_codes(running: Path, tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Text names the state, units and each worker; missing path 2, not a cache 1, bad flag 2."""

@@ -11,6 +11,7 @@ from torch import nn
 from sparkforge.producer.lm_head_capture import (
     LmHeadInputError,
     append_output_to_aux,
+    hide_aux_id,
     lm_head_input_id,
     register,
 )
@@ -76,3 +77,28 @@ def test_register_wraps_the_extractor_once() -> None:
 def test_lm_head_input_id_matches_no_layer() -> None:
     """The extra aux id is one past L, above every real layer id (0..L)."""
     assert lm_head_input_id(36) == 37
+
+
+class _LayerMapped(nn.Module):
+    """Maps each aux id to a decoder layer and raises on others, as vLLM's Transformers
+    modeling backend does."""
+
+    def __init__(self, num_layers: int) -> None:
+        super().__init__()
+        self.layer_names = {i: f"layers.{i}" for i in range(num_layers)}
+        self.recorded: list[str] = []
+
+    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
+        self.recorded = [self.layer_names[i - 1] for i in layers]
+
+
+def test_the_model_never_sees_the_lm_head_input_id() -> None:
+    """The lm_head input's id (L + 1) is dropped before the model maps ids to layers; the real
+    ids pass in order, and wrapping twice changes nothing."""
+    model = _LayerMapped(4)
+    with pytest.raises(KeyError):
+        model.set_aux_hidden_state_layers((1, 3, lm_head_input_id(4)))
+    hide_aux_id(model, lm_head_input_id(4))
+    hide_aux_id(model, lm_head_input_id(4))
+    model.set_aux_hidden_state_layers((1, 3, lm_head_input_id(4)))
+    assert model.recorded == ["layers.0", "layers.2"]

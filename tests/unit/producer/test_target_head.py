@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sparkforge.producer.target_head import FinalStateMismatch, load_target_head
+from sparkforge.producer.target_head import FinalStateMismatch, TargetHead, load_target_head
+from sparkforge.shared.target_families import family_of
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +65,32 @@ def test_softcap_bends_the_recomputed_logprobs(tiny_target, forward) -> None:
     torch.testing.assert_close(capped.log_probs(hidden[4][0]),
                                torch.log_softmax(0.5 * torch.tanh(logits / 0.5), -1))
     assert not torch.allclose(capped.log_probs(hidden[4][0]), logprobs, atol=1e-2)
+
+
+
+@pytest.mark.parametrize(("model_type", "plain_norm"), [
+    ("qwen3", True), ("qwen3_moe", True), ("glm_moe_dsa", True), ("kimi_linear", True),
+    ("qwen3_next", False), ("qwen3_5_text", False), ("minimax_m3_vl_text", False)])
+def test_only_families_ending_in_plain_rmsnorm_are_finished_offline(
+    model_type: str, plain_norm: bool, tiny_family
+) -> None:
+    """A target whose final norm is not RMSNorm(x) * w (Qwen3-Next/3.5 and MiniMax-M3 scale by
+    1 + w) is never finished offline from its last residual: its family captures the lm_head
+    input. (Kimi-K3 captures it too, for its residual fold after the last layer.)"""
+    model = AutoModelForCausalLM.from_pretrained(tiny_family(model_type),
+                                                 dtype=torch.float32).eval()
+    norm = model.get_decoder().norm
+    torch.manual_seed(0)
+    with torch.no_grad():  # random weights, so a 1 + w norm cannot pass for w
+        norm.weight.copy_(torch.rand_like(norm.weight) + 0.5)
+    seen = {}
+    hook = norm.register_forward_hook(lambda _m, args, out: seen.update(io=(args[0][0], out[0])))
+    with torch.no_grad():
+        model(torch.from_numpy(np.random.default_rng(1).integers(4, 1000, 24))[None])
+    hook.remove()
+    norm_in, norm_out = seen["io"]
+    eps = float(model.config.get_text_config().rms_norm_eps)
+    plain = TargetHead(norm_weight=norm.weight.detach(), eps=eps).final_norm(norm_in, torch.float32)
+    assert torch.allclose(plain, norm_out, atol=1e-5, rtol=1e-5) == plain_norm
+    if not plain_norm:
+        assert not family_of(model_type).final_from_residual

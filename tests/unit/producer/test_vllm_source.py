@@ -14,7 +14,7 @@ import torch
 
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.source import CaptureRequest
-from sparkforge.shared.header import CaptureInfo, parse_capture
+from sparkforge.shared.header import CaptureInfo, TargetInfo, parse_capture
 
 pytestmark = pytest.mark.slow
 LAYER_IDS = (1, 3, 4)   # 4 = L: feature id L-1, the last layer's raw output
@@ -172,7 +172,10 @@ def test_engine_info_names_ids_and_sizes(source) -> None:
     assert info["dtype"] == "float32"
     assert info["tensor_parallel_size"] == 1
     capture_keys = set(CaptureInfo.__dataclass_fields__) - {"max_seq_len"}
-    parsed = parse_capture({k: info[k] for k in capture_keys} | {"max_seq_len": 256})
+    target = TargetInfo(name_or_path="tiny", revision=None, content_hash="ab" * 32,
+                        model_type="qwen3", architecture="Qwen3ForCausalLM", vocab_size=1024,
+                        hidden_size=64, num_hidden_layers=4, dtype="float32", quantization=None)
+    parsed = parse_capture({k: info[k] for k in capture_keys} | {"max_seq_len": 256}, target)
     assert parsed.layer_ids == (1, 3, 4)
 
 

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from cache_helpers import make_header, make_run_header
+from cache_helpers import SMALL_SPEC, make_header, make_run_header
 
 from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.header import RunHeader
@@ -42,3 +42,17 @@ def test_writer_refuses_a_bad_header_before_creating_the_store(tmp_path: Path) -
     with pytest.raises(ManifestError, match=r"capture\.layer_ids"):
         CacheWriter.open(str(tmp_path / "c"), spec=SPEC, header=bad)
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize(("model_type", "scale"), [("qwen3", 1.0), ("gemma4_text", 4.0),
+                                                   ("gemma4", 4.0), ("kimi_linear", 1.0)])
+def test_header_without_scaling_fields_reads_the_family_default(model_type: str,
+                                                                scale: float) -> None:
+    """A header written before the scaling fields reads its family's embedding scale (sqrt(H)
+    for Gemma, 1.0 otherwise; H=16 here) and no softcap."""
+    data = make_header(SMALL_SPEC)
+    data["target"]["model_type"] = model_type
+    for key in ("embedding_scale", "final_logit_softcapping"):
+        del data["capture"][key]
+    capture = RunHeader.from_json(data).capture
+    assert (capture.embedding_scale, capture.final_logit_softcapping) == (scale, None)

@@ -18,6 +18,9 @@ FEATURE_IDS = (40, 41, 42)
 
 @pytest.mark.parametrize(("model_type", "family", "features", "final"), [
     ("qwen3", "qwen3", "residual", "post_norm"),
+    ("qwen3_moe", "qwen3", "residual", "post_norm"),
+    ("qwen3_next", "qwen3_next", "residual", "lm_head_input"),
+    ("qwen3_5_moe_text", "qwen3_next", "residual", "lm_head_input"),
     ("llama", "standard", "residual", "post_norm"),
     ("gemma4_text", "gemma", "residual", "lm_head_input"),
     ("gemma4", "gemma", "residual", "lm_head_input"),

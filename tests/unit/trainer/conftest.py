@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_tiny, draft_tiny_deepseek_v4
+from sparkforge.trainer.draft_config import (
+    DSparkDraftConfig,
+    draft_tiny,
+    draft_tiny_deepseek_v4,
+    draft_tiny_kimi_k3,
+)
 
 Batch = dict[str, torch.Tensor]
 
@@ -41,7 +46,8 @@ def tiny_cfg() -> DSparkDraftConfig:
 TINY_DRAFTS: dict[str, Callable[[], DSparkDraftConfig]] = {
     "qwen3": draft_tiny, "deepseek_v4": draft_tiny_deepseek_v4,
     "gemma4": lambda: dataclasses.replace(draft_tiny(), architecture="gemma4",
-                                          embedding_scale=8.0)}
+                                          embedding_scale=8.0),
+    "kimi_k3": draft_tiny_kimi_k3}
 """The tiny config of each draft architecture."""
 
 

@@ -19,7 +19,7 @@ from sparkforge.trainer.run_config import LossSpec
 
 Build = Callable[..., Any]
 CONTEXT_PROJECTION = {"qwen3": "fc.weight", "deepseek_v4": "main_proj.weight",
-                      "gemma4": "fc.weight"}
+                      "gemma4": "fc.weight", "kimi_k3": "context_proj.weight"}
 
 
 # The DSpark architectures (Markov and confidence heads, K drafts per block); the DFlash draft

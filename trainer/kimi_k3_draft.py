@@ -1,0 +1,140 @@
+"""The Kimi-K3 DSpark draft: dense pre-norm layers with the MLA attention of vLLM's K3 draft.
+
+Attention is DeepSeek-style multi-head latent attention with a query bottleneck: queries
+``q_a_proj -> q_a_layernorm -> q_b_proj`` give each head ``qk_nope_head_dim`` plain and
+``qk_rope_head_dim`` rotated channels; keys and values come from one latent per row,
+``kv_a_proj_with_mqa`` = [``kv_lora_rank`` latent ; ``qk_rope_head_dim`` key rope part], the
+latent normed by ``kv_a_layernorm`` and expanded per head by ``kv_b_proj`` into nope keys and
+values, the rope part rotated once and shared by every head. RoPE rotates adjacent channel
+pairs; the softmax scale is ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``. The MLP is a
+SwiGLU. Context rows enter each layer through the same ``kv_a_proj_with_mqa`` (vLLM projects
+them for all layers in one fused matmul), as in every DSpark draft.
+
+Parameter names are the checkpoint keys vLLM's ``K3DSparkForCausalLM`` loads: ``context_proj``
+and ``context_norm`` project the concatenated target features, ``final_norm`` precedes the
+shared lm_head, ``layers.{i}.self_attn.*`` / ``layers.{i}.mlp.*`` as above. Shape suffixes
+follow the legend in ``sparkforge.trainer.model``; R is ``qk_rope_head_dim``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from sparkforge.trainer import draft_forward
+from sparkforge.trainer.anchors import DSPARK_LAYOUT
+from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.draft_forward import AttnImpl, RopeTables, dspark_heads
+from sparkforge.trainer.layers import DSparkLayer, RMSNorm, attend
+from sparkforge.trainer.model import hf_normal_init
+from sparkforge.trainer.rope import RotaryEmbedding, apply_interleaved_rotary
+
+
+class K3LatentAttention(nn.Module):
+    """Block queries over ``[context ; block]`` keys/values expanded from one latent per row."""
+
+    def __init__(self, cfg: DSparkDraftConfig) -> None:
+        super().__init__()
+        h, n = cfg.hidden_size, cfg.num_attention_heads
+        self.num_heads, self.nope, self.rope = n, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+        self.kv_lora_rank, self.v_head_dim = cfg.kv_lora_rank, cfg.v_head_dim
+        self.q_a_proj = nn.Linear(h, cfg.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.q_b_proj = nn.Linear(cfg.q_lora_rank, n * (self.nope + self.rope), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(h, cfg.kv_lora_rank + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, n * (self.nope + cfg.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(n * cfg.v_head_dim, h, bias=False)
+        self.scale = (self.nope + self.rope) ** -0.5
+
+    def key_values(self, x_BPH: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys [B, N, P, nope+R] (rotated rope part shared by the heads), values [B, N, P, v]."""
+        b, p, _ = x_BPH.shape
+        latent_BPC, k_rope_BPR = self.kv_a_proj_with_mqa(x_BPH).split(
+            [self.kv_lora_rank, self.rope], dim=-1)
+        kv_BNPX = self.kv_b_proj(self.kv_a_layernorm(latent_BPC)).view(
+            b, p, self.num_heads, -1).transpose(1, 2)
+        k_nope, v = kv_BNPX.split([self.nope, self.v_head_dim], dim=-1)
+        k_rope_B1PR = apply_interleaved_rotary(k_rope_BPR[:, None], cos, sin)
+        k = torch.cat([k_nope, k_rope_B1PR.expand(-1, self.num_heads, -1, -1)], dim=-1)
+        return k, v
+
+    def forward(self, x_BQH: torch.Tensor, rope_q: RopeTables, ctx_kv: RopeTables,
+                mask: object) -> torch.Tensor:
+        """Attend block queries over ``[ctx ; block]`` under ``mask`` (None = all visible)."""
+        b, nq, _ = x_BQH.shape
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BQH)))
+        q = apply_interleaved_rotary(q.view(b, nq, self.num_heads, -1).transpose(1, 2), *rope_q)
+        k_blk, v_blk = self.key_values(x_BQH, *rope_q)
+        k = torch.cat([ctx_kv[0].to(k_blk.dtype), k_blk], dim=2)
+        v = torch.cat([ctx_kv[1].to(v_blk.dtype), v_blk], dim=2)
+        out = attend(q, k, v, mask, self.scale)
+        res: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, nq, -1))
+        return res
+
+
+K3DSparkLayer = functools.partial(DSparkLayer, attention=K3LatentAttention)
+"""One K3 draft layer: Qwen3's pre-norm block and SwiGLU around the latent attention."""
+
+
+class K3DSparkModel(nn.Module):
+    """The Kimi-K3 DSpark draft (HF normal init; embed/lm_head from the target).
+
+    Args:
+        config: A draft config with ``architecture="kimi_k3"``.
+        embed_weight: Target embedding [V, H]; copied and frozen.
+        lm_head_weight: Target output head [V, H]; copied and frozen (also the teacher).
+        attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
+    """
+
+    def __init__(
+        self,
+        config: DSparkDraftConfig,
+        *,
+        embed_weight: torch.Tensor | None = None,
+        lm_head_weight: torch.Tensor | None = None,
+        attn_implementation: AttnImpl = "sdpa",
+    ) -> None:
+        super().__init__()
+        cfg = config
+        assert cfg.architecture == "kimi_k3", cfg.architecture
+        self.config = cfg
+        self.attn_implementation = attn_implementation
+        h, v = cfg.hidden_size, cfg.vocab_size
+        self.embed_tokens = nn.Embedding(v, h)
+        self.context_proj = nn.Linear(cfg.num_features * h, h, bias=False)
+        self.context_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(K3DSparkLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.final_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, v, bias=False)
+        self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_parameters,
+                                          cfg.max_position_embeddings, interleaved=True)
+        self.markov_head, self.confidence_head = dspark_heads(cfg)
+        self.apply(functools.partial(hf_normal_init, std=cfg.initializer_range))
+        self.set_target_weights(embed_weight, lm_head_weight)
+
+    # ---- the shared DSpark passes (sparkforge.trainer.draft_forward) ----------------------
+    set_target_weights = draft_forward.set_target_weights
+    embed = draft_forward.embed
+    logits = draft_forward.logits
+    confidence = draft_forward.confidence
+    layout = DSPARK_LAYOUT
+    num_draft_tokens = property(draft_forward.num_draft_tokens)
+    forward = draft_forward.training_forward
+    extend_context = draft_forward.extend_context
+    draft_block = draft_forward.draft_block
+    empty_cache = draft_forward.empty_cache
+
+    @property
+    def norm(self) -> RMSNorm:
+        """The norm before lm_head (``final_norm``, vLLM's name)."""
+        return self.final_norm
+
+    def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
+        """context_norm(context_proj(concat features)): [B, S, F*H] -> [B, S, H]."""
+        x = target_hidden_BSX.to(self.context_proj.weight.dtype)
+        out: torch.Tensor = self.context_norm(self.context_proj(x))
+        return out
