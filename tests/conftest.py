@@ -67,19 +67,24 @@ def tiny_v4_cache(tmp_path_factory: pytest.TempPathFactory, tiny_v4_target: Path
 def tiny_family(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Builds a tiny random target of a model type once per session: ``tiny_family("qwen3_moe")``.
 
-    ``deepseek_v4`` is built as ``tiny_v4_target`` is; the others come from ``tiny_families``.
+    ``deepseek_v4`` is built as ``tiny_v4_target`` is, ``gemma4`` (the multimodal top level) by
+    ``build_tiny_gemma4``; the others come from ``tiny_families``.
     """
     from tiny_families import build_tiny_family
 
-    from sparkforge.app.tiny_target import build_tiny_deepseek_v4
+    from sparkforge.app.tiny_target import build_tiny_deepseek_v4, build_tiny_gemma4
 
     built: dict[str, Path] = {}
 
     def build(model_type: str) -> Path:
         if model_type not in built:
             out = tmp_path_factory.mktemp(f"tiny_{model_type}")
-            built[model_type] = (build_tiny_deepseek_v4(out) if model_type == "deepseek_v4"
-                                 else build_tiny_family(out, model_type))
+            if model_type == "deepseek_v4":
+                built[model_type] = build_tiny_deepseek_v4(out)
+            elif model_type == "gemma4":
+                built[model_type] = build_tiny_gemma4(out, multimodal=True)
+            else:
+                built[model_type] = build_tiny_family(out, model_type)
         return built[model_type]
 
     return build

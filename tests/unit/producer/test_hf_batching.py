@@ -16,7 +16,7 @@ from sparkforge.producer.source import CaptureRequest
 LAYER_IDS = (1, 2, 3)
 FAMILIES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "glm_moe_dsa",
             "minimax_m3_vl_text", "minimax_m3_vl",
-            "kimi_linear", "deepseek_v4", "gemma4_text")
+            "kimi_linear", "deepseek_v4", "gemma4_text", "gemma4")
 
 
 def _requests() -> list[CaptureRequest]:
