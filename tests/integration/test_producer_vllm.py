@@ -209,8 +209,10 @@ def test_engine_death_is_one_line_and_exit_1(tmp_path: Path,
     proc = cli("produce", "--config", str(config))
     output = proc.communicate(timeout=600)[0].decode()
     assert proc.returncode == 1, output[-4000:]
-    last = output.rstrip().splitlines()[-1]
-    assert last.startswith("sparkforge produce: error: the vLLM engine stopped while capturing"), \
-        output[-4000:]
+    errors = [line for line in output.splitlines() if line.startswith("sparkforge produce:")]
+    assert len(errors) == 1, output[-4000:]
+    assert errors[0].startswith("sparkforge produce: error: the vLLM engine stopped while "
+                                "capturing"), output[-4000:]
+    assert "raise self._format_exception(outputs)" not in output  # no traceback of ours
     assert "Worker failed with error 'CPU GDN attention requires BF16.'" in output
     assert not list((tmp_path / "cache").glob("_commits/*"))
