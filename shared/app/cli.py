@@ -13,6 +13,7 @@ that names nothing).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -171,5 +172,19 @@ def error_message(exc: BaseException) -> str:
     return text
 
 
+def console_main() -> None:
+    """The ``sparkforge`` console script: run :func:`main`, then leave without interpreter teardown.
+
+    By then the job has finished, its engines are shut down and its files are closed; what is
+    left is the destruction of native thread pools (vLLM CPU, torch), which sometimes aborts the
+    process (``terminate called without an active exception``, exit -6) after a finished run.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
