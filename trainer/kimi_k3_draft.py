@@ -27,7 +27,7 @@ from sparkforge.trainer import draft_forward
 from sparkforge.trainer.anchors import DSPARK_LAYOUT
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.draft_forward import AttnImpl, RopeTables, dspark_heads
-from sparkforge.trainer.layers import DSparkLayer, RMSNorm, attend
+from sparkforge.trainer.layers import DSparkLayer, RMSNorm, attend_after_context
 from sparkforge.trainer.model import hf_normal_init
 from sparkforge.trainer.rope import RotaryEmbedding, apply_interleaved_rotary
 
@@ -69,11 +69,7 @@ class K3LatentAttention(nn.Module):
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BQH)))
         q = apply_interleaved_rotary(q.view(b, nq, self.num_heads, -1).transpose(1, 2), *rope_q)
         k_blk, v_blk = self.key_values(x_BQH, *rope_q)
-        k = torch.cat([ctx_kv[0].to(k_blk.dtype), k_blk], dim=2)
-        v = torch.cat([ctx_kv[1].to(v_blk.dtype), v_blk], dim=2)
-        out = attend(q, k, v, mask, self.scale)
-        res: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, nq, -1))
-        return res
+        return attend_after_context(q, k_blk, v_blk, ctx_kv, mask, self.scale, self.o_proj)
 
 
 K3DSparkLayer = functools.partial(DSparkLayer, attention=K3LatentAttention)

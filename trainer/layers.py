@@ -129,11 +129,20 @@ class DSparkAttention(nn.Module):
         q = self.q_norm(self.q_proj(x_BQH).view(b, nq, self.num_heads, self.head_dim))
         q = apply_rotary(q.transpose(1, 2), *rope_q)
         k_blk, v_blk = self.key_values(x_BQH, *rope_q)
-        k = torch.cat([ctx_kv[0].to(k_blk.dtype), k_blk], dim=2)
-        v = torch.cat([ctx_kv[1].to(v_blk.dtype), v_blk], dim=2)
-        out = attend(q, k, v, mask, self.softmax_scale)
-        res: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, nq, -1))
-        return res
+        return attend_after_context(q, k_blk, v_blk, ctx_kv, mask, self.softmax_scale,
+                                    self.o_proj)
+
+
+def attend_after_context(q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor,
+                         ctx_kv: tuple[torch.Tensor, torch.Tensor], mask: Any, scale: float | None,
+                         o_proj: nn.Module) -> torch.Tensor:
+    """Block queries [B, N, Q, D] over ``[ctx ; block]`` keys and values, then ``o_proj``."""
+    b, _, nq, _ = q.shape
+    k = torch.cat([ctx_kv[0].to(k_blk.dtype), k_blk], dim=2)
+    v = torch.cat([ctx_kv[1].to(v_blk.dtype), v_blk], dim=2)
+    out = attend(q, k, v, mask, scale)
+    res: torch.Tensor = o_proj(out.transpose(1, 2).reshape(b, nq, -1))
+    return res
 
 
 class DSparkLayer(nn.Module):
