@@ -143,7 +143,7 @@ def label_indices(
 
     Returns:
         label_idx [B, A, K] (may reach the end), safe_idx [B, A, K] clamped to the end - 1
-        and 0 for dummies.
+        and the anchor itself for dummies (position 0 as sampled).
     """
     offs_K = torch.arange(1, num_drafts + 1, device=anchors_BA.device)
     label_BAK = anchors_BA[..., None] + offs_K
@@ -151,7 +151,7 @@ def label_indices(
         safe_BAK = label_BAK.clamp(max=seq_len - 1)
     else:
         safe_BAK = torch.minimum(label_BAK, ends_BA[..., None] - 1)
-    safe_BAK = torch.where(keep_BA[..., None], safe_BAK, torch.zeros_like(safe_BAK))
+    safe_BAK = torch.where(keep_BA[..., None], safe_BAK, anchors_BA[..., None].expand_as(safe_BAK))
     return label_BAK, safe_BAK
 
 

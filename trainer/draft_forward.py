@@ -239,7 +239,8 @@ def training_forward(
             term, the confidence label and the acceptance metrics.
         attention_mask: [B, S] 1 on real tokens, 0 on right padding. Padding is removed
             from the loss mask, so no anchor and no label lies in it, and context is
-            strictly before the anchor, so padding is never visible.
+            strictly before the anchor, so padding is never visible; labels and teacher
+            targets past the real tokens repeat the last one.
         position_ids: [B, S] per-document positions of a packed row (default 0..S-1); the
             context and block RoPE use them.
         document_ids: [B, S] equal on each document of a packed row (contiguous runs). A block
@@ -259,7 +260,7 @@ def training_forward(
     if document_ids is not None:
         starts_BS, ends_BS = document_bounds(document_ids)
     elif attention_mask is not None:
-        ends_BS = attention_mask.sum(dim=1, keepdim=True).expand(batch, seq_len)
+        ends_BS = attention_mask.long().sum(dim=1, keepdim=True).expand(batch, seq_len)
     candidates_BC = anchor_candidates(loss_mask, layout, block_size=k, ends_BS=ends_BS)
     if anchor_positions is None:
         anchor_positions, block_keep_mask = sample_anchors(
@@ -267,9 +268,8 @@ def training_forward(
     assert block_keep_mask is not None, "block_keep_mask is required with anchor_positions"
     anchors, keep = anchor_positions, block_keep_mask
     num_a = anchors.shape[1]
-    starts_BA = ends_BA = None
-    if starts_BS is not None and ends_BS is not None:
-        starts_BA, ends_BA = (torch.gather(t, 1, anchors) for t in (starts_BS, ends_BS))
+    starts_BA = None if starts_BS is None else torch.gather(starts_BS, 1, anchors)
+    ends_BA = None if ends_BS is None else torch.gather(ends_BS, 1, anchors)
 
     anchor_tok_BA = torch.gather(input_ids, 1, anchors)
     block_ids = torch.full((batch, num_a, k), cfg.mask_token_id, dtype=input_ids.dtype,
@@ -294,7 +294,8 @@ def training_forward(
     target_logits = None
     if target_last_hidden_states is not None:
         with torch.no_grad():
-            t_idx = (safe_BAK - 1).clamp(min=0).flatten(1)
+            # The hidden state before each label, never before the anchor's own document.
+            t_idx = torch.maximum(safe_BAK - 1, anchors[..., None]).flatten(1)
             t_hid = torch.gather(target_last_hidden_states, 1, t_idx[..., None].expand(
                 -1, -1, target_last_hidden_states.shape[-1]))
             target_logits = logits(stack, t_hid.to(stack.lm_head.weight.dtype)).view(
