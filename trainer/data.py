@@ -62,7 +62,8 @@ def load_split_index(reader: UnitReader, split: str, *, min_loss_tokens: int = 2
         logger.info("%s split: skipping %d samples with < %d loss tokens (no valid anchor)",
                     split, int(in_split.sum() - keep.sum()), min_loss_tokens)
     return SplitIndex.from_columns(sample_id=col["sample_id"][keep], unit=col["unit"][keep],
-                                   length=col["length"][keep])
+                                   length=col["length"][keep],
+                                   num_loss_tokens=col["num_loss_tokens"][keep])
 
 
 def _hidden_tensor(values: np.ndarray, hidden_dtype: str) -> torch.Tensor:

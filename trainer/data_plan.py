@@ -28,6 +28,8 @@ class SplitIndex:
     """int64, one per sample: the commit unit holding it."""
     length: np.ndarray
     """int64, one per sample: its length in tokens."""
+    num_loss_tokens: np.ndarray | None = None
+    """int64, one per sample: its supervised tokens (None when not read)."""
 
     def __len__(self) -> int:
         return int(self.sample_id.shape[0])
@@ -39,6 +41,7 @@ class SplitIndex:
         sample_id: Sequence[int] | np.ndarray,
         unit: Sequence[int] | np.ndarray,
         length: Sequence[int] | np.ndarray,
+        num_loss_tokens: Sequence[int] | np.ndarray | None = None,
         order_key: np.ndarray | None = None,
     ) -> SplitIndex:
         """Build from index columns; rows are sorted by ``order_key`` (default: unit, sample id)."""
@@ -49,7 +52,10 @@ class SplitIndex:
             order = np.lexsort((sid, uni))
         else:
             order = np.argsort(order_key, kind="stable")
-        return cls(sample_id=sid[order], unit=uni[order], length=ln[order])
+        loss = None if num_loss_tokens is None else np.asarray(num_loss_tokens,
+                                                               dtype=np.int64)[order]
+        return cls(sample_id=sid[order], unit=uni[order], length=ln[order],
+                   num_loss_tokens=loss)
 
 
 @dataclass(frozen=True)
