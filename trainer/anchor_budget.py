@@ -97,7 +97,7 @@ def setting_from_train_config(data: Mapping[str, Any]) -> AnchorSetting:
     """The anchor setting of a loaded ``sparkforge train`` config (unset fields: the defaults).
 
     Raises:
-        ValueError: naming a field that is not a positive integer.
+        ValueError: naming a field that is not an integer in range.
     """
     model = data.get("model") or {}
     draft, train = model.get("draft") or {}, data.get("data") or {}
@@ -105,12 +105,13 @@ def setting_from_train_config(data: Mapping[str, Any]) -> AnchorSetting:
     for section, where, name, default in (
             (draft, "model.draft", "num_anchors", DSparkDraftConfig.num_anchors),
             (draft, "model.draft", "block_size", DSparkDraftConfig.block_size),
-            (train, "data", "batch_size", 1), (train, "data", "max_seq_len", DEFAULT_MAX_SEQ_LEN),
+            (train, "data", "batch_size", 1),
+            (train, "data", "max_seq_len", DEFAULT_MAX_SEQ_LEN),
             (train, "data", "shuffle_buffer", 256), (train, "data", "pool_batches", 16),
             (train, "data", "seed", 0)):
-        value = section.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < (name == "seed"):
-            raise ValueError(f"{where}.{name} must be a positive integer, got {value!r}")
+        value, low = section.get(name, default), 0 if name == "seed" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{where}.{name} must be an integer >= {low}, got {value!r}")
         values[name] = value
     return AnchorSetting(num_anchors=values["num_anchors"], block_size=values["block_size"],
                          full_block=model.get("recipe") == "dflash",
