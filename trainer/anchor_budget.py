@@ -43,7 +43,8 @@ def valid_anchors(num_loss_tokens: np.ndarray, setting: AnchorSetting) -> np.nda
     A multi-turn sample has one span per turn, hence slightly fewer.
     """
     reach = setting.block_size - 1 if setting.full_block else 1
-    return np.maximum(num_loss_tokens - reach, 0)
+    out: np.ndarray = np.maximum(num_loss_tokens - reach, 0)
+    return out
 
 
 def batching_budget(index: SplitIndex, setting: AnchorSetting, batching: Batching

@@ -3,8 +3,9 @@
 KV layout ``[context (S) | block_0 (K) | ... | block_{A-1} (K)]``, Q layout ``[block_0 | ...]``.
 A query of block n sees context key j iff start_n <= j < anchor_n and block n is kept, and every
 key of its own block (bidirectional); nothing of other blocks. start_n is the first position of
-the anchor's document (0 unless the row is packed), so a block never sees another document. A dummy block still sees itself, so no
-row is ever fully masked (a dense softmax over an all -inf row is NaN).
+the anchor's document (0 unless the row is packed), so a block never sees another document. A
+dummy block still sees itself, so no row is ever fully masked (a dense softmax over an all -inf
+row is NaN).
 
 Shape suffixes follow the legend in ``sparkforge.trainer.model``.
 """

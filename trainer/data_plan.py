@@ -3,8 +3,9 @@
 The plan is a pure function of (index, seed, epoch, share): units are visited in a per-epoch
 shuffled order, the epoch's sample sequence is cut into equal contiguous shares (one per
 data-parallel rank x dataloader worker), each share passes through a bounded shuffle buffer and is
-cut into micro-batches (``pack``: first packed into rows of whole samples, then cut). Because only sample ids and lengths are needed, a resumed run recomputes
-the same plan and skips the batches already consumed without reading them.
+cut into micro-batches (``pack``: first packed into rows of whole samples, then cut). Because only
+sample ids and lengths are needed, a resumed run recomputes the same plan and skips the batches
+already consumed without reading them.
 """
 
 from __future__ import annotations
@@ -158,7 +159,9 @@ def pack_rows(order: np.ndarray, lengths: np.ndarray, *, row_tokens: int,
         buf += [pos for _, pos in zip(range(buffer_size - len(buf)), stream, strict=False)]
         if not buf:
             return rows
-        room, row, rest = row_tokens, [], []
+        room = row_tokens
+        row: list[int] = []
+        rest: list[int] = []
         for pos in buf:
             if lens[pos] <= room or not row:
                 row.append(pos)

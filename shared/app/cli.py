@@ -25,12 +25,11 @@ from jsonargparse import ArgumentError, ArgumentParser, set_parsing_settings
 from sparkforge.app.demo import DemoConfig, run_demo_command
 from sparkforge.manifests import cli as manifests_cli
 from sparkforge.manifests.cli import FinalizeConfig, UsageError, ValidateConfig
+from sparkforge.manifests.open import open_cache
 from sparkforge.producer import cli as producer_cli
 from sparkforge.producer.config import ProducerConfig, RegenerateConfig
 from sparkforge.shared.io_errors import describe
 from sparkforge.trainer import cli as trainer_cli
-from sparkforge.trainer.job_config import EvalConfig, ExportConfig
-from sparkforge.manifests.open import open_cache
 from sparkforge.trainer.anchor_budget import (
     AnchorSetting,
     anchor_budget,
@@ -39,6 +38,7 @@ from sparkforge.trainer.anchor_budget import (
     setting_from_train_config,
 )
 from sparkforge.trainer.data_plan import SplitIndex
+from sparkforge.trainer.job_config import EvalConfig, ExportConfig
 from sparkforge.trainer.run_config import (
     TrainConfigError,
     contract_from_train_config,

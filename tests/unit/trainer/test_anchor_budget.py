@@ -26,8 +26,8 @@ def test_budget_matches_a_hand_count() -> None:
     budget = anchor_budget(index, setting)
     assert budget["bucket"]["kept_anchor_ratio"] == pytest.approx(28 / 64)
     assert budget["pack"]["kept_anchor_ratio"] == pytest.approx(28 / 32)
-    assert budget["pack"]["tokens_per_row"] == 40 and budget["pack"]["rows"] == 2
-    assert budget["bucket"]["padding"] == 0 and budget["pack"]["padding"] == 0
+    assert (budget["pack"]["tokens_per_row"], budget["pack"]["rows"]) == (40, 2)
+    assert (budget["bucket"]["padding"], budget["pack"]["padding"]) == (0, 0)
     dflash = anchor_budget(index, AnchorSetting(num_anchors=16, block_size=4, full_block=True,
                                                 batch_size=2, row_tokens=40))
     assert dflash["bucket"]["kept_anchor_ratio"] == pytest.approx((6 + 6 + 6 + 2) / 64)
