@@ -7,7 +7,7 @@ the anchor's document (0 unless the row is packed), so a block never sees anothe
 dummy block still sees itself, so no row is ever fully masked (a dense softmax over an all -inf
 row is NaN).
 
-Shape suffixes follow the legend in ``sparkforge.trainer.model``.
+Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
 
 from __future__ import annotations
