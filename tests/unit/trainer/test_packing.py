@@ -9,15 +9,15 @@ import pytest
 import torch
 from conftest import TINY_DRAFTS
 
-from sparkforge.trainer.anchors import (
+from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.draft.anchors import (
     DFLASH_LAYOUT,
     anchor_candidates,
     document_bounds,
     sample_anchors,
 )
-from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.attention_mask import dense_allowed
-from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.draft.attention_mask import dense_allowed
+from sparkforge.trainer.draft.config import DSparkDraftConfig
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 
