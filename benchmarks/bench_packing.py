@@ -7,22 +7,32 @@ loss, backward, AdamW) by a narrow DSpark draft with the production recipe's sha
 K=7, 512 anchors, Qwen3-8B's MLP width and vocabulary). ``--scale s`` divides the lengths, the
 row length, the anchors, the MLP width and the vocabulary by s, which keeps every ratio (anchors
 per supervised token, samples per row, the cost shares of a block query) and fits a CPU;
-``--scale 1`` is the production shape. Both batchings step in turn in one process, so the ratio is against a
-baseline of the same run.
+``--scale 1`` is the production shape. Both batchings step in turn in one process, so the ratio
+is against a baseline of the same run.
 
 Goals (issue 21): kept-anchor ratio >= 0.95 packed, >= 2x supervised slots per second.
 
 Run: ``.venv/bin/python -P benchmarks/bench_packing.py [--scale 8 --steps 20 --threads 2]``
+
+``--quality OUT_DIR`` instead trains the shipped code target's draft
+(``trainer/examples/code_target.yaml``) on the bf16 cache of an earlier
+``benchmarks/bench_quality.py`` run in OUT_DIR, bucketed as it ships (4 rows of one sample, 32
+anchors each) and packed (2 rows of up to 512 tokens, 64 anchors each: the same 128 anchor slots
+per step), for the same steps and seeds, and compares the teacher-forced tau of the eval split
+at the same number of supervised slots.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import json
 import shlex
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -154,6 +164,54 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+REPO = Path(__file__).resolve().parent.parent
+QUALITY_RUNS = {"bucket": [], "pack": ["--data.batching", "pack", "--data.batch_size", "2",
+                                       "--model.draft.num_anchors", "64"]}
+
+
+def train_code_target(out: Path, name: str, seed: int, steps: int) -> list[dict[str, float]]:
+    """One ``sparkforge train`` of the code target's draft; its validations by step.
+
+    Each row: step, teacher-forced tau of the eval split and the supervised slots trained so far.
+    """
+    run_dir = out / "packing" / f"{name}_seed{seed}"
+    if not (run_dir / "done").is_file():
+        subprocess.run([sys.executable, "-P", "-m", "sparkforge.app.cli", "train", "--config",
+                        str(REPO / "trainer" / "examples" / "code_target.yaml"),
+                        "--data.uri", str(out / "cache"), "--trainer.max_steps", str(steps),
+                        "--trainer.val_check_interval", str(steps // 3),
+                        "--trainer.check_val_every_n_epoch", "null",
+                        "--trainer.log_every_n_steps", "1",
+                        "--seed_everything", str(seed), "--model.seed", str(seed),
+                        "--data.seed", str(seed), "--checkpoint.dirpath", str(run_dir / "ckpt"),
+                        "--trainer.logger.init_args.save_dir", str(run_dir),
+                        *QUALITY_RUNS[name]], check=True)
+        (run_dir / "done").write_text("")
+    slots, rows = 0.0, []
+    with next(run_dir.rglob("metrics.csv")).open() as f:
+        for row in csv.DictReader(f):
+            if row.get("train/supervised_slots"):
+                slots += float(row["train/supervised_slots"])
+            if row.get("val/tau"):
+                rows.append({"step": float(row["step"]), "val_tau": float(row["val/tau"]),
+                             "supervised_slots": slots})
+    return rows
+
+
+def quality(out: Path, steps: int, seeds: list[int]) -> dict[str, Any]:
+    """Bucketed and packed code-target drafts: teacher-forced tau by supervised slots."""
+    if not (out / "cache" / "manifest.json").is_file():
+        raise SystemExit(f"--quality needs the bf16 cache of a bench_quality.py run in {out}")
+    runs = {f"{name}_seed{seed}": train_code_target(out, name, seed, steps)
+            for seed in seeds for name in QUALITY_RUNS}
+    print("| run | " + " | ".join(f"step {int(v['step'])}" for v in next(iter(runs.values())))
+          + " |\n|---|" + "---|" * len(next(iter(runs.values()))))
+    for name, rows in runs.items():
+        print(f"| {name} | " + " | ".join(f"tau {v['val_tau']:.3f} at {v['supervised_slots']:,.0f}"
+                                          " slots" for v in rows) + " |")
+    return {"steps": steps, "seeds": seeds, "runs": runs}
+
+
 def main(argv: list[str]) -> int:
     """Parse, run, print the table, the JSON and the command."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -163,9 +221,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--bucket_batch", type=int, default=1,
                    help="samples per bucketed micro-batch (the production configs use 1)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--quality", type=Path, metavar="OUT_DIR",
+                   help="instead: bucketed vs packed code-target drafts (see above)")
+    p.add_argument("--quality_steps", type=int, default=150)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     args = p.parse_args(argv)
-    result = run(args)
-    print(table(result))
+    if args.quality:
+        result = quality(args.quality, args.quality_steps, args.seeds)
+    else:
+        result = run(args)
+        print(table(result))
     print(json.dumps(result, indent=1))
     print("reproduce: .venv/bin/python -P benchmarks/bench_packing.py "
           + shlex.join(argv))
