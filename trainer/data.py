@@ -291,7 +291,11 @@ class ResumableLoader:
         return {"epoch": self.epoch, "consumed": self.consumed,
                 "world_size": self.stream.world_size, "num_workers": self.stream.num_workers,
                 "batch_size": self.stream.batch_size, "seed": self.stream.seed,
-                "row_tokens": self.stream.row_tokens}
+                "packed_row_tokens": self._row_tokens()}
+
+    def _row_tokens(self) -> int:
+        """Tokens per packed row (0 when rows are single samples: the plan ignores it)."""
+        return self.stream.row_tokens if self.stream.packed else 0
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resume at a saved position; the data layout must be the one it was saved with."""
@@ -299,10 +303,15 @@ class ResumableLoader:
             f"data.{key}: checkpoint has {state[key]}, this run has {now}"
             for key, now in (("world_size", self.stream.world_size),
                              ("num_workers", self.stream.num_workers),
-                             ("batch_size", self.stream.batch_size), ("seed", self.stream.seed),
-                             ("row_tokens", self.stream.row_tokens))
+                             ("batch_size", self.stream.batch_size), ("seed", self.stream.seed))
             if state.get(key, now) != now
         ]
+        rows = state.get("packed_row_tokens", self._row_tokens())
+        if rows != self._row_tokens():
+            def shown(n: int) -> str:
+                return f"rows packed to data.max_seq_len={n}" if n else "one sample per row"
+            problems.append(f"data.batching / data.max_seq_len: checkpoint has {shown(rows)}, "
+                            f"this run has {shown(self._row_tokens())}")
         if problems:
             raise ValueError("cannot resume the data position exactly (the epoch plan depends on "
                              "these):\n  " + "\n  ".join(problems))

@@ -164,6 +164,10 @@ def test_resume_with_another_layout_is_refused() -> None:
     other = ResumableLoader(_stream(_Reader(), world=2))
     with pytest.raises(ValueError, match="data.world_size"):
         other.load_state_dict(state)
+    packed = ResumableLoader(_stream(_Reader(), batching="pack"))
+    with pytest.raises(ValueError, match="checkpoint has one sample per row, this run has rows "
+                                         "packed to data.max_seq_len=40"):
+        packed.load_state_dict(state)
 
 
 def test_eval_stream_reads_the_eval_split_in_order() -> None:
