@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sparkforge.shared import storage
+from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.fields import load_json
 
 MAX_MANIFEST_BYTES: Final = 1 << 30
@@ -25,7 +26,7 @@ MAX_KEY_DEPTH: Final = 8
 cycles."""
 
 
-class CacheNotFoundError(FileNotFoundError, ValueError):
+class CacheNotFoundError(ConfigError, FileNotFoundError):
     """Raised when the cache URI names nothing at all (a usage error, not an invalid cache)."""
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.errors import SparkforgeError
 
 # Settings that change how a run goes but not a byte of the cache: left out of the cache header, so
 # a resumed run (or another worker) may differ in them. Everything else must match on resume.
@@ -147,7 +148,7 @@ class ProducerConfig:
         elif self.num_workers is not None and not 0 <= self.worker_index < self.num_workers:  # type: ignore[operator]
             problems.append(f"--worker_index must be in [0, --num_workers={self.num_workers})")
         if problems:
-            raise ValueError("invalid producer config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid producer config:\n  " + "\n  ".join(problems))
 
     @property
     def seq_len(self) -> int:
@@ -208,5 +209,5 @@ class RegenerateConfig:
             if not getattr(self, name):
                 problems.append(f"--{name} is required")
         if problems:
-            raise ValueError("invalid regenerate config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid regenerate config:\n  " + "\n  ".join(problems))
 

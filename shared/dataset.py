@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import fsspec
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.io_errors import storage_errors
 
 logger = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _HASH_BLOCK_BYTES = 8 << 20
 
 
-class DatasetError(ValueError):
+class DatasetError(SparkforgeError):
     """Raised when a data source cannot be found or its format is unknown."""
 
 

@@ -28,13 +28,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NewType
 
+from sparkforge.shared.errors import SparkforgeError
+
 FeatureIds = NewType("FeatureIds", tuple[int, ...])
 """DSpark feature ids: id ``l`` is the output of 0-based decoder layer ``l``."""
 HfIndices = NewType("HfIndices", tuple[int, ...])
 """HF ``hidden_states`` indices (= vLLM aux ids): index ``k`` follows ``k`` decoder layers."""
 
 
-class LayerIdError(ValueError):
+class LayerIdError(SparkforgeError):
     """Raised when layer ids are out of range, unsorted, duplicated or empty."""
 
 

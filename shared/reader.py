@@ -20,6 +20,7 @@ import zarr
 from sparkforge.shared import storage
 from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo, checksum
 from sparkforge.shared.dtypes import dequantize_e4m3, float_to_storage
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.layout import (
     LAYERED,
     TARGET_PREFIX,
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 M = TypeVar("M")
 
 
-class CacheDataError(ValueError):
+class CacheDataError(SparkforgeError):
     """Raised when committed data cannot be used: missing, undecodable or out-of-range values."""
 
 

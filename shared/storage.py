@@ -18,16 +18,18 @@ from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
+from sparkforge.shared.errors import SparkforgeError
+
 logger = logging.getLogger(__name__)
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
 
 
-class UnsafeKeyError(ValueError):
+class UnsafeKeyError(SparkforgeError):
     """Raised when a key read from untrusted data would escape the cache root."""
 
 
-class ObjectTooLargeError(ValueError):
+class ObjectTooLargeError(SparkforgeError):
     """Raised when an object is larger than its reader allows (a corrupt or hostile cache)."""
 
 

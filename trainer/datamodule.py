@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.schema import CacheManifest
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.reader import CacheReader
 from sparkforge.shared.target_config import parse_target_config
 from sparkforge.trainer.data import CacheStream, ResumableLoader, load_split_index
@@ -75,7 +76,7 @@ class CacheDataModule(L.LightningDataModule):
         if batching not in ("pad", "bucket"):
             problems.append(f"data.batching={batching!r} must be 'pad' or 'bucket'")
         if problems:
-            raise ValueError("invalid data config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid data config:\n  " + "\n  ".join(problems))
         self.save_hyperparameters()
         self.uri, self.storage_options = uri, storage_options
         self.max_seq_len, self.batch_size, self.batching = max_seq_len, batch_size, batching

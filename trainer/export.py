@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.provenance import package_version
 from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of
 from sparkforge.trainer.draft_config import DSparkDraftConfig
@@ -32,7 +33,7 @@ OPTIONAL_KEYS = ("embed_tokens.weight", "lm_head.weight")
 TRAINING_ONLY = ("rotary_emb.", "t2d", "mask_embedding")
 
 
-class ExportError(ValueError):
+class ExportError(SparkforgeError):
     """Raised when a checkpoint cannot be exported as a servable draft; lists every reason."""
 
 

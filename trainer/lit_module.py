@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
@@ -37,7 +38,7 @@ LOSS_TERMS = ("loss", "ce_loss", "l1_loss", "confidence_loss")
 RESUME_FIELDS = ("mask_token_id", "block_size", "target_layer_ids")
 
 
-class NonFiniteLossError(ValueError):
+class NonFiniteLossError(SparkforgeError):
     """Raised when a training loss is NaN or infinite; names the samples of the batch."""
 
 

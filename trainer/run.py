@@ -9,6 +9,7 @@ from typing import Any
 import lightning as L
 
 from sparkforge.manifests.contract import RunContract, check_contract
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.datamodule import CacheDataModule
 from sparkforge.trainer.lit_module import DSparkLitModule
 from sparkforge.trainer.run_config import validation_on
@@ -46,7 +47,7 @@ def check_resume_target(trainer: L.Trainer, ckpt_path: str | None) -> None:
     """
     callback = trainer.checkpoint_callback
     if ckpt_path == "last" and getattr(callback, "dirpath", None) is None:
-        raise ValueError(
+        raise SparkforgeError(
             "--ckpt_path last needs a fixed --checkpoint.dirpath (each run otherwise writes to a "
             "new version folder, so 'last' never finds the previous run); set it, or pass the "
             "checkpoint file's path"
