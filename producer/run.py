@@ -42,7 +42,7 @@ from sparkforge.producer.units import num_units, owned_units, resolve_share, row
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
 from sparkforge.shared import storage
 from sparkforge.shared.dataset import DatasetError, DataSource, describe_sources, iter_rows
-from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.io_errors import storage_errors
 from sparkforge.shared.layer_ids import (
     HfIndices,
@@ -98,8 +98,8 @@ def prepare(cfg: ProducerConfig) -> Prepared:
                 cfg.layer_ids or default_feature_ids(num_layers, cfg.num_feature_layers),
                 num_layers))
     except LayerIdError as exc:
-        raise SparkforgeError(f"--layer_ids / --layer_stride / --num_feature_layers for a "
-                              f"{num_layers}-layer target: {exc}") from exc
+        raise ConfigError(f"--layer_ids / --layer_stride / --num_feature_layers for a "
+                          f"{num_layers}-layer target: {exc}") from exc
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(str(model_dir)),
                           chat_template=cfg.chat_template, reasoning=cfg.reasoning,
                           max_seq_len=cfg.seq_len, overlong=cfg.overlong)

@@ -82,7 +82,10 @@ def read_arrays(loc: storage.Location, spec: CacheSpec,
 
     Raises:
         CacheDataError: the group or an array is missing, or its metadata cannot be read.
+        IrregularObjectError, UnsafeKeyError: a metadata file is no regular file inside the root.
     """
+    names = list(array_layouts(spec) if names is None else names)
+    storage.check_zarr_metadata(loc, names)
     try:
         group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
         return open_arrays(group, spec, names)
@@ -206,7 +209,7 @@ class CacheReader(Generic[M]):
             key = slot_key(name, arr, slot.slot)
             try:
                 storage.inside_root(self.loc, key)
-            except storage.UnsafeKeyError as exc:
+            except (storage.UnsafeKeyError, storage.IrregularObjectError) as exc:
                 raise CacheDataError(f"{where}: array {name}: {exc}") from exc
             if not storage.exists(self.loc, key):
                 raise CacheDataError(f"{where}: array {name}: object {key} is missing (it would "

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from safetensors.torch import save_file
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.provenance import package_version
 from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of
+from sparkforge.trainer.checkpoint import load_checkpoint
 from sparkforge.trainer.draft_config import DSparkDraftConfig
 
 logger = logging.getLogger(__name__)
@@ -111,15 +111,7 @@ def read_checkpoint(
     ckpt_path: str | Path,
 ) -> tuple[DSparkDraftConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """The draft config, bare draft tensors and provenance of a ``sparkforge train`` checkpoint."""
-    # weights_only: a checkpoint is a pickle, and a foreign one could run code on load; ours holds
-    # only tensors and plain containers (lit_module saves hyperparameters as dicts).
-    try:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise ExportError(f"{ckpt_path} holds objects other than tensors and plain containers: "
-                          "not a sparkforge train checkpoint") from exc
-    if "draft_config" not in ckpt:
-        raise ExportError(f"{ckpt_path} has no draft_config: not a sparkforge train checkpoint")
+    ckpt = load_checkpoint(ckpt_path)
     provenance = {"checkpoint": str(ckpt_path), "global_step": ckpt.get("global_step"),
                   "epoch": ckpt.get("epoch"), **ckpt.get("sparkforge_provenance", {})}
     loss = ckpt.get("hyper_parameters", {}).get("loss")

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from cache_helpers import forge_rows
-from export_helpers import load_in_vllm
+from export_helpers import foreign_checkpoint, load_in_vllm
 
 from sparkforge.app.cli import main
 
@@ -253,3 +253,38 @@ def test_index_row_count_mismatch_exits_1_not_abort(tiny_cache: str, tmp_path: P
         assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
         assert "15 rows != manifest storage.totals.samples 16" in proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_a_unit_dropped_from_manifest_index_and_commits_is_refused(
+        tiny_cache: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A consistent cache that lost a whole unit after the run: the run header still counts it,
+    so train refuses before the first step instead of training on what is left."""
+    from sparkforge.manifests.finalize import finalize_cache
+
+    cache = _copy(tiny_cache, tmp_path)
+    commits = sorted((cache / "_commits").glob("unit_*.json"))
+    commits[-1].unlink()
+    (cache / "manifest.json").unlink()
+    finalize_cache(str(cache), expected_units=len(commits) - 1)
+    out = tmp_path / "run"
+    assert main(_train_args(str(cache), out, "--trainer.max_steps", "2")) == 1
+    err = capsys.readouterr().err
+    assert (f"promises producer_config.resolved.num_units = {len(commits)} units, but the "
+            f"manifest has {len(commits) - 1}") in err, err[-2000:]
+    assert not list(out.rglob("*.ckpt")), "refused before the first step"
+
+
+@pytest.mark.parametrize("kind", ["random_bytes", "code_running_pickle"])
+def test_a_foreign_ckpt_path_is_refused_in_one_line(tiny_cache: str, tmp_path: Path, kind: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """--ckpt_path on random bytes or a code-running pickle: exit 1, the line export gives, no
+    code run, no training."""
+    ckpt = foreign_checkpoint(kind, tmp_path / "foreign.ckpt")
+    out = tmp_path / "run"
+    assert main(_train_args(tiny_cache, out, "--trainer.max_steps", "2",
+                            "--ckpt_path", str(ckpt))) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"sparkforge train: error: {ckpt}: not a sparkforge train "
+                              "checkpoint"), err[-5:]
+    assert not ckpt.with_suffix(".ran").exists()
+    assert not list(out.rglob("*.ckpt"))

@@ -28,6 +28,8 @@ CASES = [
     ("finalize", ["--output", "{tmp}"], 1, "a folder that holds no run"),
     ("produce", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--window", "0"], 2,
      "a value the config refuses"),
+    ("produce", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--rows_per_unit",
+                 str(10**12)], 2, "units past the cache's slot address space"),
     ("regenerate", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--top_p", "5"],
      2, "a value the config refuses"),
     ("parity", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--backend", "hf",
@@ -126,3 +128,18 @@ def test_every_project_error_class_has_the_error_root() -> None:
     assert orphans == []
     assert issubclass(SparkforgeError, ValueError)
     assert issubclass(ConfigError, SparkforgeError)
+
+
+def test_ten_thousand_layer_ids_are_a_short_config_error(
+        tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ids the target does not have are a config error (2), and the echoed list is cut."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    ids = "[" + ",".join(str(i) for i in range(1, 10_001)) + "]"
+    assert main(["produce", "--backend", "hf", "--data", str(data), "--output",
+                 str(tmp_path / "out"), "--engine.model", str(tiny_target),
+                 "--layer_ids", ids]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert len(err) < 500, len(err)
+    assert "ids [4, 5, 6" in err
