@@ -24,7 +24,7 @@ from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.provenance import package_version
 from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of
 from sparkforge.trainer.checkpoint import load_checkpoint
-from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.draft.config import DSparkDraftConfig
 
 logger = logging.getLogger(__name__)
 
