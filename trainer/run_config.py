@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from sparkforge.manifests.contract import RunContract
+from sparkforge.shared.config_yaml import load_yaml_file
 from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.layer_ids import default_feature_ids
 from sparkforge.shared.target_config import TargetConfig
@@ -336,9 +337,8 @@ def _choice(section: Mapping[str, Any], name: str, options: tuple[T, ...],
 
 
 def _load_yaml(path: str | Path) -> Mapping[str, Any]:
-    text = Path(path).read_text()
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_file(path)
     except yaml.YAMLError as exc:
         raise TrainConfigError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
