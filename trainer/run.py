@@ -12,6 +12,7 @@ from sparkforge.manifests.contract import RunContract, check_contract
 from sparkforge.manifests.promises import check_promises
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.checkpoint import load_checkpoint
+from sparkforge.trainer.ckpt_folder import CheckpointFolderLock
 from sparkforge.trainer.datamodule import CacheDataModule
 from sparkforge.trainer.lit_module import DSparkLitModule
 from sparkforge.trainer.run_config import validation_on
@@ -73,6 +74,8 @@ def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
     if ckpt_path is not None and ckpt_path not in LIGHTNING_CKPT_NAMES:
         load_checkpoint(ckpt_path, mmap=True)  # one line for a foreign file, not a traceback
     check_cache(model, data, trainer)
+    # Trainer builds its callback list at init (LightningCLI's); a run-time one is appended.
+    trainer.callbacks.append(CheckpointFolderLock(ckpt_path))  # type: ignore[attr-defined]
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     callback = trainer.checkpoint_callback
     summary = {

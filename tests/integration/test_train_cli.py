@@ -288,3 +288,37 @@ def test_a_foreign_ckpt_path_is_refused_in_one_line(tiny_cache: str, tmp_path: P
                               "checkpoint"), err[-5:]
     assert not ckpt.with_suffix(".ran").exists()
     assert not list(out.rglob("*.ckpt"))
+
+
+def test_a_folder_holding_another_runs_checkpoints_is_refused_unless_resumed(
+        tiny_cache: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A second run into a fixed --checkpoint.dirpath that holds the first run's checkpoints is
+    refused (they used to mix silently); resuming that run with --ckpt_path last is allowed."""
+    folder = tmp_path / "ckpt"
+    fixed = ("--checkpoint.dirpath", str(folder))
+    assert main(_train_args(tiny_cache, tmp_path / "a", "--trainer.max_steps", "2", *fixed)) == 0
+    before = sorted(p.name for p in folder.glob("*.ckpt"))
+    capsys.readouterr()
+    assert main(_train_args(tiny_cache, tmp_path / "b", "--trainer.max_steps", "2", *fixed)) == 1
+    assert f"checkpoint folder {folder} holds another run's checkpoints" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.glob("*.ckpt")) == before, "nothing of run b written"
+    assert main(_train_args(tiny_cache, tmp_path / "c", "--trainer.max_steps", "3", *fixed,
+                            "--ckpt_path", "last")) == 0
+
+
+def test_a_folder_another_live_run_holds_is_refused(
+        tiny_cache: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """While a run holds the folder's lock (taken here as that run does), a run started into the
+    same folder is refused before writing anything."""
+    import fcntl
+
+    from sparkforge.trainer.ckpt_folder import LOCK_NAME
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    with (folder / LOCK_NAME).open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert main(_train_args(tiny_cache, tmp_path / "b", "--trainer.max_steps", "2",
+                                "--checkpoint.dirpath", str(folder))) == 1
+    assert "another sparkforge train run is writing there" in capsys.readouterr().err
+    assert not list(folder.glob("*.ckpt"))
