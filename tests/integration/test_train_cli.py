@@ -322,3 +322,14 @@ def test_a_folder_another_live_run_holds_is_refused(
                                 "--checkpoint.dirpath", str(folder))) == 1
     assert "another sparkforge train run is writing there" in capsys.readouterr().err
     assert not list(folder.glob("*.ckpt"))
+
+
+def test_enable_checkpointing_false_trains_and_writes_no_checkpoint(
+        tiny_cache: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The standard Lightning setting is honoured (it died with MisconfigurationException because
+    the trainer always added its checkpoint callback), and the run says it writes none."""
+    out = tmp_path / "run"
+    assert main(_train_args(tiny_cache, out, "--trainer.max_steps", "2",
+                            "--trainer.enable_checkpointing", "false")) == 0
+    assert not list(out.rglob("*.ckpt"))
+    assert "trainer.enable_checkpointing is false: this run writes no checkpoint" in caplog.text
