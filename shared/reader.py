@@ -230,20 +230,25 @@ class CacheReader(Generic[M]):
 
     def _check_token_ids(self, where: str, data: dict[str, np.ndarray], start: int,
                          samples: Sequence[SampleRow]) -> None:
-        """Token ids (and top-k ids) inside ``[0, vocab_size)``: one min/max per array."""
-        for name in ("input_ids", "topk_ids"):
+        """Token ids (and top-k ids) inside ``[0, vocab_size)`` and ``loss_mask`` 0 or 1 (the
+        loss reads the mask as a weight): one min/max per array."""
+        allowed = {"input_ids": (self.vocab_size, f"outside [0, target.vocab_size="
+                                                  f"{self.vocab_size})"),
+                   "topk_ids": (self.vocab_size, f"outside [0, target.vocab_size="
+                                                 f"{self.vocab_size})"),
+                   "loss_mask": (2, "not 0 or 1")}
+        for name, (end, what) in allowed.items():
             values = data.get(name)
             if values is None or not values.size:
                 continue
-            if int(values.min()) >= 0 and int(values.max()) < self.vocab_size:
+            if int(values.min()) >= 0 and int(values.max()) < end:
                 continue
-            bad = (values < 0) | (values >= self.vocab_size)
+            bad = (values < 0) | (values >= end)
             row = start + int(np.argmax(bad.reshape(len(values), -1).any(axis=1)))
             sample = next((s.sample_id for s in samples
                            if s.row_offset <= row < s.row_offset + s.length), None)
             raise CacheDataError(
-                f"{where}, sample {sample}: {name} outside [0, target.vocab_size="
-                f"{self.vocab_size}): min {values.min()}, max {values.max()}")
+                f"{where}, sample {sample}: {name} {what}: min {values.min()}, max {values.max()}")
 
     def _sample(self, row: SampleRow, data: dict[str, np.ndarray], start: int) -> CachedSample:
         rows = slice(start, start + row.length)

@@ -196,6 +196,16 @@ def test_token_id_outside_the_vocabulary_names_the_sample(cache: Path) -> None:
         reader.read_sample(row.sample_id)
 
 
+def test_loss_mask_value_other_than_0_or_1_names_the_sample(cache: Path) -> None:
+    """A 2 in loss_mask (with a matching crc; --deep flags it too) is refused, not read as a
+    double weight or ignored at a prompt position."""
+    row = open_cache(str(cache)).units()[1].samples[1]
+    forge_rows(cache, "loss_mask", row.row_offset, np.array([2], dtype=np.uint8))
+    with pytest.raises(CacheDataError, match=rf"^unit 1, slot {row.slot}, sample {row.sample_id}: "
+                                             r"loss_mask not 0 or 1: min 0, max 2$"):
+        open_cache(str(cache)).read_unit(1)
+
+
 def test_index_boundaries_must_match_the_commit_record(cache: Path) -> None:
     """A consistently re-sealed index with a moved boundary is refused at the unit's first read."""
     import hashlib
