@@ -215,7 +215,8 @@ def run(
     mine = owned_units(prep.num_units, share)
     todo = sorted(set(mine) - writer.committed_units())
     summary = RunSummary(output=cfg.output, worker=share, units_owned=len(mine),
-                         units_todo=len(todo), num_rows=prep.num_rows)
+                         units_todo=len(todo), num_rows=prep.num_rows,
+                         mix=prep.inputs.mix_infos())
     logger.info("worker %d/%d (%s): %d of its %d units to do (cache has %d units)",
                 share.worker_index, share.num_workers, share.origin, len(todo), len(mine),
                 prep.num_units)
