@@ -142,6 +142,18 @@ class DataInfo:
     mix_seed: int | None = dataclasses.field(default=None, metadata={"optional_in_json": True})
     """Seed of the mix's draws."""
 
+    def identity(self) -> dict[str, Any]:
+        """JSON-ready record of where the rows came from (for checkpoints, loggers, cards):
+        each source (with a dataset's name, revision, split and fingerprint) and the mix."""
+        out: dict[str, Any] = {"sources": [
+            {k: v for k, v in dataclasses.asdict(s).items() if v is not None}
+            for s in self.sources]}
+        if self.mix is not None:
+            out["mix"] = [{"name": e.name, "data": e.data, "weight": e.weight, "rows": e.rows,
+                           "source_rows": e.source_rows} for e in self.mix]
+            out["mix_seed"] = self.mix_seed
+        return out
+
 
 @dataclass(frozen=True, kw_only=True)
 class RunHeader:
