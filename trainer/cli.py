@@ -103,7 +103,9 @@ def run_evaluation(cfg: EvalConfig) -> int:
 
     report = run_eval(cfg)
     spec = report["speculative"]
-    print(f"tau {spec['tau']:.3f} over {spec['rounds']} rounds; per position "
+    interval = spec.get("tau_ci95")
+    ci = f" (95% CI {interval[0]:.3f}-{interval[1]:.3f})" if interval else ""
+    print(f"tau {spec['tau']:.3f}{ci} over {spec['rounds']} rounds; per position "
           + ", ".join(f"{a:.2f}" for a in spec["acceptance_by_position"]))
     cal = spec.get("calibration")
     if cal:
