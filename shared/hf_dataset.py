@@ -60,12 +60,12 @@ def _split_folder(uri: str) -> tuple[Path | None, str | None]:
         return None, None
     candidates: list[tuple[str, str | None]] = [(uri, None)]
     if ":" in uri:
-        path, split = uri.rsplit(":", 1)
-        candidates.append((path, split))
-    for path, split in candidates:
+        head, tail = uri.rsplit(":", 1)
+        candidates.append((head, tail))
+    for path, wanted in candidates:
         folder = Path(path)
         if folder.is_dir() and any((folder / m).is_file() for m in _DISK_MARKERS):
-            return folder, split
+            return folder, wanted
     return None, None
 
 
@@ -82,10 +82,10 @@ def parse_spec(uri: str) -> HfDatasetSpec:
         if not name or name.count("/") > 1:
             raise HfDatasetError(f"data: {uri!r} is not hf://<org>/<name>[@<revision>][:<split>]")
         return HfDatasetSpec(name=name, split=split or DEFAULT_SPLIT, revision=revision or None)
-    folder, split = _split_folder(uri)
+    folder, folder_split = _split_folder(uri)
     if folder is None:
         raise HfDatasetError(f"data: {uri!r} is neither hf://... nor a save_to_disk folder")
-    return HfDatasetSpec(name=str(folder), split=split or DEFAULT_SPLIT, on_disk=True)
+    return HfDatasetSpec(name=str(folder), split=folder_split or DEFAULT_SPLIT, on_disk=True)
 
 
 def open_dataset(spec: HfDatasetSpec) -> tuple[Any, dict[str, Any]]:

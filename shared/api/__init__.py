@@ -121,7 +121,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     return run_eval(cfg)
 
 
-eval = evaluate  # noqa: A001 - the command's own name, as the issue's callers spell it
+eval = evaluate  # the command's own name
 """``sparkforge eval`` under its command name (shadows the builtin only inside this module)."""
 
 

@@ -56,7 +56,8 @@ def test_train_returns_the_run_and_its_checkpoint(exported: dict[str, Any]) -> N
     assert Path(summary["last_checkpoint"]).is_file()
     with (Path(summary["log_dir"]) / "metrics.csv").open() as f:
         taus = [float(r["train/tau"]) for r in csv.DictReader(f) if r.get("train/tau")]
-    assert len(taus) == 4 and all(t >= 1.0 for t in taus)
+    assert len(taus) == 4
+    assert all(t >= 1.0 for t in taus)
 
 
 @pytest.mark.slow
@@ -75,7 +76,8 @@ def test_model_card_fields(exported: dict[str, Any], tiny_cache: str) -> None:
     assert f"vllm serve {target} --speculative-config '{json.dumps(spec)}'" in card.text
     sha = hashlib.sha256((Path(tiny_cache) / "manifest.json").read_bytes()).hexdigest()
     assert sha in card.text
-    assert "| num_hidden_layers | 1 |" in card.text and "| block_size | 4 |" in card.text
+    assert "| num_hidden_layers | 1 |" in card.text
+    assert "| block_size | 4 |" in card.text
     spec_report = exported["report"]["speculative"]
     assert f"**{spec_report['tau']:.3f}" in card.text
     for k, rate in enumerate(spec_report["acceptance_by_position"]):
@@ -101,7 +103,8 @@ def test_load_config_reads_the_cli_yaml(tmp_path: Path) -> None:
     cfg = api.load_config(api.ProducerConfig, ROOT / "producer" / "examples" / "tiny.yaml",
                           "--rows_per_unit", "8")
     assert isinstance(cfg.engine, api.EngineOptions)
-    assert cfg.rows_per_unit == 8 and cfg.layer_ids == [0, 2]
+    assert cfg.rows_per_unit == 8
+    assert cfg.layer_ids == [0, 2]
     mix = tmp_path / "mix.yaml"
     mix.write_text(yaml.safe_dump({"mix": [{"data": "a.jsonl", "weight": 2}],
                                    "output": "c", "engine": {"model": "m"}}))

@@ -81,7 +81,8 @@ def test_wandb_offline_run_holds_metrics_and_config(tiny_cache: str, tmp_path: P
     for name in DSPARK_METRICS:
         assert name in logged, (name, sorted(logged))
     taus = [row["train/tau"] for row in rows if "train/tau" in row]
-    assert len(taus) == STEPS and all(math.isfinite(t) and t >= 1.0 for t in taus)
+    assert len(taus) == STEPS
+    assert all(math.isfinite(t) and t >= 1.0 for t in taus)
     config = wandb_records.config(record_file)
     assert config["cache"]["cache_manifest_sha256"] == _manifest_sha256(tiny_cache)
     assert config["draft"]["block_size"] == 4

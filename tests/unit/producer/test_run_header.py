@@ -30,7 +30,8 @@ def test_built_header_parses_at_write_time(eval_ids: frozenset[int] | None) -> N
     sources = [DataSource(uri="d.jsonl", format="jsonl", num_rows=9, content_hash="01" * 32,
                           metadata={})]
     header = build_header(cfg, target=TARGET, hf_layer_ids=HfIndices((1, 2)), encoder=ENCODER,  # type: ignore[arg-type]
-                          inputs=InputRows(sources=sources, num_rows=9), num_units=3, eval_ids=eval_ids,
+                          inputs=InputRows(sources=sources, num_rows=9), num_units=3,
+                          eval_ids=eval_ids,
                           scaling=TargetScaling(embedding_scale=8.0, final_logit_softcapping=30.0))
     assert RunHeader.from_json(header.to_json()) == header
     assert header.capture.scaling == TargetScaling(embedding_scale=8.0,

@@ -44,16 +44,20 @@ def test_mix_is_drawn_recorded_and_accounted(tiny_target: Path, tmp_path: Path,
     config.write_text(yaml.safe_dump(cfg))
     assert main(["produce", "--config", str(config)]) == 0
     out = capsys.readouterr().out
-    assert "mix: chat" in out and "9 rows drawn of 4 held" in out
+    assert "mix: chat" in out
+    assert "9 rows drawn of 4 held" in out
 
     reader = open_cache(cfg["output"])
     m = reader.manifest
-    assert m.data.mix is not None and m.data.mix_seed == 1
+    assert m.data.mix is not None
+    assert m.data.mix_seed == 1
     chat_mix, hf_mix = m.data.mix
     assert (chat_mix.rows, chat_mix.source_rows, chat_mix.first_sample) == (9, 4, 0)
     assert (hf_mix.rows, hf_mix.source_rows, hf_mix.first_sample) == (3, 5, 9)
     identity = m.data.sources[hf_mix.first_source].hf_dataset
-    assert identity is not None and identity.split == "train" and identity.revision is None
+    assert identity is not None
+    assert identity.split == "train"
+    assert identity.revision is None
     assert identity.fingerprint == datasets.load_from_disk(str(hf))["train"]._fingerprint
     samples = cache_samples(cfg["output"])
     # The 9 chat draws hold the 4 chat rows, so their token ids repeat.
@@ -61,7 +65,8 @@ def test_mix_is_drawn_recorded_and_accounted(tiny_target: Path, tmp_path: Path,
     assert len(chat_ids) == 4
     hf_written = sum(1 for i in samples if i >= 9)
     skipped = m.accounting.skipped.get("unknown_role", 0)
-    assert hf_written + skipped == 3 and m.accounting.written == len(samples)
+    assert hf_written + skipped == 3
+    assert m.accounting.written == len(samples)
 
     assert main(["inspect", cfg["output"], "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)

@@ -46,7 +46,8 @@ def test_save_to_disk_folder_with_split_is_one_source(tmp_path: Path) -> None:
     datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows),
                           "test": datasets.Dataset.from_dict({**rows, "n": [5, 6]})}
                          ).save_to_disk(str(folder))
-    assert is_hf_dataset(str(folder)) and is_hf_dataset(f"{folder}:test")
+    assert is_hf_dataset(str(folder))
+    assert is_hf_dataset(f"{folder}:test")
     assert not is_hf_dataset(str(tmp_path))
     [source] = describe_sources(f"{folder}:test")
     identity = source.metadata[HF_DATASET_KEY]

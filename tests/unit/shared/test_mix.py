@@ -30,9 +30,11 @@ def test_draws_repeat_whole_then_subsample_without_replacement() -> None:
     """7 of 3 rows: every row twice, one more once; 2 of 5 rows: two distinct rows."""
     draws = draw_rows(3, 7, seed=0, index=0)
     counts = Counter(draws.tolist())
-    assert sorted(counts.values()) == [2, 2, 3] and set(counts) == {0, 1, 2}
+    assert sorted(counts.values()) == [2, 2, 3]
+    assert set(counts) == {0, 1, 2}
     sub = draw_rows(5, 2, seed=0, index=1)
-    assert len(set(sub.tolist())) == 2 and list(sub) == sorted(sub)
+    assert len(set(sub.tolist())) == 2
+    assert list(sub) == sorted(sub)
     assert np.array_equal(draw_rows(5, 2, seed=0, index=1), sub)  # deterministic
     others = {tuple(draw_rows(50, 5, seed=s, index=1).tolist()) for s in range(5)}
     assert len(others) > 1  # the seed matters
@@ -54,7 +56,8 @@ def test_mix_rows_come_in_sample_id_order_with_their_source(tmp_path: Path) -> N
     assert [r.index for r in rows] == list(range(9))
     ids = [r.row["id"] for r in rows if r.row is not None]
     assert ids[:6] == ["a0", "a0", "a1", "a1", "a2", "a2"]
-    assert len(set(ids[6:])) == 3 and all(i.startswith("b") for i in ids[6:])
+    assert len(set(ids[6:])) == 3
+    assert all(i.startswith("b") for i in ids[6:])
     assert [e.label for e in plan] == [plan[0].source.data, "bee"]
     again = plan_mix([MixSource(data=plan[0].source.data, weight=2.0),
                       MixSource(data=plan[1].source.data, weight=1.0)], num_rows=9, seed=7)

@@ -40,9 +40,11 @@ def test_card_header_and_sections() -> None:
     text = card.text
     assert serve_command(cfg, "Qwen/Qwen3-8B", "out/d") in text
     assert "Hugging Face dataset `org/sg` split `train`, revision `" + "f" * 40 in text
-    assert "| chat | 3.0 | 90 | 40 |" in text and "seed 5" in text
+    assert "| chat | 3.0 | 90 | 40 |" in text
+    assert "seed 5" in text
     assert "**2.500 (95% CI 2.250 - 2.750)**" in text
-    assert "| 0 | 0.800 |" in text and "| 1 | 0.500 |" in text
+    assert "| 0 | 0.800 |" in text
+    assert "| 1 | 0.500 |" in text
     assert "| 0.100 | 0.200 | 0.700 | 64 |" in text
     assert "lr: 0.001" in text
 
