@@ -68,6 +68,8 @@ def test_mix_is_drawn_recorded_and_accounted(tiny_target: Path, tmp_path: Path,
     assert hf_written + skipped == 3
     assert m.accounting.written == len(samples)
 
+    assert main(["validate", "--deep", cfg["output"]]) == 0
+    capsys.readouterr()
     assert main(["inspect", cfg["output"], "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     by_name = {e["name"]: e for e in summary["mix"]}
