@@ -103,7 +103,10 @@ def export_draft(
     info = {"draft_config": cfg.to_dict(), "engine_checked": engine, "versions": _versions(),
             **dict(provenance or {})}
     (tmp / "sparkforge_export.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-    (tmp / CARD_FILE).write_text(model_card(cfg, info, draft_dir=str(out),
+    sizes = {"draft_parameters": sum(v.numel() for k, v in bf16.items() if k not in OPTIONAL_KEYS),
+             "shared_embedding_parameters": sum(v.numel() for k, v in bf16.items()
+                                                if k in OPTIONAL_KEYS)}
+    (tmp / CARD_FILE).write_text(model_card(cfg, info, draft_dir=str(out), sizes=sizes,
                                             eval_report=eval_report))
     if out.exists():
         shutil.rmtree(out)

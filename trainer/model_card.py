@@ -50,8 +50,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
 
 
-def _draft_section(cfg: DSparkDraftConfig) -> list[str]:
-    rows = [(name, getattr(cfg, name)) for name in (
+def _draft_section(cfg: DSparkDraftConfig, sizes: Mapping[str, int]) -> list[str]:
+    rows: list[tuple[str, Any]] = [(name, f"{count:,}") for name, count in sizes.items()]
+    rows += [(name, getattr(cfg, name)) for name in (
         "architecture", "num_hidden_layers", "hidden_size", "intermediate_size",
         "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "block_size",
         "markov_rank", "enable_confidence_head", "target_layer_ids", "num_target_layers",
@@ -101,8 +102,10 @@ def _eval_section(report: Mapping[str, Any]) -> list[str]:
 
 
 def model_card(cfg: DSparkDraftConfig, provenance: Mapping[str, Any], *, draft_dir: str,
+               sizes: Mapping[str, int] | None = None,
                eval_report: Mapping[str, Any] | None = None) -> str:
-    """The card's text: YAML header, then the sections of the module docstring."""
+    """The card's text: YAML header, then the sections of the module docstring (``sizes``:
+    parameter counts by kind, tabled first in the draft section)."""
     target = str(provenance.get("target_name_or_path") or "<target>")
     training = {k: provenance[k] for k in ("training", "loss", "global_step", "epoch",
                                            "checkpoint") if k in provenance}
@@ -112,7 +115,7 @@ def model_card(cfg: DSparkDraftConfig, provenance: Mapping[str, Any], *, draft_d
         f"{cfg.architecture} stack, block of {cfg.block_size}) trained by sparkforge on "
         f"hidden states of `{target}` captured into a cache.", "",
         "## Serve it", "", "```bash", serve_command(cfg, target, draft_dir), "```", "",
-        *_draft_section(cfg), "", *_data_section(provenance), "",
+        *_draft_section(cfg, sizes or {}), "", *_data_section(provenance), "",
         "## Training config", "", "```yaml",
         yaml.safe_dump(training, sort_keys=True).rstrip(), "```",
     ]

@@ -76,6 +76,11 @@ def test_model_card_fields(exported: dict[str, Any], tiny_cache: str) -> None:
     assert f"vllm serve {target} --speculative-config '{json.dumps(spec)}'" in card.text
     sha = hashlib.sha256((Path(tiny_cache) / "manifest.json").read_bytes()).hexdigest()
     assert sha in card.text
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(Path(exported["carded"]) / "model.safetensors"))
+    own = sum(v.numel() for k, v in tensors.items() if not k.startswith(("embed", "lm_head")))
+    assert f"| draft_parameters | {own:,} |" in card.text
     assert "| num_hidden_layers | 1 |" in card.text
     assert "| block_size | 4 |" in card.text
     spec_report = exported["report"]["speculative"]
@@ -105,6 +110,12 @@ def test_load_config_reads_the_cli_yaml(tmp_path: Path) -> None:
     assert isinstance(cfg.engine, api.EngineOptions)
     assert cfg.rows_per_unit == 8
     assert cfg.layer_ids == [0, 2]
+    example = api.load_config(api.ProducerConfig, ROOT / "producer" / "examples" / "tiny.yaml",
+                              "--config", str(ROOT / "producer" / "examples" / "mix.yaml"),
+                              "--data", "null")
+    assert example.data is None and example.mix_rows == 192
+    assert [(m.name, m.weight, m.column) for m in example.mix or []] == [
+        ("chat", 2.0, None), ("sharegpt", 1.0, "conversations")]
     mix = tmp_path / "mix.yaml"
     mix.write_text(yaml.safe_dump({"mix": [{"data": "a.jsonl", "weight": 2}],
                                    "output": "c", "engine": {"model": "m"}}))
