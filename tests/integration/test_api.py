@@ -113,7 +113,8 @@ def test_load_config_reads_the_cli_yaml(tmp_path: Path) -> None:
     example = api.load_config(api.ProducerConfig, ROOT / "producer" / "examples" / "tiny.yaml",
                               "--config", str(ROOT / "producer" / "examples" / "mix.yaml"),
                               "--data", "null")
-    assert example.data is None and example.mix_rows == 192
+    assert example.data is None
+    assert example.mix_rows == 192
     assert [(m.name, m.weight, m.column) for m in example.mix or []] == [
         ("chat", 2.0, None), ("sharegpt", 1.0, "conversations")]
     mix = tmp_path / "mix.yaml"
