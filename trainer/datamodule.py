@@ -79,7 +79,8 @@ class CacheDataModule(L.LightningDataModule):
             problems.append(f"data.batching={batching!r} must be 'pad' or 'bucket'")
         if problems:
             raise ValueError("invalid data config:\n  " + "\n  ".join(problems))
-        self.save_hyperparameters()
+        # storage_options may hold credentials: kept out of the hparams that loggers publish.
+        self.save_hyperparameters(ignore=["storage_options"])
         self.uri, self.storage_options = uri, storage_options
         self.max_seq_len, self.batch_size, self.batching = max_seq_len, batch_size, batching
         self.shuffle_buffer, self.pool_batches, self.seed = shuffle_buffer, pool_batches, seed

@@ -87,3 +87,13 @@ def test_wandb_offline_run_holds_metrics_and_config(tiny_cache: str, tmp_path: P
     assert config["cache"]["cache_manifest_sha256"] == _manifest_sha256(tiny_cache)
     assert config["draft"]["block_size"] == 4
     assert config["uri"] == tiny_cache
+
+
+def test_storage_credentials_are_not_hyperparameters() -> None:
+    """The data module's fsspec options (S3 keys) never reach a logger's hyperparameters."""
+    from sparkforge.trainer.datamodule import CacheDataModule
+
+    data = CacheDataModule("s3://b/cache", storage_options={"key": "AKIA", "secret": "s3cr3t"})
+    assert "storage_options" not in data.hparams_initial
+    assert data.hparams_initial["uri"] == "s3://b/cache"
+    assert data.storage_options == {"key": "AKIA", "secret": "s3cr3t"}
