@@ -10,7 +10,6 @@ than :data:`MAX_CONFIG_CHARS`, is refused in one line.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -81,9 +80,18 @@ def load_yaml_file(path: str | Path) -> Any:
     return load_yaml(text, str(path))
 
 
-def bounded(loader: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``loader`` (the command-line parser's YAML loader) with the bounds checked first."""
+def use_bounded_yaml() -> None:
+    """Make jsonargparse's YAML loader (every ``--config`` file and YAML value it parses, the
+    LightningCLI's included) check the bounds first; idempotent."""
+    from jsonargparse import get_loader, set_loader
+
+    loader = get_loader("yaml")
+    if getattr(loader, "bounded", False):
+        return
+
     def load(text: str) -> Any:
         check_yaml(text, "")
         return loader(text)
-    return load
+
+    load.bounded = True  # type: ignore[attr-defined]
+    set_loader("yaml", load, (yaml.YAMLError, ConfigError))

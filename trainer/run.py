@@ -61,6 +61,16 @@ def check_resume_target(trainer: L.Trainer, ckpt_path: str | None) -> None:
         )
 
 
+def finish_wandb_runs(trainer: L.Trainer) -> None:
+    """Finish the run of each W&B logger (rank 0): Lightning leaves it open, so its last records
+    would wait for interpreter exit and a second ``train()`` in a notebook would log into it."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for lg in trainer.loggers:
+        if isinstance(lg, WandbLogger) and trainer.is_global_zero:
+            lg.experiment.finish()
+
+
 def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
           ckpt_path: str | None = None) -> dict[str, Any]:
     """Validate the cache, fit (resuming from ``ckpt_path`` when given) and return a summary.
@@ -77,6 +87,7 @@ def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
     # Trainer builds its callback list at init (LightningCLI's); a run-time one is appended.
     trainer.callbacks.append(CheckpointFolderLock(ckpt_path))  # type: ignore[attr-defined]
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    finish_wandb_runs(trainer)
     callback = trainer.checkpoint_callback
     summary = {
         "global_step": trainer.global_step,

@@ -20,15 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import yaml
-from jsonargparse import ArgumentError, ArgumentParser, get_loader, set_loader, set_parsing_settings
+from jsonargparse import ArgumentError, ArgumentParser, set_parsing_settings
 
 from sparkforge.app.demo import DemoConfig, run_demo_command
 from sparkforge.manifests import cli as manifests_cli
 from sparkforge.manifests.cli import FinalizeConfig, ValidateConfig
 from sparkforge.producer import cli as producer_cli
 from sparkforge.producer.config import ProducerConfig, RegenerateConfig
-from sparkforge.shared.config_yaml import bounded
+from sparkforge.shared.config_yaml import use_bounded_yaml
 from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.io_errors import describe
 from sparkforge.trainer import cli as trainer_cli
@@ -38,7 +37,7 @@ from sparkforge.trainer.run_config import contract_from_train_config
 # Attribute docstrings of the config dataclasses become the --help text.
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
 # Every YAML the parsers read (--config files, train's included, and YAML values) is bounded.
-set_loader("yaml", bounded(get_loader("yaml")), (yaml.YAMLError, ConfigError))
+use_bounded_yaml()
 
 USAGE: Final = 2
 # Raised by a job when its command line or config names nothing usable (exit 2, not 1).
