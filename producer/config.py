@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.images import DEFAULT_MAX_IMAGE_PIXELS
 
 # Settings that change how a run goes but not a byte of the cache: left out of the cache header, so
 # a resumed run (or another worker) may differ in them. Everything else must match on resume.
@@ -60,6 +61,9 @@ class ProducerConfig:
     """Jinja template (string or file URI) replacing the tokenizer's own."""
     reasoning: Literal["keep", "drop"] = "keep"
     """Assistant ``reasoning_content``: pass it to the template, or drop it."""
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    """Image rows of a VL target: images with more pixels (width x height) are skipped
+    (``image_too_large``), checked before they are decoded."""
     eval_fraction: float = 0.0
     """Fraction of rows put in the eval split (seeded hash of each row's content); 1.0 makes an
     eval-only cache (for ``sparkforge eval``)."""
@@ -112,7 +116,8 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         problems = []
         positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
-                    "max_consecutive_failures", "read_batch_rows", "writer_queue_units")
+                    "max_consecutive_failures", "read_batch_rows", "writer_queue_units",
+                    "max_image_pixels")
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
