@@ -9,6 +9,7 @@ all-ones mask (a common silent bug of training pipelines) is refused before any 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
@@ -125,7 +126,8 @@ def clean_messages(
     """Check the OpenAI ``messages`` shape and apply the reasoning policy.
 
     With ``images``, a content list of text and image parts reaches the template as
-    ``{"type": "text" | "image"}`` parts; without, an image part skips the row (``image_content``).
+    ``{"type": "text" | "image"}`` parts (a Parquet row's content is such a list even without
+    images); without, an image part skips the row (``image_content``).
 
     ``keep`` passes ``reasoning_content`` to the template; ``drop`` removes it. ``tool_calls``,
     ``tool_call_id`` and ``name`` reach the template as given, so a template that renders tool
@@ -145,7 +147,7 @@ def clean_messages(
         if tool_fields is None:
             return SkipReason.BAD_TOOL_CALLS
         content = message.get("content")
-        if isinstance(content, list) and any(is_image_part(part) for part in content):
+        if isinstance(content, list) and (images or any(is_image_part(p) for p in content)):
             if not images:
                 return SkipReason.IMAGE_CONTENT
             content = template_parts(content)
@@ -210,6 +212,9 @@ def validate_messages(
 class ChatEncoder:
     """Tokenize rows with one tokenizer and template, under a length and reasoning policy."""
 
+    images = None
+    """The target's image processing (``ImageChatEncoder``); None: image parts are skipped."""
+
     def __init__(
         self,
         tokenizer: Any,
@@ -236,7 +241,8 @@ class ChatEncoder:
         if "messages" not in row and "input_ids" in row:
             encoded = self._pretokenized(row)
         else:
-            messages = validate_messages(row.get("messages"), self.reasoning)
+            messages = validate_messages(row.get("messages"), self.reasoning,
+                                         images=self.images is not None)
             if isinstance(messages, SkipReason):
                 return messages
             tools = row_tools(row)
@@ -249,9 +255,15 @@ class ChatEncoder:
                     "reasoning text will not reach the cache"
                 )
             encoded = self.encode_messages(messages, tools=tools)
+            if not isinstance(encoded, SkipReason):
+                encoded = self.attach_images(row, encoded)
         if isinstance(encoded, SkipReason):
             return encoded
         return self._fit(encoded)
+
+    def attach_images(self, row: Mapping[str, Any], encoded: Encoded) -> Encoded | SkipReason:
+        """An image row's pixel values and expanded image spans (text-only encoder: as is)."""
+        return encoded
 
     def encode_messages(
         self, messages: Sequence[Mapping[str, Any]], *,
@@ -328,8 +340,8 @@ class ChatEncoder:
         if encoded.input_ids.shape[0] > self.max_seq_len:
             if self.overlong == "skip":
                 return SkipReason.TOO_LONG
-            encoded = Encoded(encoded.input_ids[: self.max_seq_len],
-                              encoded.loss_mask[: self.max_seq_len])
+            encoded = dataclasses.replace(encoded, input_ids=encoded.input_ids[: self.max_seq_len],
+                                          loss_mask=encoded.loss_mask[: self.max_seq_len])
         if not encoded.loss_mask.any():
             return SkipReason.NO_LOSS_TOKENS
         return encoded

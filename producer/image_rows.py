@@ -1,13 +1,12 @@
-"""Chat rows with images for a vision-language target: render, load images, expand placeholders.
+"""Chat rows with images for a vision-language target: load the images, expand the placeholders.
 
-:class:`ImageChatEncoder` is a :class:`ChatEncoder` whose rows may carry image parts. Text rows are
-encoded as before. An image row's messages reach the template with ``{"type": "image"}`` parts
-(one image token each); its images are read (data URI, local path or fsspec URI with the run's
-storage options), decoded and checked against the pixel limit, then the target's own image
-processing gives the pixel values and expands each image token into its span. Image spans are
-never supervised (loss mask 0) but stay in the row as context. A bad image skips the row with its
-own reason (``image_missing``, ``image_unreadable``, ``image_undecodable``, ``image_too_large``,
-``too_many_images``).
+:class:`ImageChatEncoder` is a :class:`ChatEncoder` whose rows may carry image parts: they reach
+the template as ``{"type": "image"}`` parts (one image token each). An image row's images are read
+(data URI, local path or fsspec URI with the run's storage options), checked against the pixel
+limit and decoded; the target's own image processing gives the pixel values and expands each image
+token into its span. Image spans are never supervised (loss mask 0) but stay in the row as
+context. A bad image skips the row with its own reason (``image_missing``, ``image_unreadable``,
+``image_undecodable``, ``image_too_large``, ``too_many_images``).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkforge.producer.chat import ChatEncoder, Encoded, SkipReason, row_tools, validate_messages
+from sparkforge.producer.chat import ChatEncoder, Encoded, SkipReason
 from sparkforge.shared.image_inputs import TargetImages
 from sparkforge.shared.images import (
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -33,38 +32,40 @@ class ImageChatEncoder(ChatEncoder):
     def __init__(self, tokenizer: Any, *, images: TargetImages,
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
                  storage_options: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(tokenizer, **kwargs)
-        self.images = images
+        self.images = images  # type: ignore[assignment]
         self.max_image_pixels = max_image_pixels
         self.storage_options = dict(storage_options or {})
+        super().__init__(tokenizer, **kwargs)
 
-    def encode(self, row: Mapping[str, Any]) -> Encoded | SkipReason:
-        """Tokenize one row; an image row also gets its pixel values and expanded spans."""
+    @property
+    def target_images(self) -> TargetImages:
+        """The target's image processing."""
+        assert self.images is not None
+        return self.images
+
+    def attach_images(self, row: Mapping[str, Any], encoded: Encoded) -> Encoded | SkipReason:
+        """Load the row's images, expand its image tokens; refuse a row whose image spans would
+        not fit in ``max_seq_len`` (a cut inside or before an image)."""
         if not row_has_images(row):
-            return super().encode(row)
-        messages = validate_messages(row.get("messages"), self.reasoning, images=True)
-        if isinstance(messages, SkipReason):
-            return messages
-        tools = row_tools(row)
-        if isinstance(tools, SkipReason):
-            return tools
+            return encoded
         loaded = load_images(row["messages"], max_pixels=self.max_image_pixels,
                              storage_options=self.storage_options)
         if isinstance(loaded, ImageProblem):
             return SkipReason(loaded.value)
-        encoded = self.encode_messages(messages, tools=tools)
-        if isinstance(encoded, SkipReason):
-            return encoded
-        expanded = self.images.expand(encoded.input_ids, encoded.loss_mask, loaded)
+        expanded = self.target_images.expand(encoded.input_ids, encoded.loss_mask, loaded)
         if isinstance(expanded, ImageProblem):
             return SkipReason(expanded.value)
-        spans = np.flatnonzero(expanded.input_ids == self.images.eoi_token_id)
-        if expanded.input_ids.shape[0] > self.max_seq_len and spans[-1] >= self.max_seq_len:
-            return SkipReason.TOO_MANY_IMAGES  # a cut would split an image span
-        fitted = self._fit(Encoded(expanded.input_ids, expanded.loss_mask))
-        if isinstance(fitted, SkipReason):
+        ends = np.flatnonzero(expanded.input_ids == self.target_images.eoi_token_id)
+        if ends.size and ends[-1] >= self.max_seq_len:
+            return SkipReason.TOO_MANY_IMAGES
+        return Encoded(expanded.input_ids, expanded.loss_mask,
+                       model_inputs=expanded.model_inputs, images_sha256=expanded.images_sha256)
+
+    def _fit(self, encoded: Encoded) -> Encoded | SkipReason:
+        fitted = super()._fit(encoded)
+        if isinstance(fitted, SkipReason) or fitted.model_inputs is None:
             return fitted
-        types = expanded.model_inputs["mm_token_type_ids"][:, : fitted.input_ids.shape[0]]
-        return Encoded(fitted.input_ids, fitted.loss_mask,
-                       model_inputs={**expanded.model_inputs, "mm_token_type_ids": types},
-                       images_sha256=expanded.images_sha256)
+        # The token types follow the (possibly cut) ids.
+        return Encoded(fitted.input_ids, fitted.loss_mask, images_sha256=fitted.images_sha256,
+                       model_inputs={**fitted.model_inputs,
+                                     **self.target_images.token_types(fitted.input_ids)})

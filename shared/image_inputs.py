@@ -89,8 +89,6 @@ class TargetImages:
         Returns ``TOO_MANY`` when the rendering holds another number of image tokens than there
         are images (a template that drops or repeats image parts).
         """
-        import torch
-
         slots = np.flatnonzero(input_ids == self.image_token_id)
         if slots.size != len(images.images):
             return ImageProblem.TOO_MANY
@@ -105,11 +103,17 @@ class TargetImages:
             start = slot + 1
         ids = np.concatenate([*ids_parts, input_ids[start:]]).astype(np.int32)
         mask = np.concatenate([*mask_parts, loss_mask[start:]]).astype(np.uint8)
-        types = torch.from_numpy((ids == self.image_token_id).astype(np.int64))[None]
         return ImageRow(input_ids=ids, loss_mask=mask, images_sha256=images.sha256,
                         model_inputs={"pixel_values": out["pixel_values"],
                                       "image_position_ids": out["image_position_ids"],
-                                      "mm_token_type_ids": types})
+                                      **self.token_types(ids)})
+
+    def token_types(self, input_ids: np.ndarray | Any) -> dict[str, Any]:
+        """``mm_token_type_ids`` [1, T] of a row's ids (numpy or torch): 1 on image tokens."""
+        import torch
+
+        ids = torch.as_tensor(np.asarray(input_ids, dtype=np.int64)).view(1, -1)
+        return {"mm_token_type_ids": (ids == self.image_token_id).long()}
 
 
 def _processor_config_sha256(model_dir: Path) -> str:
