@@ -54,9 +54,14 @@ class _Pending:
     @property
     def source_hash(self) -> str:
         """The raw row's hash, or for an image row the hash of the row and its images."""
-        images = self.encoded.images_sha256
-        return (self.raw.content_hash if images is None else
-                row_hash(f"{self.raw.content_hash}:{images}".encode()))
+        return sample_source_hash(self.raw.content_hash, self.encoded.images_sha256)
+
+
+def sample_source_hash(content_hash: str, images_sha256: str | None) -> str:
+    """A sample's ``source_hash``: the raw row's hash, or for an image row the hash of the row's
+    hash and its images' (so a changed image behind an unchanged path changes it)."""
+    return (content_hash if images_sha256 is None else
+            row_hash(f"{content_hash}:{images_sha256}".encode()))
 
 
 @dataclass

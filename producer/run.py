@@ -34,6 +34,7 @@ from sparkforge.producer.capture import (
 from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.header import build_header
+from sparkforge.producer.image_check import check_committed_images
 from sparkforge.producer.image_rows import ImageChatEncoder
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
@@ -216,7 +217,8 @@ def run(
         env: Environment for the worker share (default ``os.environ``).
 
     Raises:
-        CacheMismatchError: The cache exists with a different config, target, data or template.
+        CacheMismatchError: The cache exists with a different config, target, data or template,
+            or an image behind one of its committed image rows changed.
         CaptureAborted: Too many requests failed in a row.
         NonFiniteActivations: ``non_finite`` is ``fail`` and a row's activations hold NaN/inf.
         NoSamplesWritten: Rows were read (by this run, or into the finalized cache) but none was
@@ -233,6 +235,13 @@ def run(
             logger.info("removed %s, left by a write that was killed", path)
     mine = owned_units(prep.num_units, share)
     todo = sorted(set(mine) - writer.committed_units())
+    if isinstance(prep.encoder, ImageChatEncoder) and len(todo) < len(mine):
+        with storage_errors("output", cfg.output):
+            checked = check_committed_images(
+                writer, sorted(set(mine) - set(todo)), prep.sources,
+                rows_per_unit=cfg.rows_per_unit, storage_options=cfg.storage_options,
+                batch_rows=cfg.read_batch_rows)
+        logger.info("images of %d committed image rows unchanged", checked)
     summary = RunSummary(output=cfg.output, worker=share, units_owned=len(mine),
                          units_todo=len(todo), num_rows=prep.num_rows)
     logger.info("worker %d/%d (%s): %d of its %d units to do (cache has %d units)",

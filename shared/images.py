@@ -134,27 +134,46 @@ def decode_image(data: bytes, max_pixels: int) -> Any:
         return ImageProblem.UNDECODABLE
 
 
+def read_images(
+    messages: Sequence[Mapping[str, Any]], storage_options: Mapping[str, Any] | None = None
+) -> list[bytes] | ImageProblem:
+    """The encoded bytes of every image of ``messages``, in order; the first problem wins."""
+    sources = image_sources(messages)
+    if isinstance(sources, ImageProblem):
+        return sources
+    out = []
+    for source in sources:
+        data = read_image_bytes(source, storage_options)
+        if isinstance(data, ImageProblem):
+            return data
+        out.append(data)
+    return out
+
+
+def images_sha256(encoded: Sequence[bytes]) -> str:
+    """sha256 over the images' bytes, each prefixed by its length, in order."""
+    digest = hashlib.sha256()
+    for data in encoded:
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def load_images(
     messages: Sequence[Mapping[str, Any]], *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     storage_options: Mapping[str, Any] | None = None,
 ) -> LoadedImages | ImageProblem:
     """Read, check and decode every image of ``messages``; the first problem wins."""
-    sources = image_sources(messages)
-    if isinstance(sources, ImageProblem):
-        return sources
-    digest = hashlib.sha256()
+    encoded = read_images(messages, storage_options)
+    if isinstance(encoded, ImageProblem):
+        return encoded
     images = []
-    for source in sources:
-        data = read_image_bytes(source, storage_options)
-        if isinstance(data, ImageProblem):
-            return data
+    for data in encoded:
         image = decode_image(data, max_pixels)
         if isinstance(image, ImageProblem):
             return image
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
         images.append(image)
-    return LoadedImages(images=tuple(images), sha256=digest.hexdigest())
+    return LoadedImages(images=tuple(images), sha256=images_sha256(encoded))
 
 
 def template_parts(content: Sequence[Any]) -> list[dict[str, Any]] | None:

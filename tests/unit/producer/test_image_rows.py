@@ -205,3 +205,32 @@ def test_a_text_only_target_still_skips_image_content(tiny_target: Path) -> None
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(tiny_target), max_seq_len=512)
     assert target_images(tiny_target, read_target_config(tiny_target).raw) is None
     assert encoder.encode(_image_row(tiny_image(0))) == SkipReason.IMAGE_CONTENT
+
+
+def test_a_rerun_detects_a_changed_image_behind_an_unchanged_path(vl_target: Path,
+                                                                  tmp_path: Path) -> None:
+    """Each image row's source_hash covers its image bytes; a re-run over a cache whose path-form
+    image changed (the dataset file did not) stops naming the sample; restored, it passes."""
+    from producer_helpers import producer_config, write_jsonl
+
+    from sparkforge.producer.engine_options import EngineOptions
+    from sparkforge.producer.run import run
+    from sparkforge.shared.writer import CacheMismatchError
+
+    rows = image_conversations(8, tmp_path / "images")
+    path_row = next(i for i, r in enumerate(rows) if any(
+        isinstance(m["content"], list) and any("path" in p for p in m["content"])
+        for m in r["messages"]))
+    image_path = Path(next(p["path"] for m in rows[path_row]["messages"]
+                           if isinstance(m["content"], list) for p in m["content"] if "path" in p))
+    data = write_jsonl(tmp_path / "chat.jsonl", rows)
+    cfg = producer_config(vl_target, data, str(tmp_path / "cache"), shard_rows=1024,
+                          engine=EngineOptions(model=str(vl_target), max_model_len=512,
+                                               dtype="float32"))
+    assert run(cfg).accounting().written == 8
+    original = image_path.read_bytes()
+    image_path.write_bytes(png_bytes(tiny_image(999)))
+    with pytest.raises(CacheMismatchError, match=rf"samples \[{path_row}\]"):
+        run(cfg)
+    image_path.write_bytes(original)
+    assert run(cfg).units_todo == 0
