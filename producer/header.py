@@ -82,7 +82,8 @@ def build_header(
         "masking": "generation_tags" if encoder.uses_generation_tags else "prefix_render",
         "regeneration": regeneration_of(sources),
         "images": (None if not isinstance(encoder, ImageChatEncoder) else
-                   {**encoder.images.identity(), "max_image_pixels": encoder.max_image_pixels}),
+                   {**encoder.target_images.identity(),
+                    "max_image_pixels": encoder.max_image_pixels}),
     }
     return RunHeader(
         producer_config={**cfg.identity(), "resolved": resolved},

@@ -341,9 +341,9 @@ def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> l
             (text if encoded.model_inputs is None else image).append(CaptureRequest(
                 sample_id=raw.index, input_ids=encoded.input_ids,
                 model_inputs=encoded.model_inputs))
+        found = len(text) + len(image)
         enough_images = not want_images or len(image) >= num_samples // 2
-        if (len(text) + len(image) >= num_samples and enough_images) or (
-                n + 1 >= PARITY_SCAN_FACTOR * num_samples and len(text) + len(image) >= num_samples):
+        if found >= num_samples and (enough_images or n + 1 >= PARITY_SCAN_FACTOR * num_samples):
             break
     num_image = min(len(image), max(num_samples // 2, num_samples - len(text)))
     return sorted([*image[:num_image], *text[:num_samples - num_image]],

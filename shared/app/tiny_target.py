@@ -239,7 +239,8 @@ def build_tiny_gemma4(out_dir: str | Path, *, seed: int = 0, **config: Any) -> P
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hf = tiny_gemma4_config(**config)
-    build_tokenizer(out, vocab_size=text_vocab_size(hf), image_tokens=bool(config.get("multimodal")))
+    build_tokenizer(out, vocab_size=text_vocab_size(hf),
+                    image_tokens=bool(config.get("multimodal")))
     torch.manual_seed(seed)
     if config.get("multimodal"):
         from transformers.models.gemma4.image_processing_pil_gemma4 import (

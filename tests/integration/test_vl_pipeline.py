@@ -1,4 +1,4 @@
-"""A tiny multimodal Gemma4 goes produce -> validate -> train -> export -> eval on chats with images.
+"""A tiny multimodal Gemma4 goes produce -> validate -> train -> export -> eval on image chats.
 
 ``python -m sparkforge.app.tiny_target OUT --model_type gemma4 --rows N`` builds the target (a
 one-layer vision tower, its PIL image processor) and chat rows half of which carry generated
@@ -58,7 +58,8 @@ def test_a_mixed_text_and_image_cache_trains_and_evaluates(tmp_path: Path) -> No
     manifest = json.loads((cache / "manifest.json").read_text())
     assert manifest["accounting"]["written"] == 16
     assert manifest["accounting"]["skipped"] == {reason: 1 for reason in BAD}
-    assert manifest["parity"]["passed"] and manifest["parity"]["num_image_samples"] == 2
+    assert manifest["parity"]["passed"]
+    assert manifest["parity"]["num_image_samples"] == 2
     images = manifest["producer_config"]["resolved"]["images"]
     assert images["processor"] == "Gemma4ImageProcessorPil"
 

@@ -86,7 +86,8 @@ def test_image_rows_are_encoded_as_the_processor_does(vl_target: Path) -> None:
     encoder = _encoder(vl_target)
     row = _image_row(tiny_image(1))
     got = encoder.encode(row)
-    assert not isinstance(got, SkipReason) and got.model_inputs is not None
+    assert not isinstance(got, SkipReason)
+    assert got.model_inputs is not None
     ref = _reference_inputs(vl_target, row)
     assert got.input_ids.tolist() == ref["input_ids"][0].tolist()
     for name in ("pixel_values", "image_position_ids", "mm_token_type_ids"):
@@ -99,7 +100,8 @@ def test_image_rows_are_encoded_as_the_processor_does(vl_target: Path) -> None:
     assert "A bright square on a gradient." in tok.decode(got.input_ids[got.loss_mask == 1])
     text_only = encoder.encode({"messages": [row["messages"][0] | {"content": "Hi."},
                                              row["messages"][1]]})
-    assert not isinstance(text_only, SkipReason) and text_only.model_inputs is None
+    assert not isinstance(text_only, SkipReason)
+    assert text_only.model_inputs is None
 
 
 def test_image_rows_equal_the_one_row_vl_forward(vl_target: Path, tmp_path: Path) -> None:
@@ -144,7 +146,8 @@ def test_the_image_reaches_the_target(vl_target: Path) -> None:
     different ones from it on."""
     encoder = _encoder(vl_target)
     a, b = (encoder.encode(_image_row(tiny_image(seed))) for seed in (1, 2))
-    assert not isinstance(a, SkipReason) and not isinstance(b, SkipReason)
+    assert not isinstance(a, SkipReason)
+    assert not isinstance(b, SkipReason)
     assert a.input_ids.tolist() == b.input_ids.tolist()
     source = HfSource(str(vl_target), layer_ids=LAYER_IDS)
     got = list(source.capture([CaptureRequest(sample_id=i, input_ids=e.input_ids,
@@ -188,7 +191,8 @@ def test_images_that_do_not_fit_the_context_are_too_many(vl_target: Path) -> Non
     assert short.encode(row) == SkipReason.TOO_MANY_IMAGES
     cut = _encoder(vl_target, max_seq_len=full.input_ids.shape[0] - 2, overlong="truncate")
     kept = cut.encode(row)
-    assert not isinstance(kept, SkipReason) and kept.model_inputs is not None
+    assert not isinstance(kept, SkipReason)
+    assert kept.model_inputs is not None
     assert kept.model_inputs["mm_token_type_ids"].shape[-1] == kept.input_ids.shape[0]
 
 
