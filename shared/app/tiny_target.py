@@ -7,7 +7,7 @@ the weights are random (std 0.08, so next-token distributions are not near-unifo
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +34,18 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>")
 MASK_TOKEN = "<|mask|>"
 IMAGE_TOKENS = ("<|image>", "<image|>", "<|image|>")
 """Begin-of-image, end-of-image and image tokens of the tiny multimodal Gemma4 (ids 4, 5, 6)."""
-# ChatML whose content may be a list of text and image parts: one image token per image part,
-# which the target's processing expands into the image's span.
-CHATML_IMAGE_TEMPLATE = (
-    "{%- macro render(content) -%}"
-    "{%- if content is string -%}{{- content -}}{%- else -%}{%- for part in content -%}"
-    "{%- if part['type'] == 'image' -%}{{- '<|image|>' -}}{%- else -%}{{- part['text'] -}}"
-    "{%- endif -%}{%- endfor -%}{%- endif -%}"
-    "{%- endmacro -%}"
-    + CHATML_GENERATION_TEMPLATE.replace("message['content']", "render(message['content'])")
-)
+
+
+def chatml_image_template(image_token: str) -> str:
+    """ChatML whose content may be a list of text and image parts: one ``image_token`` per image
+    part, which the target's image processing expands into the image's span."""
+    return ("{%- macro render(content) -%}"
+            "{%- if content is string -%}{{- content -}}{%- else -%}{%- for part in content -%}"
+            "{%- if part['type'] == 'image' -%}{{- '" + image_token + "' -}}{%- else -%}"
+            "{{- part['text'] -}}{%- endif -%}{%- endfor -%}{%- endif -%}"
+            "{%- endmacro -%}"
+            + CHATML_GENERATION_TEMPLATE.replace("message['content']",
+                                                 "render(message['content'])"))
 
 _WORDS = (
     "the a an of to and in is was for on that with as by at from it be this are or have not but "
@@ -72,12 +74,12 @@ def synthetic_corpus(num_lines: int = 4000, *, seed: int = 0) -> list[str]:
 
 def build_tokenizer(
     out_dir: Path, *, vocab_size: int = 1024, generation_markers: bool = True,
-    corpus: Iterable[str] | None = None, image_tokens: bool = False,
+    corpus: Iterable[str] | None = None, image_tokens: Sequence[str] = (),
 ) -> None:
     """Train a byte-level BPE tokenizer of exactly ``vocab_size`` tokens and save it HF-style.
 
-    ``corpus`` defaults to :func:`synthetic_corpus`; ``image_tokens`` adds ``IMAGE_TOKENS`` and
-    the chat template that renders image parts.
+    ``corpus`` defaults to :func:`synthetic_corpus`; ``image_tokens`` (begin-of-image,
+    end-of-image, image; ids 4, 5, 6) adds them and the chat template that renders image parts.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -87,7 +89,7 @@ def build_tokenizer(
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[*SPECIAL_TOKENS, *(IMAGE_TOKENS if image_tokens else ())],
+        special_tokens=[*SPECIAL_TOKENS, *image_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -96,9 +98,9 @@ def build_tokenizer(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=[MASK_TOKEN, *(IMAGE_TOKENS if image_tokens else ())],
+        additional_special_tokens=[MASK_TOKEN, *image_tokens],
     )
-    fast.chat_template = (CHATML_IMAGE_TEMPLATE if image_tokens else
+    fast.chat_template = (chatml_image_template(image_tokens[2]) if image_tokens else
                           CHATML_GENERATION_TEMPLATE if generation_markers else
                           CHATML_PLAIN_TEMPLATE)
     fast.save_pretrained(str(out_dir))
@@ -240,7 +242,7 @@ def build_tiny_gemma4(out_dir: str | Path, *, seed: int = 0, **config: Any) -> P
     out.mkdir(parents=True, exist_ok=True)
     hf = tiny_gemma4_config(**config)
     build_tokenizer(out, vocab_size=text_vocab_size(hf),
-                    image_tokens=bool(config.get("multimodal")))
+                    image_tokens=IMAGE_TOKENS if config.get("multimodal") else ())
     torch.manual_seed(seed)
     if config.get("multimodal"):
         from transformers.models.gemma4.image_processing_pil_gemma4 import (

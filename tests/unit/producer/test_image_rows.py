@@ -199,7 +199,7 @@ def test_images_that_do_not_fit_the_context_are_too_many(vl_target: Path) -> Non
 def test_a_template_that_drops_images_is_refused_per_row(vl_target: Path) -> None:
     """A template rendering no image token for an image part cannot place the image."""
     template = AutoTokenizer.from_pretrained(vl_target).chat_template.replace(
-        "{{- '<|image|>' -}}", "")
+        "'<|image|>'", "''")
     assert _encoder(vl_target, chat_template=template).encode(
         _image_row(tiny_image(0))) == SkipReason.TOO_MANY_IMAGES
 
