@@ -3,7 +3,9 @@ captured as its one-row VL forward gives, and every bad image skipped with its o
 
 from __future__ import annotations
 
+import base64
 import copy
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,15 @@ def vl_target(tiny_family: Callable[[str], Path]) -> Path:
     return tiny_family("gemma4")
 
 
+@pytest.fixture(scope="module")
+def vl_targets(vl_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny Gemma4 and MiniMax-M3 VL top levels, both with image tokens and processors."""
+    from tiny_families import build_tiny_family
+
+    return {"gemma4": vl_target, "minimax_m3_vl": build_tiny_family(
+        tmp_path_factory.mktemp("minimax_vl"), "minimax_m3_vl", images=True)}
+
+
 def _encoder(target: Path, **kwargs: Any) -> ImageChatEncoder:
     images = target_images(target, read_target_config(target).raw)
     assert images is not None
@@ -46,14 +57,35 @@ def _image_row(image: Any, text: str = "Describe the picture.") -> dict[str, Any
         {"role": "assistant", "content": "A bright square on a gradient."}]}
 
 
+def _reference_pixels(target: Path, images: list[Any]) -> tuple[dict[str, torch.Tensor],
+                                                                list[int], tuple[str, ...]]:
+    """The family's image processor outputs, tokens per image and (boi, eoi, image) tokens:
+    transformers' Gemma4 PIL processor, or for MiniMax-M3 VL the torch port that
+    ``test_minimax_vl_pixels.py`` proves equal to transformers' torchvision processor."""
+    if read_target_config(target).model_type == "gemma4":
+        from transformers.models.gemma4.image_processing_pil_gemma4 import (
+            Gemma4ImageProcessorPil,
+        )
+
+        out = Gemma4ImageProcessorPil.from_pretrained(target)(images=images, return_tensors="pt")
+        return ({"pixel_values": out["pixel_values"],
+                 "image_position_ids": out["image_position_ids"]},
+                out["num_soft_tokens_per_image"].tolist(), IMAGE_TOKENS)
+    from tiny_families import MINIMAX_IMAGE_TOKENS
+
+    from sparkforge.shared.minimax_vl_pixels import MiniMaxM3VLPixels
+
+    pixels = MiniMaxM3VLPixels.from_pretrained(target)
+    out = pixels(images)
+    counts = [int(g.prod()) // pixels.merge_size ** 2 for g in out["image_grid_thw"]]
+    return out, counts, MINIMAX_IMAGE_TOKENS
+
+
 def _reference_inputs(target: Path, row: dict[str, Any]) -> dict[str, torch.Tensor]:
     """What the target's processor gives for a row, built here from its parts: the template's
     rendering with ``{"type": "image"}`` parts, each image token replaced by begin-of-image,
-    num_soft_tokens image tokens and end-of-image, and the image processor's pixels."""
-    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
-
+    one image token per image feature and end-of-image, and the image processor's pixels."""
     tok = AutoTokenizer.from_pretrained(target)
-    boi, eoi, image_token = tok.convert_tokens_to_ids(list(IMAGE_TOKENS))
     images, messages = [], []
     for m in row["messages"]:
         if isinstance(m["content"], list):
@@ -62,27 +94,27 @@ def _reference_inputs(target: Path, row: dict[str, Any]) -> dict[str, torch.Tens
                 if p["type"] == "text":
                     parts.append(p)
                 else:
-                    images.append(Image.open(__import__("io").BytesIO(
-                        __import__("base64").b64decode(p["image_url"]["url"].split(",")[1]))))
+                    data = base64.b64decode(p["image_url"]["url"].split(",")[1])
+                    images.append(Image.open(io.BytesIO(data)).convert("RGB"))
                     parts.append({"type": "image"})
             m = {**m, "content": parts}
         messages.append(m)
     ids = tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
-    pixels = Gemma4ImageProcessorPil.from_pretrained(target)(images=[i.convert("RGB")
-                                                                     for i in images],
-                                                             return_tensors="pt")
-    counts = iter(pixels["num_soft_tokens_per_image"].tolist())
+    pixels, counts, tokens = _reference_pixels(target, images)
+    boi, eoi, image_token = tok.convert_tokens_to_ids(list(tokens))
+    per_image = iter(counts)
     expanded: list[int] = []
     for t in ids:
-        expanded += [boi, *[image_token] * next(counts), eoi] if t == image_token else [t]
+        expanded += [boi, *[image_token] * next(per_image), eoi] if t == image_token else [t]
     ids_t = torch.tensor([expanded])
-    return {"input_ids": ids_t, "pixel_values": pixels["pixel_values"],
-            "image_position_ids": pixels["image_position_ids"],
-            "mm_token_type_ids": (ids_t == image_token).long()}
+    types = ({"mm_token_type_ids": (ids_t == image_token).long()}
+             if tokens == IMAGE_TOKENS else {})
+    return {"input_ids": ids_t, **pixels, **types}
 
 
 def test_image_rows_are_encoded_as_the_processor_does(vl_target: Path) -> None:
-    """Ids and pixels equal the processor's; image spans are context, never supervised."""
+    """Ids and pixels equal the processor's; image spans are context, never supervised (Gemma4,
+    whose PIL processor transformers runs here)."""
     encoder = _encoder(vl_target)
     row = _image_row(tiny_image(1))
     got = encoder.encode(row)
@@ -104,9 +136,12 @@ def test_image_rows_are_encoded_as_the_processor_does(vl_target: Path) -> None:
     assert text_only.model_inputs is None
 
 
-def test_image_rows_equal_the_one_row_vl_forward(vl_target: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["gemma4", "minimax_m3_vl"])
+def test_image_rows_equal_the_one_row_vl_forward(vl_targets: dict[str, Path], family: str,
+                                                 tmp_path: Path) -> None:
     """Mixed text and image rows, batched by the HF backend, equal each row's own fp32 VL forward
     with the processor's pixel values (within 1e-5)."""
+    vl_target = vl_targets[family]
     encoder = _encoder(vl_target)
     rows = image_conversations(6, tmp_path)
     encoded = [encoder.encode(r) for r in rows]
@@ -141,9 +176,11 @@ def _as_data_uris(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def test_the_image_reaches_the_target(vl_target: Path) -> None:
+@pytest.mark.parametrize("family", ["gemma4", "minimax_m3_vl"])
+def test_the_image_reaches_the_target(vl_targets: dict[str, Path], family: str) -> None:
     """The same text with two different images: identical features before the image span,
     different ones from it on."""
+    vl_target = vl_targets[family]
     encoder = _encoder(vl_target)
     a, b = (encoder.encode(_image_row(tiny_image(seed))) for seed in (1, 2))
     assert not isinstance(a, SkipReason)
