@@ -92,8 +92,9 @@ class TargetImages:
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
             self.image_token_id = int(config.get("image_token_index",
                                                  config.get("image_token_id", -1)))
-            self.boi_token_id, self.eoi_token_id = (
-                int(tokenizer.convert_tokens_to_ids(t)) for t in MINIMAX_VISION_TOKENS)
+            boi, eoi = MINIMAX_VISION_TOKENS
+            self.boi_token_id = int(tokenizer.convert_tokens_to_ids(boi))  # type: ignore[arg-type]
+            self.eoi_token_id = int(tokenizer.convert_tokens_to_ids(eoi))  # type: ignore[arg-type]
 
     def pixels(self, images: Sequence[Any]) -> tuple[dict[str, Any], list[int]]:
         """The processor's forward inputs of ``images`` and each image's number of tokens."""

@@ -66,7 +66,8 @@ class MiniMaxM3VLPixels:
         """Read the settings (``size`` or the older ``min_pixels`` / ``max_pixels``)."""
         path = Path(model_dir) / "preprocessor_config.json"
         raw: Mapping[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-        size = raw.get("size") if isinstance(raw.get("size"), Mapping) else {}
+        found = raw.get("size")
+        size: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
         kwargs: dict[str, Any] = {
             "min_pixels": raw.get("min_pixels", size.get("shortest_edge", cls.min_pixels)),
             "max_pixels": raw.get("max_pixels", size.get("longest_edge", cls.max_pixels))}

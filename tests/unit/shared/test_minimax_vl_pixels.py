@@ -47,7 +47,8 @@ def test_smart_resize_keeps_multiples_and_the_pixel_range() -> None:
     """Both sides are multiples of the factor and the area lies within [min, max]."""
     for height, width in ((20, 28), (9, 30), (1000, 700), (28, 28)):
         h, w = smart_resize(height, width, factor=28, min_pixels=56 * 56, max_pixels=28 * 28 * 64)
-        assert h % 28 == 0 and w % 28 == 0
+        assert h % 28 == 0
+        assert w % 28 == 0
         assert 56 * 56 <= h * w <= 28 * 28 * 64
     with pytest.raises(ValueError, match="aspect ratio"):
         smart_resize(1, 300, factor=28, min_pixels=1, max_pixels=10**6)
