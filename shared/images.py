@@ -141,12 +141,17 @@ def read_images(
     sources = image_sources(messages)
     if isinstance(sources, ImageProblem):
         return sources
+    return _each(sources, lambda source: read_image_bytes(source, storage_options))
+
+
+def _each(items: Sequence[Any], step: Any) -> list[Any] | ImageProblem:
+    """``step`` of every item, or the first problem it returns."""
     out = []
-    for source in sources:
-        data = read_image_bytes(source, storage_options)
-        if isinstance(data, ImageProblem):
-            return data
-        out.append(data)
+    for item in items:
+        got = step(item)
+        if isinstance(got, ImageProblem):
+            return got
+        out.append(got)
     return out
 
 
@@ -167,12 +172,9 @@ def load_images(
     encoded = read_images(messages, storage_options)
     if isinstance(encoded, ImageProblem):
         return encoded
-    images = []
-    for data in encoded:
-        image = decode_image(data, max_pixels)
-        if isinstance(image, ImageProblem):
-            return image
-        images.append(image)
+    images = _each(encoded, lambda data: decode_image(data, max_pixels))
+    if isinstance(images, ImageProblem):
+        return images
     return LoadedImages(images=tuple(images), sha256=images_sha256(encoded))
 
 

@@ -10,6 +10,7 @@ decodes image prompts with their pixel values, reporting image and text prompts 
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,10 +23,6 @@ from sparkforge.app.tiny_target import main as tiny_target_main
 
 pytestmark = pytest.mark.slow  # ~1 min on 2 cores
 
-DRAFT = {"mask_token_id": 3, "hidden_size": 64, "vocab_size": 1024, "num_target_layers": 4,
-         "target_layer_ids": [0, 1, 2], "num_hidden_layers": 1, "block_size": 4,
-         "num_anchors": 8, "markov_rank": 16, "target_model_type": "gemma4_text",
-         "architecture": "gemma4"}
 BAD = {"image_missing": {"type": "image", "path": "/nonexistent.png"},
        "image_unreadable": {"type": "image_url", "image_url": {"url": "data:image/png;base64,%"}},
        "image_undecodable": {"type": "image_url", "image_url": {
@@ -63,12 +60,12 @@ def test_a_mixed_text_and_image_cache_trains_and_evaluates(tmp_path: Path) -> No
     images = manifest["producer_config"]["resolved"]["images"]
     assert images["processor"] == "Gemma4ImageProcessorPil"
 
-    train = tmp_path / "train.yaml"
-    train.write_text(yaml.safe_dump({
-        "seed_everything": 0, "model": {"draft": DRAFT, "attn_implementation": "sdpa"},
-        "data": {"uri": str(cache), "max_seq_len": 512, "batch_size": 4, "num_workers": 0},
-        "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 3, "logger": False,
-                    "default_root_dir": str(tmp_path / "train"), "enable_progress_bar": False}}))
+    train = tmp_path / "train.yaml"   # the packaged example, with this run's cache and steps
+    example = yaml.safe_load((files("sparkforge.trainer") / "examples" / "tiny_vl.yaml")
+                             .read_text())
+    example["data"]["uri"] = str(cache)
+    example["trainer"].update(max_steps=3, logger=False, default_root_dir=str(tmp_path / "train"))
+    train.write_text(yaml.safe_dump(example))
     assert main(["validate", str(cache), "--deep", "--against", str(train)]) == 0
     assert main(["train", "--config", str(train)]) == 0
     draft = tmp_path / "draft"
