@@ -52,6 +52,10 @@ class _Pending:
         return self.encoded.input_ids
 
     @property
+    def loss_mask(self) -> np.ndarray:
+        return self.encoded.loss_mask
+
+    @property
     def source_hash(self) -> str:
         """The raw row's hash, or for an image row the hash of the row and its images."""
         return sample_source_hash(self.raw.content_hash, self.encoded.images_sha256)
@@ -180,7 +184,7 @@ def _record(
         source_hash=pending.source_hash,
         split=pending.split,
         input_ids=pending.input_ids,
-        loss_mask=pending.encoded.loss_mask,
+        loss_mask=pending.loss_mask,
         aux_hidden=aux,
         aux_scale=aux_scale,
         final_hidden=final,
