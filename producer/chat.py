@@ -21,6 +21,7 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
+from sparkforge.shared.image_inputs import TargetImages
 from sparkforge.shared.images import ImageProblem, is_image_part, template_parts
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,6 @@ _PROBE = (
     {"role": "user", "content": "And the cache?"},
     {"role": "assistant", "content": "One shard per slot."},
 )
-
 
 
 class SkipReason(StrEnum):
@@ -212,7 +212,7 @@ def validate_messages(
 class ChatEncoder:
     """Tokenize rows with one tokenizer and template, under a length and reasoning policy."""
 
-    images = None
+    images: TargetImages | None = None
     """The target's image processing (``ImageChatEncoder``); None: image parts are skipped."""
 
     def __init__(

@@ -32,7 +32,7 @@ class ImageChatEncoder(ChatEncoder):
     def __init__(self, tokenizer: Any, *, images: TargetImages,
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
                  storage_options: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        self.images = images  # type: ignore[assignment]
+        self.images = images
         self.max_image_pixels = max_image_pixels
         self.storage_options = dict(storage_options or {})
         super().__init__(tokenizer, **kwargs)
