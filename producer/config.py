@@ -15,6 +15,7 @@ RUN_LOCAL_FIELDS = frozenset({
     "storage_options", "output", "worker_index", "num_workers", "window", "max_retries",
     "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
     "finalize", "progress", "writer_queue_units", "writer_threads", "non_finite",
+    "max_image_pixels",  # an image cache records it in producer_config.resolved.images
 })
 RUN_LOCAL_ENGINE_FIELDS = frozenset({
     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",

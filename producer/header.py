@@ -69,8 +69,8 @@ def build_header(
     Facts the header schema has no slot for go under ``producer_config.resolved``: the row and
     unit counts (``sparkforge finalize`` reads ``num_units``), the DSpark ids, the masking method,
     the regeneration parameters of a regenerated dataset and, when image rows are captured with
-    their pixels (a VL target on the HF backend), the image processor's identity (``images``;
-    null: text only, image parts skipped as ``image_content``).
+    their pixels (a VL target on the HF backend), the image processor's identity and the pixel
+    limit (``images``; absent: text only, image parts skipped as ``image_content``).
     """
     engine = cfg.engine
     family = family_of(target.model_type)
@@ -81,10 +81,10 @@ def build_header(
         "dspark_feature_ids": list(hf_to_feature(hf_layer_ids)),
         "masking": "generation_tags" if encoder.uses_generation_tags else "prefix_render",
         "regeneration": regeneration_of(sources),
-        "images": (None if not isinstance(encoder, ImageChatEncoder) else
-                   {**encoder.target_images.identity(),
-                    "max_image_pixels": encoder.max_image_pixels}),
     }
+    if isinstance(encoder, ImageChatEncoder):  # absent: text only (older headers compare equal)
+        resolved["images"] = {**encoder.target_images.identity(),
+                              "max_image_pixels": encoder.max_image_pixels}
     return RunHeader(
         producer_config={**cfg.identity(), "resolved": resolved},
         target=target,
