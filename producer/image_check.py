@@ -14,9 +14,9 @@ from typing import Any
 
 from sparkforge.manifests.objects import MAX_COMMIT_BYTES
 from sparkforge.producer.capture import sample_source_hash
+from sparkforge.producer.inputs import InputRows
 from sparkforge.shared import storage
 from sparkforge.shared.commit import parse_commit_bytes
-from sparkforge.shared.dataset import DataSource, iter_rows
 from sparkforge.shared.images import ImageProblem, images_sha256, read_images, row_has_images
 from sparkforge.shared.layout import commit_key
 from sparkforge.shared.writer import CacheMismatchError, CacheWriter
@@ -25,7 +25,7 @@ MAX_LISTED = 5
 
 
 def check_committed_images(
-    writer: CacheWriter, units: Iterable[int], sources: list[DataSource], *, rows_per_unit: int,
+    writer: CacheWriter, units: Iterable[int], inputs: InputRows, *, rows_per_unit: int,
     storage_options: Mapping[str, Any], batch_rows: int = 1024,
 ) -> int:
     """Compare the images of ``units``' committed image rows with what was captured.
@@ -43,8 +43,8 @@ def check_committed_images(
         info = parse_commit_bytes(raw, unit=unit, spec=writer.spec)
         stored.update((s.sample_id, s.source_hash) for s in info.samples)
     checked, changed = 0, []
-    for raw_row in iter_rows(sources, wanted=lambda i: i // rows_per_unit in done,
-                             batch_rows=batch_rows, storage_options=storage_options):
+    for raw_row in inputs.rows(wanted=lambda i: i // rows_per_unit in done,
+                               batch_rows=batch_rows, storage_options=dict(storage_options)):
         if raw_row.index not in stored or not row_has_images(raw_row.row):
             continue
         assert raw_row.row is not None

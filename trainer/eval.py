@@ -36,7 +36,7 @@ from sparkforge.trainer.export import load_draft, training_loss_settings
 from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
-from sparkforge.trainer.report import reliability_bins, write_report
+from sparkforge.trainer.report import reliability_bins, tau_interval, write_report
 from sparkforge.trainer.run_config import LossSpec
 from sparkforge.trainer.speculative import SpecDecodeResult, speculative_generate
 
@@ -195,11 +195,12 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
 
 def _decode(target: Any, draft: Any, prompts: list[Prompt], cfg: EvalConfig,
             device: torch.device) -> dict[str, Any]:
-    """Speculative decoding of every prompt: tau, acceptance by position, calibration; with
-    image prompts, the same for image and for text prompts apart (``by_prompt_kind``)."""
+    """Speculative decoding of every prompt: tau (with its interval), acceptance by position,
+    calibration; with image prompts, the same for image and for text prompts apart
+    (``by_prompt_kind``)."""
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     eos = getattr(target.config, "eos_token_id", None)
-    results: dict[str, list[SpecDecodeResult]] = {"image": [], "text": []}
+    runs: list[tuple[str, SpecDecodeResult]] = []   # (prompt kind, run), in prompt order
     for prompt in tqdm(prompts, desc="speculative decoding", unit="prompt"):
         inputs = (None if prompt.model_inputs is None else
                   {name: value.to(device) for name, value in prompt.model_inputs.items()})
@@ -208,16 +209,19 @@ def _decode(target: Any, draft: Any, prompts: list[Prompt], cfg: EvalConfig,
                                    confidence_threshold=cfg.confidence_threshold,
                                    eos_token_id=eos if isinstance(eos, int) else None,
                                    generator=gen, target_inputs=inputs)
-        results["text" if inputs is None else "image"].append(res)
-    report = _acceptance([*results["image"], *results["text"]], draft.num_draft_tokens)
-    if results["image"]:
-        report["by_prompt_kind"] = {kind: _acceptance(runs, draft.num_draft_tokens)
-                                    for kind, runs in results.items()}
+        runs.append(("text" if inputs is None else "image", res))
+    k, seed = draft.num_draft_tokens, cfg.seed
+    report = _acceptance([run for _, run in runs], k, seed)
+    if any(kind == "image" for kind, _ in runs):
+        report["by_prompt_kind"] = {
+            kind: _acceptance([run for of, run in runs if of == kind], k, seed)
+            for kind in ("image", "text")}
     return report
 
 
-def _acceptance(runs: list[SpecDecodeResult], k: int) -> dict[str, Any]:
-    """tau, acceptance by position and calibration over speculative generations."""
+def _acceptance(runs: list[SpecDecodeResult], k: int, seed: int) -> dict[str, Any]:
+    """tau, its 95% interval over prompts, acceptance by position and calibration over
+    speculative generations."""
     rounds = [n for r in runs for n in r.tokens_per_round]
     verified = [m for r in runs for m in r.verified_per_round]
     accepted = np.sum([r.position_accepted for r in runs], axis=0) if runs else np.zeros(k)
@@ -226,6 +230,7 @@ def _acceptance(runs: list[SpecDecodeResult], k: int) -> dict[str, Any]:
     events = [e for r in runs for e in r.trial_accepted]
     report: dict[str, Any] = {
         "tau": float(np.mean(rounds)) if rounds else 0.0, "rounds": len(rounds),
+        "tau_ci95": tau_interval([list(r.tokens_per_round) for r in runs], seed=seed),
         "prompts": len(runs),
         "verified_per_round": float(np.mean(verified)) if verified else 0.0,
         "acceptance_by_position": [float(a / t) if t else 0.0
