@@ -9,6 +9,7 @@ from typing import Any, Literal
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.fields import shorten
+from sparkforge.shared.images import DEFAULT_MAX_IMAGE_PIXELS
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.mix import MixSource
 
@@ -18,6 +19,7 @@ RUN_LOCAL_FIELDS = frozenset({
     "storage_options", "output", "worker_index", "num_workers", "window", "max_retries",
     "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
     "finalize", "progress", "writer_queue_units", "writer_threads", "non_finite",
+    "max_image_pixels",  # an image cache records it in producer_config.resolved.images
 })
 RUN_LOCAL_ENGINE_FIELDS = frozenset({
     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -76,6 +78,9 @@ class ProducerConfig:
     """Jinja template (string or file URI) replacing the tokenizer's own."""
     reasoning: Literal["keep", "drop"] = "keep"
     """Assistant ``reasoning_content``: pass it to the template, or drop it."""
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    """Image rows of a VL target: images with more pixels (width x height) are skipped
+    (``image_too_large``), checked before they are decoded."""
     eval_fraction: float = 0.0
     """Fraction of rows put in the eval split (seeded hash of each row's content); 1.0 makes an
     eval-only cache (for ``sparkforge eval``)."""
@@ -128,7 +133,8 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         problems = []
         positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
-                    "max_consecutive_failures", "read_batch_rows", "writer_queue_units")
+                    "max_consecutive_failures", "read_batch_rows", "writer_queue_units",
+                    "max_image_pixels")
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")

@@ -87,6 +87,8 @@ class ParityReport:
     kl_topk: float
     max_abs_logprob: float
     passed: bool
+    num_image_samples: int = 0
+    """Image rows among the samples (forwarded with their pixel values by both sides)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
@@ -96,7 +98,8 @@ class ParityReport:
         """A printable table, one line per layer then the logit comparison."""
         noise = any(p.dtype_noise is not None for p in self.layers)
         lines = [
-            f"parity on {self.num_samples} samples / {self.num_tokens} tokens ({self.dtype})",
+            f"parity on {self.num_samples} samples ({self.num_image_samples} with images) / "
+            f"{self.num_tokens} tokens ({self.dtype})",
             f"{'layer':<20}{'max abs':>12}{'rel':>12}"
             + (f"{self.dtype + ' noise':>18}{'limit':>12}" if noise else ""),
         ]
@@ -160,6 +163,7 @@ def run_parity(
         kl_topk=kl,
         max_abs_logprob=max_lp,
         passed=all(p.rel <= p.tolerance(dtype) for p in layers) and top1 >= MIN_TOP1,
+        num_image_samples=sum(r.model_inputs is not None for r in requests),
     )
 
 

@@ -21,7 +21,8 @@ class SampleRecord:
     source_row: int
     """Row index in the input dataset."""
     source_hash: str
-    """Hex digest of the raw input row, so a changed dataset is detected on resume."""
+    """Hex digest of the raw input row (for an image row: of the row and its image bytes), so a
+    changed dataset, or a changed image behind an unchanged path, is detected."""
     split: Split
     input_ids: np.ndarray
     """[T] int32 token ids."""

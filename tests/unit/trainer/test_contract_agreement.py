@@ -68,7 +68,7 @@ def test_validate_and_train_build_the_same_contract(source: Path | str, tmp_path
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
 def test_overlays_add_their_logger_to_a_full_config(overlay: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A logger overlay after a full config builds the run with that logger and the same contract."""
+    """A logger overlay after a full config sets its logger and leaves the contract unchanged."""
     monkeypatch.chdir(tmp_path)
     base = EXAMPLES[-1]
     cli = train_cli(["--config", str(base), "--config", str(overlay), *ON_CPU])
