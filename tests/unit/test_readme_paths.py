@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from functools import cache
 from pathlib import Path
 
@@ -20,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # vllm/...) is an example path or another project's file.
 TOP_DIRS = ("producer", "trainer", "shared", "manifests", "docker", "benchmarks", "tests", ".ci")
 TOP_FILES = ("Makefile", "pyproject.toml", "README.md")
-PACKAGE_DIRS = {"producer": "producer", "trainer": "trainer", "shared": "shared",
-                "manifests": "manifests", "app": "shared/app"}
+# sparkforge.<name> -> its folder, as pyproject's package-dir maps it (sparkforge.app: shared/app).
+PACKAGE_DIRS = {dotted.split(".", 1)[1]: folder for dotted, folder in tomllib.loads(
+    (ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].items()}
 READMES = sorted([ROOT / "README.md",
                   *(p for top in TOP_DIRS for p in (ROOT / top).rglob("README.md"))])
 
