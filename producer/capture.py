@@ -23,6 +23,7 @@ from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStat
 from sparkforge.producer.splits import SplitRule
 from sparkforge.shared.dataset import RawRow
 from sparkforge.shared.dtypes import non_finite
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
 
 logger = logging.getLogger(__name__)
@@ -33,11 +34,11 @@ _SCAN_ELEMENTS = 1 << 24
 """Hidden values checked per block (bounds the NaN/inf scan's temporaries to ~50 MB)."""
 
 
-class CaptureAborted(RuntimeError):
+class CaptureAborted(SparkforgeError, RuntimeError):
     """Raised after ``max_consecutive_failures`` requests failed in a row."""
 
 
-class NonFiniteActivations(RuntimeError):
+class NonFiniteActivations(SparkforgeError, RuntimeError):
     """Raised under ``non_finite: fail`` when the target produced NaN or inf for a row."""
 
 

@@ -20,6 +20,8 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
+from sparkforge.shared.errors import SparkforgeError
+
 logger = logging.getLogger(__name__)
 
 ReasoningPolicy = Literal["keep", "drop"]
@@ -90,7 +92,7 @@ def resolve_chat_template(override: str | None, tokenizer: Any) -> str:
     if isinstance(template, dict):
         template = template.get("default")
     if not template:
-        raise ValueError(
+        raise SparkforgeError(
             "chat_template: the tokenizer ships no chat template; pass --chat_template "
             "(a Jinja string or a file)"
         )
@@ -319,7 +321,8 @@ class ChatEncoder:
         encoded = self.encode_messages(_PROBE)
         method = "{% generation %} markers" if self.uses_generation_tags else "prefix rendering"
         if isinstance(encoded, SkipReason):
-            raise ValueError(f"chat_template: masking by {method} failed on a probe ({encoded})")
+            raise SparkforgeError(
+                f"chat_template: masking by {method} failed on a probe ({encoded})")
         decode = self.tokenizer.decode
         masked = decode(encoded.input_ids[encoded.loss_mask == 1].tolist())
         unmasked = decode(encoded.input_ids[encoded.loss_mask == 0].tolist())
@@ -328,7 +331,7 @@ class ChatEncoder:
         if not all(r in masked for r in replies) or any(o in masked for o in others) or any(
             r in unmasked for r in replies
         ):
-            raise ValueError(
+            raise SparkforgeError(
                 f"chat_template: masking by {method} does not isolate assistant turns on a probe "
                 f"conversation (masked text: {masked!r}); fix the template or pass --chat_template"
             )

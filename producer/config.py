@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.fields import shorten
+from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.mix import MixSource
 
 # Settings that change how a run goes but not a byte of the cache: left out of the cache header, so
@@ -147,7 +150,7 @@ class ProducerConfig:
             or self.layer_ids[0] < 0
         ):
             problems.append(f"--layer_ids must be non-empty, >= 0, strictly increasing: "
-                            f"{self.layer_ids}")
+                            f"{shorten(str(self.layer_ids))}")
         if self.layer_stride is not None and self.layer_ids is not None:
             problems.append("Can't provide both --layer_ids and --layer_stride")
         if self.layer_stride is not None and self.layer_stride < 1:
@@ -162,8 +165,21 @@ class ProducerConfig:
             problems.append("--worker_index and --num_workers must be given together")
         elif self.num_workers is not None and not 0 <= self.worker_index < self.num_workers:  # type: ignore[operator]
             problems.append(f"--worker_index must be in [0, --num_workers={self.num_workers})")
+        if not problems:
+            problems += self._slot_space_problems()
         if problems:
-            raise ValueError("invalid producer config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid producer config:\n  " + "\n  ".join(problems))
+
+    def _slot_space_problems(self) -> list[str]:
+        """What the cache layout refuses in --rows_per_unit / --shard_rows, before any run."""
+        try:
+            CacheSpec(hidden_size=1, num_aux_layers=1, hidden_dtype=self.hidden_dtype,
+                      max_seq_len=self.seq_len,
+                      shard_rows=self.shard_rows, rows_per_unit=self.rows_per_unit)
+        except SparkforgeError as exc:
+            return [f"--rows_per_unit ({self.rows_per_unit}) / --shard_rows ({self.shard_rows}): "
+                    f"{exc}"]
+        return []
 
     @property
     def seq_len(self) -> int:
@@ -228,5 +244,5 @@ class RegenerateConfig:
             if not getattr(self, name):
                 problems.append(f"--{name} is required")
         if problems:
-            raise ValueError("invalid regenerate config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid regenerate config:\n  " + "\n  ".join(problems))
 

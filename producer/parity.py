@@ -23,6 +23,7 @@ import torch
 
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
+from sparkforge.shared.errors import SparkforgeError
 
 PARITY_TOPK = 20
 """Top-k logprobs requested from the backend under test for the logit comparison."""
@@ -131,8 +132,8 @@ def run_parity(
         ValueError: If the two sources capture different layers or a capture failed.
     """
     if tuple(source.layer_ids) != tuple(reference.layer_ids):
-        raise ValueError(f"parity: layer_ids differ, {source.engine_info()['engine']} "
-                         f"{source.layer_ids} vs reference {reference.layer_ids}")
+        raise SparkforgeError(f"parity: layer_ids differ, {source.engine_info()['engine']} "
+                              f"{source.layer_ids} vs reference {reference.layer_ids}")
     head = reference.target_head()
     ours = _by_sample(source.capture(requests, topk=PARITY_TOPK))
     ref = _by_sample(reference.capture(requests, topk=0))
@@ -166,7 +167,7 @@ def _by_sample(results: Iterator[CaptureResult]) -> dict[int, CaptureResult]:
     out = {}
     for r in results:
         if r.error is not None:
-            raise ValueError(f"parity: capture of sample {r.sample_id} failed: {r.error}")
+            raise SparkforgeError(f"parity: capture of sample {r.sample_id} failed: {r.error}")
         out[r.sample_id] = r
     return out
 

@@ -42,6 +42,7 @@ from sparkforge.producer.target_files import resolve_model_dir, target_files, ta
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
 from sparkforge.shared import storage
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.io_errors import storage_errors
 from sparkforge.shared.layer_ids import (
     HfIndices,
@@ -65,7 +66,7 @@ __all__ = ["CaptureAborted", "NoSamplesWritten", "NonFiniteActivations", "Parity
 DEFAULT_PARITY_SAMPLES = 8
 STALE_PARTIAL_S = 900
 """Age after which a ``*.partial`` temp file in a local cache is a dead write, not a live one."""
-class ParityFailed(RuntimeError):
+class ParityFailed(SparkforgeError, RuntimeError):
     """Raised when the capture disagrees with one-row transformers forwards."""
 
 
@@ -97,8 +98,8 @@ def prepare(cfg: ProducerConfig) -> Prepared:
                 cfg.layer_ids or default_feature_ids(num_layers, cfg.num_feature_layers),
                 num_layers))
     except LayerIdError as exc:
-        raise ValueError(f"--layer_ids / --layer_stride / --num_feature_layers for a "
-                         f"{num_layers}-layer target: {exc}") from exc
+        raise ConfigError(f"--layer_ids / --layer_stride / --num_feature_layers for a "
+                          f"{num_layers}-layer target: {exc}") from exc
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(str(model_dir)),
                           chat_template=cfg.chat_template, reasoning=cfg.reasoning,
                           max_seq_len=cfg.seq_len, overlong=cfg.overlong)

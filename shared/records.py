@@ -7,6 +7,8 @@ from typing import Literal
 
 import numpy as np
 
+from sparkforge.shared.errors import SparkforgeError
+
 Split = Literal["train", "eval"]
 
 
@@ -57,7 +59,7 @@ class UnitAccounting:
     def __post_init__(self) -> None:
         total = self.written + sum(self.skipped.values()) + self.failed
         if total != self.input_rows:
-            raise ValueError(
+            raise SparkforgeError(
                 f"unit accounting does not add up: written {self.written} + skipped "
                 f"{sum(self.skipped.values())} + failed {self.failed} "
                 f"!= input_rows {self.input_rows}"

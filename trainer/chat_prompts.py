@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from sparkforge.shared.dataset import describe_sources, iter_rows
+from sparkforge.shared.errors import SparkforgeError
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,6 @@ def chat_prompts(uri: str, tokenizer: Any, num: int, *,
         logger.warning("%s: skipped rows without a prompt: %s", uri,
                        ", ".join(f"{why} {n}" for why, n in sorted(skipped.items())))
     if not prompts:
-        raise ValueError(f"--prompts {uri}: no row has a conversation with a user turn "
-                         f"(skipped: {dict(skipped)})")
+        raise SparkforgeError(f"--prompts {uri}: no row has a conversation with a user turn "
+                              f"(skipped: {dict(skipped)})")
     return prompts

@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from sparkforge.manifests.open import open_cache
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import loads_as_image_text
 from sparkforge.trainer.calibration import (
@@ -149,8 +150,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         ("vocab_size", dc.vocab_size, tc.vocab_size),
         ("num_target_layers", dc.num_target_layers, tc.num_hidden_layers)) if a != b]
     if mismatch:
-        raise ValueError(f"draft {cfg.draft} does not fit target {cfg.target}: "
-                         + "; ".join(mismatch))
+        raise SparkforgeError(f"draft {cfg.draft} does not fit target {cfg.target}: "
+                              + "; ".join(mismatch))
     frozen = target.get_output_embeddings()
     if frozen is not None and not _same_head(frozen.weight, draft.lm_head.weight):
         logger.warning("%s's lm_head differs from the one the draft was trained with: the draft's "

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import yaml
 
+from sparkforge.shared.errors import SparkforgeError
+
 # target -> (module that writes it and chat rows, example config name).
 TARGETS = {"code": ("sparkforge.app.code_target", "code_target.yaml"),
            "tiny": ("sparkforge.app.tiny_target", "tiny.yaml")}
@@ -85,7 +87,7 @@ def _run(stage: str, args: Sequence[str], timings: dict[str, float]) -> None:
     result = subprocess.run([sys.executable, "-P", *args], check=False)
     timings[stage] = time.perf_counter() - start
     if result.returncode != 0:
-        raise RuntimeError(f"demo stopped: stage {stage!r} exited with {result.returncode}")
+        raise SparkforgeError(f"demo stopped: stage {stage!r} exited with {result.returncode}")
 
 
 def _cli(*args: str) -> list[str]:
@@ -95,7 +97,7 @@ def _cli(*args: str) -> list[str]:
 def _latest_checkpoint(train_dir: Path) -> Path:
     ckpts = sorted(train_dir.rglob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     if not ckpts:
-        raise RuntimeError(f"demo stopped: training wrote no checkpoint under {train_dir}")
+        raise SparkforgeError(f"demo stopped: training wrote no checkpoint under {train_dir}")
     return ckpts[-1]
 
 
