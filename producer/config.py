@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.fields import shorten
+from sparkforge.shared.images import DEFAULT_MAX_IMAGE_PIXELS
+from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.mix import MixSource
 
 # Settings that change how a run goes but not a byte of the cache: left out of the cache header, so
 # a resumed run (or another worker) may differ in them. Everything else must match on resume.
@@ -14,6 +19,7 @@ RUN_LOCAL_FIELDS = frozenset({
     "storage_options", "output", "worker_index", "num_workers", "window", "max_retries",
     "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
     "finalize", "progress", "writer_queue_units", "writer_threads", "non_finite",
+    "max_image_pixels",  # an image cache records it in producer_config.resolved.images
 })
 RUN_LOCAL_ENGINE_FIELDS = frozenset({
     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -25,12 +31,24 @@ RUN_LOCAL_ENGINE_FIELDS = frozenset({
 class ProducerConfig:
     """``sparkforge produce``: run the frozen target teacher-forced, write a hidden-state cache."""
 
-    data: str
-    """Chat dataset: a JSONL/Parquet file, a folder or a glob, local or any fsspec URI."""
     engine: EngineOptions
     """The target and how vLLM runs it (``engine.model`` is the target checkpoint)."""
     output: str
     """Cache URI: a local path, s3://bucket/prefix, gs://..."""
+    data: str | None = None
+    """Chat dataset: a JSONL/Parquet file, a folder or a glob, local or any fsspec URI; or a
+    Hugging Face dataset, ``hf://<org>/<name>[@<revision>][:<split>]`` (from the local cache)
+    or a ``save_to_disk`` folder (``<folder>[:<split>]``). Give this or ``mix``."""
+    mix: list[MixSource] | None = None
+    """A weighted mix instead of ``data``: entries ``{data, weight[, data_format, column,
+    name]}``, each drawn to its weight's share of ``mix_rows`` (repeated or subsampled)."""
+    mix_rows: int | None = None
+    """Rows of the mix; default: the sources' rows together."""
+    mix_seed: int = 0
+    """Seed of the mix's draws."""
+    data_column: str | None = None
+    """Hugging Face datasets: the conversation column (None: ``messages``, else
+    ``conversations``); ShareGPT ``from``/``value`` turns are mapped to ``role``/``content``."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """fsspec options for ``output``, ``data`` and ``eval_ids`` (e.g. endpoint_url, key, secret)."""
     backend: Literal["vllm", "hf"] = "vllm"
@@ -60,6 +78,9 @@ class ProducerConfig:
     """Jinja template (string or file URI) replacing the tokenizer's own."""
     reasoning: Literal["keep", "drop"] = "keep"
     """Assistant ``reasoning_content``: pass it to the template, or drop it."""
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    """Image rows of a VL target: images with more pixels (width x height) are skipped
+    (``image_too_large``), checked before they are decoded."""
     eval_fraction: float = 0.0
     """Fraction of rows put in the eval split (seeded hash of each row's content); 1.0 makes an
     eval-only cache (for ``sparkforge eval``)."""
@@ -83,7 +104,7 @@ class ProducerConfig:
     data_format: Literal["auto", "jsonl", "parquet"] = "auto"
     """Input format; auto reads it from the file suffix."""
     worker_index: int | None = None
-    """This worker's index; default from JOB_COMPLETION_INDEX / SLURM_* (see README)."""
+    """This worker's index; default from JOB_COMPLETION_INDEX / SLURM_* (see producer/README.md)."""
     num_workers: int | None = None
     """How many workers share the units; default from the environment, else 1."""
     window: int = 64
@@ -112,16 +133,20 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         problems = []
         positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
-                    "max_consecutive_failures", "read_batch_rows", "writer_queue_units")
+                    "max_consecutive_failures", "read_batch_rows", "writer_queue_units",
+                    "max_image_pixels")
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
         for name in ("topk", "max_retries", "parity_samples", "writer_threads"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("data", "output"):
-            if not getattr(self, name):
-                problems.append(f"--{name} is required")
+        if not self.output:
+            problems.append("--output is required")
+        if bool(self.data) == bool(self.mix):
+            problems.append("give exactly one of --data and --mix")
+        if self.mix_rows is not None and (not self.mix or self.mix_rows < 1):
+            problems.append(f"--mix_rows needs --mix and must be >= 1, got {self.mix_rows}")
         if not 0.0 <= self.eval_fraction <= 1.0:
             problems.append(f"--eval_fraction must be in [0, 1], got {self.eval_fraction}")
         if self.eval_fraction > 0.0 and self.eval_ids is not None:
@@ -131,7 +156,7 @@ class ProducerConfig:
             or self.layer_ids[0] < 0
         ):
             problems.append(f"--layer_ids must be non-empty, >= 0, strictly increasing: "
-                            f"{self.layer_ids}")
+                            f"{shorten(str(self.layer_ids))}")
         if self.layer_stride is not None and self.layer_ids is not None:
             problems.append("Can't provide both --layer_ids and --layer_stride")
         if self.layer_stride is not None and self.layer_stride < 1:
@@ -146,8 +171,21 @@ class ProducerConfig:
             problems.append("--worker_index and --num_workers must be given together")
         elif self.num_workers is not None and not 0 <= self.worker_index < self.num_workers:  # type: ignore[operator]
             problems.append(f"--worker_index must be in [0, --num_workers={self.num_workers})")
+        if not problems:
+            problems += self._slot_space_problems()
         if problems:
-            raise ValueError("invalid producer config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid producer config:\n  " + "\n  ".join(problems))
+
+    def _slot_space_problems(self) -> list[str]:
+        """What the cache layout refuses in --rows_per_unit / --shard_rows, before any run."""
+        try:
+            CacheSpec(hidden_size=1, num_aux_layers=1, hidden_dtype=self.hidden_dtype,
+                      max_seq_len=self.seq_len,
+                      shard_rows=self.shard_rows, rows_per_unit=self.rows_per_unit)
+        except SparkforgeError as exc:
+            return [f"--rows_per_unit ({self.rows_per_unit}) / --shard_rows ({self.shard_rows}): "
+                    f"{exc}"]
+        return []
 
     @property
     def seq_len(self) -> int:
@@ -167,11 +205,15 @@ class RegenerateConfig:
     """``sparkforge regenerate``: sample new assistant turns with the target (on-policy data)."""
 
     data: str
-    """Chat dataset to regenerate (the last assistant turn, if any, is replaced)."""
+    """Chat dataset to regenerate (the last assistant turn, if any, is replaced): files as for
+    ``produce``, ``hf://<org>/<name>[@<revision>][:<split>]`` or a ``save_to_disk`` folder."""
     engine: EngineOptions
     """The target and how vLLM runs it."""
     output: str
     """Folder URI for the Parquet parts (``part-000000.parquet``, ...)."""
+    data_column: str | None = None
+    """Hugging Face datasets: the conversation column (None: ``messages``, else
+    ``conversations``)."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """fsspec options for ``data`` and ``output``."""
     temperature: float = 1.0
@@ -208,5 +250,5 @@ class RegenerateConfig:
             if not getattr(self, name):
                 problems.append(f"--{name} is required")
         if problems:
-            raise ValueError("invalid regenerate config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid regenerate config:\n  " + "\n  ".join(problems))
 

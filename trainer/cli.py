@@ -9,12 +9,14 @@ and output folder as positionals. Torch, Lightning and the models load only insi
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from jsonargparse import ArgumentParser
 
+from sparkforge.shared.config_yaml import use_bounded_yaml
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
 
 
@@ -45,6 +47,18 @@ def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
             parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
             parser.set_defaults({"checkpoint.save_last": True})
 
+        def instantiate_trainer(self, **kwargs: Any) -> Any:
+            """The trainer, without the ``checkpoint`` callback when
+            ``trainer.enable_checkpointing`` is false (Lightning refuses the two together)."""
+            config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+            keys = self._parser(self.subcommand).callback_keys
+            if config.get("enable_checkpointing") is False:
+                logging.getLogger(__name__).warning(
+                    "trainer.enable_checkpointing is false: this run writes no checkpoint")
+                keys = [key for key in keys if key != "checkpoint"]
+            return self._instantiate_trainer(config, [self._get(self.config_init, k) for k in keys])
+
+    use_bounded_yaml()  # also when called from the Python API, not the console script
     cuda = torch.cuda.is_available()
     # main(argv) is the entry point, so argv legitimately differs from sys.argv (tests, dispatch).
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
@@ -83,15 +97,16 @@ def parse_export(prog: str, description: str, argv: Sequence[str]) -> ExportConf
                         help="ship exact copies of the target's embed_tokens / lm_head")
     parser.add_argument("--overwrite", type=bool, default=False,
                         help="replace a non-empty OUT_DIR")
+    parser.add_argument("--eval_report", type=str | None, default=None,
+                        help="eval_report.json of sparkforge eval, tabled in the model card")
     return ExportConfig(**vars(parser.parse_args(list(argv))))
 
 
 def run_export(cfg: ExportConfig) -> int:
-    """Write the servable draft."""
-    from sparkforge.trainer.export import export_checkpoint
+    """Write the servable draft and its model card."""
+    from sparkforge.trainer.export import export_from_config
 
-    out = export_checkpoint(cfg.ckpt, cfg.out_dir, engine=cfg.engine,
-                            include_embeddings=cfg.include_embeddings, overwrite=cfg.overwrite)
+    out = export_from_config(cfg)
     print(f"exported {cfg.ckpt} -> {out}")
     return 0
 
@@ -102,7 +117,9 @@ def run_evaluation(cfg: EvalConfig) -> int:
 
     report = run_eval(cfg)
     spec = report["speculative"]
-    print(f"tau {spec['tau']:.3f} over {spec['rounds']} rounds; per position "
+    interval = spec.get("tau_ci95")
+    ci = f" (95% CI {interval[0]:.3f}-{interval[1]:.3f})" if interval else ""
+    print(f"tau {spec['tau']:.3f}{ci} over {spec['rounds']} rounds; per position "
           + ", ".join(f"{a:.2f}" for a in spec["acceptance_by_position"]))
     cal = spec.get("calibration")
     if cal:

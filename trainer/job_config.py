@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sparkforge.shared.errors import SparkforgeError
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExportConfig:
@@ -23,6 +25,9 @@ class ExportConfig:
     """Ship exact copies of the target's embed_tokens / lm_head (engines share them when equal)."""
     overwrite: bool = False
     """Replace an existing export in ``out_dir`` instead of refusing."""
+    eval_report: str | None = None
+    """An ``eval_report.json`` of ``sparkforge eval`` whose tau, acceptance by position and
+    calibration go into the model card (``README.md``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,4 +73,4 @@ class EvalConfig:
         problems += [f"eval.policy_thresholds: {t} is outside [0, 1]"
                      for t in self.policy_thresholds if not 0.0 <= t <= 1.0]
         if problems:
-            raise ValueError("invalid eval config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid eval config:\n  " + "\n  ".join(problems))
