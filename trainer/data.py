@@ -30,10 +30,6 @@ from sparkforge.trainer.data_plan import (
 
 logger = logging.getLogger(__name__)
 
-# Keys of a collated batch; the first four are the draft forward's argument names.
-BATCH_KEYS = ("input_ids", "loss_mask", "target_hidden_states", "target_last_hidden_states",
-              "attention_mask", "sample_ids")
-
 
 class UnitReader(Protocol):
     """What the stream reads from a cache: its sample index and whole units (``CacheReader``)."""

@@ -1,10 +1,11 @@
 """Export a training checkpoint as the HF-style DSpark draft that vLLM (and SGLang) load as-is.
 
 The draft config's architecture picks the format (``sparkforge.trainer.architectures``): the
-Qwen3-shaped draft both engines load, or the Gemma4 draft vLLM loads. Either way the draft is a
-``config.json``, bare tensor keys in bf16 ``model.safetensors`` and a provenance file beside
-them. The exporter refuses drafts an engine would load wrongly or silently half-initialise, and
-checks its own key set and shapes before writing anything.
+Qwen3-shaped DSpark draft both engines load (qwen3), the DFlash draft (dflash), the Gemma4 and
+Kimi K3 drafts vLLM loads (gemma4, kimi_k3); a deepseek_v4 draft is refused with its reasons. A
+written draft is a ``config.json``, bare tensor keys in bf16 ``model.safetensors`` and a
+provenance file beside them. The exporter refuses drafts an engine would load wrongly or
+silently half-initialise, and checks its own key set and shapes before writing anything.
 """
 
 from __future__ import annotations
