@@ -23,8 +23,8 @@ import torch
 from safetensors.torch import save_file
 
 from sparkforge.shared.provenance import package_version
-from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of
-from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of, build_draft
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +179,6 @@ def load_draft(path: str | Path) -> Any:
     problems = key_problems(cfg, tensors)
     if problems:
         raise ExportError(f"{root} is not a complete DSpark draft:\n  " + "\n  ".join(problems))
-    model = architecture_of(cfg).model(cfg)
+    model = build_draft(cfg)
     model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
     return model.eval()

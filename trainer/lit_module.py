@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.model import DSparkDraftModel, DSparkOutput
 from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
 from sparkforge.trainer.metrics import (

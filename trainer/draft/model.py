@@ -21,7 +21,7 @@ from torch import nn
 
 from sparkforge.trainer.draft import passes
 from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT, BlockLayout
-from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.config import DraftConfig
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm
 from sparkforge.trainer.draft.passes import (
     AttnImpl,
@@ -56,13 +56,13 @@ class DSparkDraftModel(nn.Module):
 
     def __init__(
         self,
-        config: DSparkDraftConfig,
+        config: DraftConfig,
         *,
         embed_weight: torch.Tensor | None = None,
         lm_head_weight: torch.Tensor | None = None,
         attn_implementation: AttnImpl = "sdpa",
         layout: BlockLayout = DSPARK_LAYOUT,
-        layer: Callable[[DSparkDraftConfig], nn.Module] = DSparkLayer,
+        layer: Callable[..., nn.Module] = DSparkLayer,
     ) -> None:
         super().__init__()
         cfg = config

@@ -234,7 +234,7 @@ def test_layer_id_convention_matches_hf(tiny_target: Any) -> None:
     """Feature id l = HF hidden_states[l+1]; the post-norm last state gives the target logits."""
     from transformers import AutoModelForCausalLM
 
-    from sparkforge.trainer.draft.config import from_target_config
+    from sparkforge.trainer.architectures.config import from_target_config
 
     target = AutoModelForCausalLM.from_pretrained(tiny_target).eval()
     captured: dict[int, torch.Tensor] = {}

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft import passes
 from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT
-from sparkforge.trainer.draft.config import DSparkDraftConfig
 from sparkforge.trainer.draft.layers import RMSNorm, compiled_flex
 from sparkforge.trainer.draft.passes import AttnImpl, RopeTables, dspark_heads
 from sparkforge.trainer.draft.rope import RotaryEmbedding, apply_interleaved_rotary

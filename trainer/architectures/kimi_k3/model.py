@@ -23,9 +23,9 @@ import functools
 import torch
 from torch import nn
 
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft import passes
 from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT
-from sparkforge.trainer.draft.config import DSparkDraftConfig
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm, attend_after_context
 from sparkforge.trainer.draft.model import hf_normal_init
 from sparkforge.trainer.draft.passes import AttnImpl, RopeTables, dspark_heads
