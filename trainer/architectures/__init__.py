@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.architectures.deepseek_v4 import config as deepseek_v4_config
@@ -23,6 +23,9 @@ from sparkforge.trainer.architectures.gemma4 import export as gemma4_export
 from sparkforge.trainer.architectures.kimi_k3 import config as kimi_k3_config
 from sparkforge.trainer.architectures.kimi_k3 import export as kimi_k3_export
 from sparkforge.trainer.architectures.qwen3 import export as qwen3_export
+
+if TYPE_CHECKING:
+    from sparkforge.trainer.draft.model import DraftModel
 
 Engine = Literal["vllm", "sglang", "any"]
 
@@ -110,16 +113,17 @@ def architecture_of(cfg: DSparkDraftConfig) -> DraftArchitecture:
     return ARCHITECTURES[cfg.architecture]
 
 
-def draft_class(cfg: DSparkDraftConfig) -> Callable[..., Any]:
+def draft_class(cfg: DSparkDraftConfig) -> Callable[..., DraftModel]:
     """The model class (or builder) of the config's architecture, imported now."""
     module, _, name = architecture_of(cfg).model.partition(":")
-    built: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    built: Callable[..., DraftModel] = getattr(importlib.import_module(module), name)
     return built
 
 
-def build_draft(cfg: DSparkDraftConfig, **kwargs: Any) -> Any:
+def build_draft(cfg: DSparkDraftConfig, **kwargs: Any) -> DraftModel:
     """A freshly initialised draft of the config's architecture (see ``DraftArchitecture.model``).
 
-    Every architecture's model takes the same batch and returns ``DSparkOutput``.
+    Every architecture's model is a ``DraftModel``: it takes the same batch and returns
+    ``DSparkOutput``.
     """
     return draft_class(cfg)(cfg, **kwargs)

@@ -22,6 +22,7 @@ from torch import nn
 from sparkforge.trainer.draft import passes
 from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT, BlockLayout
 from sparkforge.trainer.draft.config import DraftConfig
+from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm
 from sparkforge.trainer.draft.passes import (
     AttnImpl,
@@ -31,7 +32,7 @@ from sparkforge.trainer.draft.passes import (
 )
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 
-__all__ = ["AttnImpl", "DSparkDraftModel", "DSparkOutput", "DraftContextCache"]
+__all__ = ["AttnImpl", "DSparkDraftModel", "DSparkOutput", "DraftContextCache", "DraftModel"]
 
 
 def hf_normal_init(module: nn.Module, std: float) -> None:
@@ -42,7 +43,52 @@ def hf_normal_init(module: nn.Module, std: float) -> None:
         nn.init.zeros_(module.bias)
 
 
-class DSparkDraftModel(nn.Module):
+class DraftModel(nn.Module):
+    """What every architecture's draft is: the shared DSpark passes over its own modules.
+
+    A subclass registers the modules ``passes.DraftStack`` names (``embed_tokens``, ``layers``,
+    ``norm``, ``lm_head``, ``rotary_emb``, ``markov_head``, ``confidence_head``) and defines
+    ``project_context``; the training forward, block drafting and the head readouts are the
+    shared ones of ``sparkforge.trainer.draft.passes``.
+
+    Args:
+        config: The draft config.
+        attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
+        layout: Which block slots draft and which anchors train (DSpark's, or DFlash's).
+    """
+
+    embed_tokens: nn.Embedding
+    layers: nn.ModuleList
+    norm: nn.Module
+    lm_head: nn.Linear
+    rotary_emb: RotaryEmbedding
+    markov_head: MarkovHead | None
+    confidence_head: ConfidenceHead | None
+
+    def __init__(self, config: DraftConfig, *, attn_implementation: AttnImpl = "sdpa",
+                 layout: BlockLayout = DSPARK_LAYOUT) -> None:
+        super().__init__()
+        self.config = config
+        self.attn_implementation = attn_implementation
+        self.layout = layout
+
+    # ---- the shared DSpark passes (sparkforge.trainer.draft.passes) ----------------------
+    num_draft_tokens = property(passes.num_draft_tokens)
+    set_target_weights = passes.set_target_weights
+    embed = passes.embed
+    logits = passes.logits
+    confidence = passes.confidence
+    forward = passes.training_forward
+    extend_context = passes.extend_context
+    draft_block = passes.draft_block
+    empty_cache = passes.empty_cache
+
+    def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
+        """The draft's context rows [B, S, H] from the concatenated target features."""
+        raise NotImplementedError(f"{type(self).__name__} must define project_context")
+
+
+class DSparkDraftModel(DraftModel):
     """The DSpark draft.
 
     Args:
@@ -64,11 +110,8 @@ class DSparkDraftModel(nn.Module):
         layout: BlockLayout = DSPARK_LAYOUT,
         layer: Callable[..., nn.Module] = DSparkLayer,
     ) -> None:
-        super().__init__()
+        super().__init__(config, attn_implementation=attn_implementation, layout=layout)
         cfg = config
-        self.config = cfg
-        self.attn_implementation = attn_implementation
-        self.layout = layout
         h, v = cfg.hidden_size, cfg.vocab_size
         self.embed_tokens = nn.Embedding(v, h)
         self.fc = nn.Linear(cfg.num_features * h, h, bias=False)
@@ -84,17 +127,6 @@ class DSparkDraftModel(nn.Module):
 
     def _init_weights(self, module: nn.Module) -> None:
         hf_normal_init(module, self.config.initializer_range)
-
-    # ---- the shared DSpark passes (sparkforge.trainer.draft.passes) ----------------------
-    num_draft_tokens = property(passes.num_draft_tokens)
-    set_target_weights = passes.set_target_weights
-    embed = passes.embed
-    logits = passes.logits
-    confidence = passes.confidence
-    forward = passes.training_forward
-    extend_context = passes.extend_context
-    draft_block = passes.draft_block
-    empty_cache = passes.empty_cache
 
     def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
         """hidden_norm(fc(concat features)): [B, S, F*H] -> [B, S, H]."""
