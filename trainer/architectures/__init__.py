@@ -14,15 +14,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import Architecture, DSparkDraftConfig
 from sparkforge.trainer.architectures.deepseek_v4 import config as deepseek_v4_config
 from sparkforge.trainer.architectures.deepseek_v4 import export as deepseek_v4_export
+from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
 from sparkforge.trainer.architectures.dflash import config as dflash_config
 from sparkforge.trainer.architectures.dflash import export as dflash_export
+from sparkforge.trainer.architectures.dflash.tiny import draft_tiny_dflash
 from sparkforge.trainer.architectures.gemma4 import export as gemma4_export
+from sparkforge.trainer.architectures.gemma4.tiny import draft_tiny_gemma4
 from sparkforge.trainer.architectures.kimi_k3 import config as kimi_k3_config
 from sparkforge.trainer.architectures.kimi_k3 import export as kimi_k3_export
+from sparkforge.trainer.architectures.kimi_k3.tiny import draft_tiny_kimi_k3
 from sparkforge.trainer.architectures.qwen3 import export as qwen3_export
+from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 
 if TYPE_CHECKING:
     from sparkforge.trainer.draft.model import DraftModel
@@ -42,7 +47,7 @@ def _no_target_fields(tc: Any, model_type: str) -> dict[str, Any]:
 class DraftArchitecture:
     """How to configure, build, check and export drafts of one architecture."""
 
-    name: str
+    name: Architecture
     model: str
     """``module:attribute`` of the model class (or function) built as
     ``model(cfg, *, embed_weight=None, lm_head_weight=None, attn_implementation="sdpa")``."""
@@ -63,6 +68,8 @@ class DraftArchitecture:
     """This architecture's own config checks (run by ``DSparkDraftConfig``)."""
     target_fields: Callable[[Any, str], dict[str, Any]] = _no_target_fields
     """Its own fields copied from a target's text config (and its ``model_type``)."""
+    tiny: Callable[[], DSparkDraftConfig]
+    """A small config of this architecture for CPU tests (the shared tests build each one)."""
 
     @property
     def own_fields(self) -> frozenset[str]:
@@ -70,19 +77,19 @@ class DraftArchitecture:
         return frozenset(f.name for f in fields(self.fields)) if self.fields else frozenset()
 
 
-ARCHITECTURES: dict[str, DraftArchitecture] = {
+ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
     "qwen3": DraftArchitecture(
         name="qwen3", model="sparkforge.trainer.draft.model:DSparkDraftModel",
         served_as=("Qwen3DSparkModel",),
         expected_shapes=qwen3_export.expected_shapes, hf_config=qwen3_export.hf_config,
         serving_problems=qwen3_export.serving_problems,
-        config_from_hf=qwen3_export.draft_config_from_hf),
+        config_from_hf=qwen3_export.draft_config_from_hf, tiny=draft_tiny),
     "dflash": DraftArchitecture(
         name="dflash", model="sparkforge.trainer.architectures.dflash.model:dflash_draft",
         served_as=(dflash_export.SERVED_AS,), problems=dflash_config.problems,
         expected_shapes=dflash_export.expected_shapes, hf_config=dflash_export.hf_config,
         serving_problems=dflash_export.serving_problems,
-        config_from_hf=dflash_export.draft_config_from_hf),
+        config_from_hf=dflash_export.draft_config_from_hf, tiny=draft_tiny_dflash),
     "deepseek_v4": DraftArchitecture(
         name="deepseek_v4",
         model="sparkforge.trainer.architectures.deepseek_v4.model:DeepseekV4DSparkModel",
@@ -91,20 +98,20 @@ ARCHITECTURES: dict[str, DraftArchitecture] = {
         expected_shapes=deepseek_v4_export.expected_shapes,
         hf_config=deepseek_v4_export.refuse_hf_config,
         serving_problems=deepseek_v4_export.serving_problems,
-        config_from_hf=deepseek_v4_export.refuse_config_from_hf),
+        config_from_hf=deepseek_v4_export.refuse_config_from_hf, tiny=draft_tiny_deepseek_v4),
     "gemma4": DraftArchitecture(
         name="gemma4", model="sparkforge.trainer.architectures.gemma4.model:Gemma4DSparkModel",
         served_as=("Gemma4DSparkModel",),
         expected_shapes=gemma4_export.expected_shapes, hf_config=gemma4_export.hf_config,
         serving_problems=gemma4_export.serving_problems,
-        config_from_hf=gemma4_export.draft_config_from_hf),
+        config_from_hf=gemma4_export.draft_config_from_hf, tiny=draft_tiny_gemma4),
     "kimi_k3": DraftArchitecture(
         name="kimi_k3", model="sparkforge.trainer.architectures.kimi_k3.model:K3DSparkModel",
         served_as=(kimi_k3_export.SERVED_AS,), fields=kimi_k3_config.KimiK3Fields,
         problems=kimi_k3_config.problems, target_fields=kimi_k3_config.target_fields,
         expected_shapes=kimi_k3_export.expected_shapes, hf_config=kimi_k3_export.hf_config,
         serving_problems=kimi_k3_export.serving_problems,
-        config_from_hf=kimi_k3_export.draft_config_from_hf),
+        config_from_hf=kimi_k3_export.draft_config_from_hf, tiny=draft_tiny_kimi_k3),
 }
 
 
