@@ -5,22 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkforge.trainer.architectures.low_rank_query import LowRankQueryFields
+
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures.config import DSparkDraftConfig
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeepseekV4Fields:
+class DeepseekV4Fields(LowRankQueryFields):
     """The DeepSeek-V4 attention sizes a deepseek_v4 draft reads (copied from its target)."""
 
-    q_lora_rank: int = 0
-    """Width of the query low-rank bottleneck (wq_a -> q_norm -> wq_b)."""
     o_lora_rank: int = 0
     """Low-rank width of each head group's output projection (wo_a)."""
     o_groups: int = 0
     """Head groups of the grouped output projection."""
-    qk_rope_head_dim: int = 0
-    """Trailing channels of each head that RoPE rotates, in adjacent pairs."""
     swiglu_limit: float | None = None
     """SwiGLU clamp (gate <= limit, -limit <= up <= limit); None: no clamp."""
 

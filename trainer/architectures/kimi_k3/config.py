@@ -5,18 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkforge.trainer.architectures.low_rank_query import LowRankQueryFields
+
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures.config import DSparkDraftConfig
 
 
 @dataclass(frozen=True, kw_only=True)
-class KimiK3Fields:
+class KimiK3Fields(LowRankQueryFields):
     """The MLA sizes a kimi_k3 draft reads (copied from its Kimi target)."""
 
-    q_lora_rank: int = 0
-    """Width of the query low-rank bottleneck (q_a_proj -> q_a_layernorm -> q_b_proj)."""
-    qk_rope_head_dim: int = 0
-    """The key's rope part (shared by every head), rotated in adjacent pairs."""
     kv_lora_rank: int = 0
     """Width of the key/value latent (kv_a_proj_with_mqa -> kv_a_layernorm)."""
     qk_nope_head_dim: int = 0
