@@ -83,9 +83,32 @@ class DraftModel(nn.Module):
     draft_block = passes.draft_block
     empty_cache = passes.empty_cache
 
+    def register_stack(self, layer: Callable[..., nn.Module], rotary_emb: RotaryEmbedding, *,
+                       context: tuple[str, str] = ("fc", "hidden_norm"),
+                       final_norm: str = "norm") -> None:
+        """Register the modules every draft has, under the architecture's names.
+
+        The order is fixed: embed_tokens, the context projection and its norm (``context``),
+        the layers, the final norm, lm_head, rotary_emb, then the heads. Seeded initialisation
+        depends on that order.
+        """
+        cfg = self.config
+        h, v = cfg.hidden_size, cfg.vocab_size
+        self.embed_tokens = nn.Embedding(v, h)
+        self.context_names = context
+        setattr(self, context[0], nn.Linear(cfg.num_features * h, h, bias=False))
+        setattr(self, context[1], RMSNorm(h, cfg.rms_norm_eps))
+        self.layers = nn.ModuleList(layer(cfg) for _ in range(cfg.num_hidden_layers))
+        setattr(self, final_norm, RMSNorm(h, cfg.rms_norm_eps))
+        self.lm_head = nn.Linear(h, v, bias=False)
+        self.rotary_emb = rotary_emb
+        self.markov_head, self.confidence_head = dspark_heads(cfg)
+
     def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
-        """The draft's context rows [B, S, H] from the concatenated target features."""
-        raise NotImplementedError(f"{type(self).__name__} must define project_context")
+        """norm(projection(concat features)): [B, S, F*H] -> [B, S, H] (``context`` modules)."""
+        proj, norm = (self.get_submodule(name) for name in self.context_names)
+        out: torch.Tensor = norm(proj(target_hidden_BSX.to(proj.get_parameter("weight").dtype)))
+        return out
 
 
 class DSparkDraftModel(DraftModel):
@@ -111,24 +134,10 @@ class DSparkDraftModel(DraftModel):
         layer: Callable[..., nn.Module] = DSparkLayer,
     ) -> None:
         super().__init__(config, attn_implementation=attn_implementation, layout=layout)
-        cfg = config
-        h, v = cfg.hidden_size, cfg.vocab_size
-        self.embed_tokens = nn.Embedding(v, h)
-        self.fc = nn.Linear(cfg.num_features * h, h, bias=False)
-        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(layer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(h, v, bias=False)
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters,
-                                          cfg.max_position_embeddings)
-        self.markov_head, self.confidence_head = dspark_heads(cfg)
+        self.register_stack(layer, RotaryEmbedding(config.head_dim, config.rope_parameters,
+                                                   config.max_position_embeddings))
         self.apply(self._init_weights)
         self.set_target_weights(embed_weight, lm_head_weight)
 
     def _init_weights(self, module: nn.Module) -> None:
         hf_normal_init(module, self.config.initializer_range)
-
-    def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
-        """hidden_norm(fc(concat features)): [B, S, F*H] -> [B, S, H]."""
-        out: torch.Tensor = self.hidden_norm(self.fc(target_hidden_BSX.to(self.fc.weight.dtype)))
-        return out

@@ -26,7 +26,7 @@ from torch import nn
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.layers import RMSNorm, compiled_flex
 from sparkforge.trainer.draft.model import DraftModel
-from sparkforge.trainer.draft.passes import AttnImpl, RopeTables, dspark_heads
+from sparkforge.trainer.draft.passes import AttnImpl, RopeTables
 from sparkforge.trainer.draft.rope import RotaryEmbedding, apply_interleaved_rotary
 
 
@@ -167,21 +167,7 @@ class DeepseekV4DSparkModel(DraftModel):
         assert cfg.architecture == "deepseek_v4", cfg.architecture
         super().__init__(cfg, attn_implementation=attn_implementation)
         self.config: DSparkDraftConfig = cfg
-        h, v = cfg.hidden_size, cfg.vocab_size
-        self.embed_tokens = nn.Embedding(v, h)
-        self.main_proj = nn.Linear(cfg.num_features * h, h, bias=False)
-        self.main_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(
-            DeepseekV4DSparkLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(h, v, bias=False)
-        self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_parameters,
-                                          cfg.max_position_embeddings, interleaved=True)
-        self.markov_head, self.confidence_head = dspark_heads(cfg)
+        self.register_stack(DeepseekV4DSparkLayer, RotaryEmbedding(
+            cfg.qk_rope_head_dim, cfg.rope_parameters, cfg.max_position_embeddings,
+            interleaved=True), context=("main_proj", "main_norm"))
         self.set_target_weights(embed_weight, lm_head_weight)
-
-    def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
-        """main_norm(main_proj(concat features)): [B, S, F*H] -> [B, S, H]."""
-        x = target_hidden_BSX.to(self.main_proj.weight.dtype)
-        out: torch.Tensor = self.main_norm(self.main_proj(x))
-        return out

@@ -26,7 +26,7 @@ from torch import nn
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm, attend_after_context
 from sparkforge.trainer.draft.model import DraftModel, hf_normal_init
-from sparkforge.trainer.draft.passes import AttnImpl, RopeTables, dspark_heads
+from sparkforge.trainer.draft.passes import AttnImpl, RopeTables
 from sparkforge.trainer.draft.rope import RotaryEmbedding, apply_interleaved_rotary
 
 
@@ -84,6 +84,8 @@ class K3DSparkModel(DraftModel):
         attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
     """
 
+    final_norm: nn.Module
+
     def __init__(
         self,
         config: DSparkDraftConfig,
@@ -96,16 +98,9 @@ class K3DSparkModel(DraftModel):
         assert cfg.architecture == "kimi_k3", cfg.architecture
         super().__init__(cfg, attn_implementation=attn_implementation)
         self.config: DSparkDraftConfig = cfg
-        h, v = cfg.hidden_size, cfg.vocab_size
-        self.embed_tokens = nn.Embedding(v, h)
-        self.context_proj = nn.Linear(cfg.num_features * h, h, bias=False)
-        self.context_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(K3DSparkLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.final_norm: nn.Module = RMSNorm(h, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(h, v, bias=False)
-        self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_parameters,
-                                          cfg.max_position_embeddings, interleaved=True)
-        self.markov_head, self.confidence_head = dspark_heads(cfg)
+        self.register_stack(K3DSparkLayer, RotaryEmbedding(
+            cfg.qk_rope_head_dim, cfg.rope_parameters, cfg.max_position_embeddings,
+            interleaved=True), context=("context_proj", "context_norm"), final_norm="final_norm")
         self.apply(functools.partial(hf_normal_init, std=cfg.initializer_range))
         self.set_target_weights(embed_weight, lm_head_weight)
 
@@ -117,9 +112,3 @@ class K3DSparkModel(DraftModel):
     @norm.setter
     def norm(self, value: nn.Module) -> None:
         self.final_norm = value
-
-    def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
-        """context_norm(context_proj(concat features)): [B, S, F*H] -> [B, S, H]."""
-        x = target_hidden_BSX.to(self.context_proj.weight.dtype)
-        out: torch.Tensor = self.context_norm(self.context_proj(x))
-        return out
