@@ -35,7 +35,7 @@ from sparkforge.trainer.export import load_draft, training_loss_settings
 from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
-from sparkforge.trainer.report import reliability_bins, write_report
+from sparkforge.trainer.report import reliability_bins, tau_interval, write_report
 from sparkforge.trainer.run_config import LossSpec
 from sparkforge.trainer.speculative import speculative_generate
 
@@ -187,6 +187,7 @@ def _decode(target: Any, draft: Any, prompts: list[np.ndarray], cfg: EvalConfig,
     k = draft.num_draft_tokens
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     rounds: list[int] = []
+    per_prompt: list[list[int]] = []
     verified: list[int] = []
     accepted, trials = np.zeros(k), np.zeros(k)
     conf: list[float] = []
@@ -199,6 +200,7 @@ def _decode(target: Any, draft: Any, prompts: list[np.ndarray], cfg: EvalConfig,
                                    eos_token_id=eos if isinstance(eos, int) else None,
                                    generator=gen)
         rounds += res.tokens_per_round
+        per_prompt.append(list(res.tokens_per_round))
         verified += res.verified_per_round
         accepted += res.position_accepted
         trials += res.position_trials
@@ -206,6 +208,7 @@ def _decode(target: Any, draft: Any, prompts: list[np.ndarray], cfg: EvalConfig,
         events += res.trial_accepted
     report: dict[str, Any] = {
         "tau": float(np.mean(rounds)) if rounds else 0.0, "rounds": len(rounds),
+        "tau_ci95": tau_interval(per_prompt, seed=cfg.seed),
         "prompts": len(prompts),
         "verified_per_round": float(np.mean(verified)) if verified else 0.0,
         "acceptance_by_position": [float(a / t) if t else 0.0
