@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures import Engine
 
 
@@ -73,4 +74,4 @@ class EvalConfig:
         problems += [f"eval.policy_thresholds: {t} is outside [0, 1]"
                      for t in self.policy_thresholds if not 0.0 <= t <= 1.0]
         if problems:
-            raise ValueError("invalid eval config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid eval config:\n  " + "\n  ".join(problems))

