@@ -20,7 +20,8 @@ import time
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from sparkforge.trainer.draft.config import DSparkDraftConfig, draft_qwen3_small
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.qwen3.tiny import draft_qwen3_small
 from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.loss import chunked_row_terms, compute_dspark_loss, l1_distance
 from sparkforge.trainer.run_config import LossSpec

@@ -42,9 +42,10 @@ from sparkforge.shared.dtypes import float_to_storage
 from sparkforge.shared.reader import CachedSample
 from sparkforge.trainer.anchor_budget import chat_like_index
 from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 from sparkforge.trainer.data import collate
 from sparkforge.trainer.data_plan import Batching, SplitIndex, plan_epoch
-from sparkforge.trainer.draft.config import DSparkDraftConfig, draft_tiny
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 

@@ -148,8 +148,8 @@ def phase_step(uri: str, batch_size: int, steps: int, device: str) -> dict[str, 
     """Draft training steps (fwd + bwd + AdamW) on real batches: tokens/s the step consumes."""
     import torch
 
+    from sparkforge.trainer.architectures.config import DSparkDraftConfig
     from sparkforge.trainer.datamodule import CacheDataModule
-    from sparkforge.trainer.draft.config import DSparkDraftConfig
     from sparkforge.trainer.draft.model import DSparkDraftModel
     from sparkforge.trainer.loss import compute_dspark_loss
     from sparkforge.trainer.run_config import LossSpec

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.dtypes import HiddenDtype
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.fields import shorten
 from sparkforge.shared.images import DEFAULT_MAX_IMAGE_PIXELS
-from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.layout import AuxCodec, CacheSpec
 from sparkforge.shared.mix import MixSource
 
 # Settings that change how a run goes but not a byte of the cache: left out of the cache header, so
@@ -64,9 +65,9 @@ class ProducerConfig:
     """First feature id of ``layer_stride`` (1, the default rule's first id)."""
     num_feature_layers: int = 5
     """How many default feature layers to pick when neither ``layer_ids`` nor ``layer_stride``."""
-    hidden_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    hidden_dtype: HiddenDtype = "bfloat16"
     """Storage dtype of aux and final hidden states."""
-    aux_codec: Literal["lossless", "fp8"] = "lossless"
+    aux_codec: AuxCodec = "lossless"
     """Aux hidden codec; fp8 halves the disk (final_hidden stays lossless)."""
     topk: int = 0
     """Store the top-k target log-probabilities per position (0: none)."""

@@ -6,7 +6,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 import numpy as np
 import zarr
@@ -21,6 +21,10 @@ FORMAT_VERSION: Final = 2
 of a row in one array, so any read decodes all layers. 2: one array per captured layer
 (``aux_hidden.0``, ``aux_hidden.1``, ...), so a run reads only the layers it trains on."""
 READABLE_VERSIONS: Final = (1, 2)
+"""Format 1 is still read (``_layered``); its reader is dropped in sparkforge 0.3.0."""
+AuxCodec = Literal["lossless", "fp8"]
+"""How aux hidden states are stored: as ``hidden_dtype``, or fp8 with a per-row scale."""
+AUX_CODECS: Final = get_args(AuxCodec)
 TARGET_INNER_CHUNK_BYTES: Final = 1 << 20
 """Inner chunks near 1 MiB: smaller ones lower the Blosc-zstd ratio (1.454 -> 1.432 at 256 KiB)."""
 MAX_UNITS: Final = 10**7
@@ -67,7 +71,7 @@ class CacheSpec:
     """Storage dtype of ``aux_hidden`` (lossless codec) and ``final_hidden``."""
     max_seq_len: int
     """Longest sample in rows (tokens); a sample never straddles a slot."""
-    aux_codec: Literal["lossless", "fp8"] = "lossless"
+    aux_codec: AuxCodec = "lossless"
     """``fp8``: ``aux_hidden`` as float8_e4m3fn bytes with a per-row, per-layer ``aux_scale``."""
     topk: int = 0
     """Top-k target log-probabilities stored per row (``topk_ids``/``topk_logprobs``); 0: none."""
@@ -92,8 +96,8 @@ class CacheSpec:
         if self.format_version not in READABLE_VERSIONS:
             problems.append(f"format_version must be one of {list(READABLE_VERSIONS)}, "
                             f"got {self.format_version!r}")
-        if self.aux_codec not in ("lossless", "fp8"):
-            problems.append(f"aux_codec must be 'lossless' or 'fp8', got {self.aux_codec!r}")
+        if self.aux_codec not in AUX_CODECS:
+            problems.append(f"aux_codec must be one of {list(AUX_CODECS)}, got {self.aux_codec!r}")
         if not problems and self.max_seq_len > self.shard_rows:
             problems.append(f"shard_rows ({self.shard_rows}) must be >= max_seq_len "
                             f"({self.max_seq_len}): samples never straddle a slot")
@@ -130,10 +134,9 @@ def _spec(d: Mapping[str, Any], field: str) -> CacheSpec:
     return CacheSpec(
         hidden_size=f.integer(d["hidden_size"], f"{field}.hidden_size", lo=1, hi=1 << 17),
         num_aux_layers=f.integer(d["num_aux_layers"], f"{field}.num_aux_layers", lo=1, hi=256),
-        hidden_dtype=f.choice(d["hidden_dtype"], f"{field}.hidden_dtype",
-                              ("bfloat16", "float16", "float32")),
+        hidden_dtype=f.choice(d["hidden_dtype"], f"{field}.hidden_dtype", get_args(HiddenDtype)),
         max_seq_len=f.integer(d["max_seq_len"], f"{field}.max_seq_len", lo=1, hi=1 << 22),
-        aux_codec=f.choice(d["aux_codec"], f"{field}.aux_codec", ("lossless", "fp8")),
+        aux_codec=f.choice(d["aux_codec"], f"{field}.aux_codec", AUX_CODECS),
         topk=f.integer(d["topk"], f"{field}.topk", hi=1024),
         shard_rows=f.integer(d["shard_rows"], f"{field}.shard_rows", lo=1, hi=1 << 22),
         rows_per_unit=f.integer(d["rows_per_unit"], f"{field}.rows_per_unit", lo=1, hi=1 << 20),
@@ -194,7 +197,7 @@ class ArrayLayout:
 def _layered(name: str, row_shape: tuple[int, ...], dtype: np.dtype[Any], logical: str,
              blosc: bool, spec: CacheSpec) -> list[ArrayLayout]:
     """A ``[rows, F, *row_shape]`` field: one array (format 1) or one array per layer."""
-    if spec.format_version == 1:
+    if spec.format_version == 1:  # format-1 reading: dropped in sparkforge 0.3.0
         return [ArrayLayout(name, (spec.num_aux_layers, *row_shape), dtype, logical, blosc)]
     return [ArrayLayout(f"{name}.{k}", row_shape, dtype, logical, blosc, k)
             for k in range(spec.num_aux_layers)]

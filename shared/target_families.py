@@ -9,7 +9,7 @@ this table, so adding a family is one entry here rather than branches spread ove
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -100,14 +100,6 @@ class TargetFamily:
                                   f"number or null, got {softcap!r}")
         return TargetScaling(embedding_scale=scale, final_logit_softcapping=(
             None if softcap is None else float(softcap)))
-
-    def builtin_dspark_ids(self, feature_ids: Sequence[int]) -> tuple[int, ...]:
-        """The ``dspark_target_layer_ids`` that make vLLM capture each feature layer's output.
-
-        Feature id ``l`` is vLLM aux id ``l + 1``; vLLM adds ``vllm_dspark_id_offset`` to the
-        config ids, so V4 writes ``l`` and V4.1 (ids used as-is) writes ``l + 1``.
-        """
-        return tuple(int(i) + 1 - self.vllm_dspark_id_offset for i in feature_ids)
 
 
 # DeepSeek-V4 names its output projection ``head.weight`` and its embedding ``embed.weight`` in

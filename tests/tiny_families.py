@@ -65,6 +65,8 @@ _VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
            "image_size": 16}
 COMPOSITES = {"minimax_m3_vl": "minimax_m3_vl_text"}
 """Multimodal top-level types and the text type nested as their ``text_config``."""
+MODEL_TYPES: tuple[str, ...] = (*FAMILY_SETTINGS, *COMPOSITES, "deepseek_v4", "gemma4")
+"""Every model type the ``tiny_family`` fixture builds (the last two by the app's builders)."""
 
 
 def text_config(model_type: str) -> Any:

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.data_plan import Batching, SplitIndex, plan_epoch
-from sparkforge.trainer.draft.config import DSparkDraftConfig
 from sparkforge.trainer.run_config import DEFAULT_MAX_SEQ_LEN
 
 

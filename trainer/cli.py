@@ -12,11 +12,12 @@ import json
 import logging
 import warnings
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from jsonargparse import ArgumentParser
 
 from sparkforge.shared.config_yaml import use_bounded_yaml
+from sparkforge.trainer.architectures import Engine
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
 
 
@@ -91,7 +92,7 @@ def parse_export(prog: str, description: str, argv: Sequence[str]) -> ExportConf
     parser = ArgumentParser(prog=prog, description=description, default_env=False)
     parser.add_argument("ckpt", type=str, help="checkpoint written by sparkforge train")
     parser.add_argument("out_dir", type=str, help="output directory")
-    parser.add_argument("--engine", type=Literal["vllm", "sglang", "any"], default="any",
+    parser.add_argument("--engine", type=Engine, default="any",
                         help="engine whose loading rules the draft must satisfy (any = both)")
     parser.add_argument("--include_embeddings", type=bool, default=True,
                         help="ship exact copies of the target's embed_tokens / lm_head")

@@ -33,12 +33,6 @@ from sparkforge.trainer.data_plan import (
 
 logger = logging.getLogger(__name__)
 
-# Keys of a collated batch; the first four are the draft forward's argument names. A packed
-# batch adds PACKED_KEYS (the forward's keyword arguments of the same names).
-BATCH_KEYS = ("input_ids", "loss_mask", "target_hidden_states", "target_last_hidden_states",
-              "attention_mask", "sample_ids")
-PACKED_KEYS = ("position_ids", "document_ids")
-
 
 class UnitReader(Protocol):
     """What the stream reads from a cache: its sample index and whole units (``CacheReader``)."""

@@ -1,10 +1,11 @@
 """Export a training checkpoint as the HF-style DSpark draft that vLLM (and SGLang) load as-is.
 
 The draft config's architecture picks the format (``sparkforge.trainer.architectures``): the
-Qwen3-shaped draft both engines load, or the Gemma4 draft vLLM loads. Either way the draft is a
-``config.json``, bare tensor keys in bf16 ``model.safetensors`` and a provenance file beside
-them. The exporter refuses drafts an engine would load wrongly or silently half-initialise, and
-checks its own key set and shapes before writing anything.
+Qwen3-shaped DSpark draft both engines load (qwen3), the DFlash draft (dflash), the Gemma4 and
+Kimi K3 drafts vLLM loads (gemma4, kimi_k3); a deepseek_v4 draft is refused with its reasons. A
+written draft is a ``config.json``, bare tensor keys in bf16 ``model.safetensors`` and a
+provenance file beside them. The exporter refuses drafts an engine would load wrongly or
+silently half-initialise, and checks its own key set and shapes before writing anything.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from safetensors.torch import save_file
 
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.provenance import package_version
-from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of
+from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of, build_draft
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.checkpoint import load_checkpoint
-from sparkforge.trainer.draft.config import DSparkDraftConfig
 from sparkforge.trainer.job_config import ExportConfig
 from sparkforge.trainer.model_card import CARD_FILE, model_card
 
@@ -192,6 +193,6 @@ def load_draft(path: str | Path) -> Any:
     problems = key_problems(cfg, tensors)
     if problems:
         raise ExportError(f"{root} is not a complete DSpark draft:\n  " + "\n  ".join(problems))
-    model = architecture_of(cfg).model(cfg)
+    model = build_draft(cfg)
     model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
     return model.eval()

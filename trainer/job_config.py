@@ -6,9 +6,10 @@ Attribute docstrings become the ``--help`` text.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from sparkforge.shared.errors import SparkforgeError
+from sparkforge.trainer.architectures import Engine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,7 +20,7 @@ class ExportConfig:
     """Lightning checkpoint written by ``sparkforge train``."""
     out_dir: str
     """Directory to write (config.json, model.safetensors, sparkforge_export.json)."""
-    engine: Literal["vllm", "sglang", "any"] = "any"
+    engine: Engine = "any"
     """Engine the draft must be servable by: vllm, sglang or any (both)."""
     include_embeddings: bool = True
     """Ship exact copies of the target's embed_tokens / lm_head (engines share them when equal)."""

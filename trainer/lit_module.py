@@ -14,8 +14,8 @@ from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft.config import DSparkDraftConfig
-from sparkforge.trainer.draft.model import DSparkDraftModel, DSparkOutput
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.draft.model import DraftModel, DSparkOutput
 from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
 from sparkforge.trainer.metrics import (
     MetricSums,
@@ -114,7 +114,7 @@ class DSparkLitModule(L.LightningModule):
         self.draft, self.loss_spec, self.seed = draft, loss, seed
         self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.attn_implementation = attn_implementation
-        self.model: DSparkDraftModel | None = None
+        self.model: DraftModel | None = None
         self._window: MetricSums | None = None
         self._window_start = time.perf_counter()
         self._batch_end = time.perf_counter()

@@ -66,12 +66,6 @@ def _row_ce(draft_WV: torch.Tensor, ids_W: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(draft_WV.float(), ids_W, reduction="none")
 
 
-def _row_terms(
-    draft_WV: torch.Tensor, target_WV: torch.Tensor, ids_W: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _row_ce(draft_WV, ids_W), l1_distance(draft_WV, target_WV)
-
-
 class _ChunkedRowTerms(torch.autograd.Function):
     """Per-row CE and L1 whose forward and backward each hold one chunk's fp32 temporaries.
 

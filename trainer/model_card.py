@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 
 CARD_FILE = "README.md"
 LIBRARY = "vllm"

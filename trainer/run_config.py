@@ -27,7 +27,8 @@ from sparkforge.shared.target_families import (
     TargetScaling,
     family_of,
 )
-from sparkforge.trainer.draft.config import DSparkDraftConfig, MarkovHeadType, from_target_config
+from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
+from sparkforge.trainer.draft.config import MarkovHeadType
 
 RecipeName = Literal["dspark", "dflash"]
 Objective = Literal["dspark", "dflash"]

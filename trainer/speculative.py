@@ -16,7 +16,7 @@ import torch
 from sparkforge.shared.hidden_features import layer_feature, served_hidden_states
 from sparkforge.shared.layer_ids import feature_to_hf
 from sparkforge.shared.target_families import STANDARD, TargetFamily, family_of
-from sparkforge.trainer.draft.model import DSparkDraftModel
+from sparkforge.trainer.draft.model import DraftModel
 from sparkforge.trainer.draft.sampling import (
     logits_to_probs,
     residual_probs,
@@ -116,7 +116,7 @@ def _has_sliding_layers(target: Any) -> bool:
 @torch.no_grad()
 def speculative_generate(
     target: Any,
-    draft: DSparkDraftModel,
+    draft: DraftModel,
     prompt_ids: torch.Tensor,
     *,
     max_new_tokens: int,

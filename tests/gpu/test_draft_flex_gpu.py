@@ -12,12 +12,10 @@ import pytest
 import torch
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft.config import (
-    DSparkDraftConfig,
-    draft_tiny,
-    draft_tiny_deepseek_v4,
-    draft_tiny_kimi_k3,
-)
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
+from sparkforge.trainer.architectures.kimi_k3.tiny import draft_tiny_kimi_k3
+from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 

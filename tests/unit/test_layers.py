@@ -27,15 +27,21 @@ def _package_of(path: Path) -> str:
     return "app" if path.is_relative_to(APP) else path.relative_to(ROOT).parts[0]
 
 
-def _imported_packages(path: Path) -> set[str]:
-    """The sparkforge packages a module imports, at any depth (lazy imports included)."""
-    names = []
+def _imported_modules(path: Path) -> set[str]:
+    """The dotted names a module imports, at any depth (lazy imports included); a ``from X
+    import y`` gives both ``X`` and ``X.y``."""
+    names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
+            names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            names.append(node.module)
-    return {name.split(".")[1] for name in names
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def _imported_packages(path: Path) -> set[str]:
+    """The sparkforge packages a module imports, at any depth (lazy imports included)."""
+    return {name.split(".")[1] for name in _imported_modules(path)
             if name.startswith("sparkforge.") and name.count(".") >= 1}
 
 
@@ -56,3 +62,20 @@ def test_the_app_layer_exists_and_is_checked() -> None:
                                                                     "tiny_target.py"}
     assert _imported_packages(APP / "cli.py") >= {"manifests", "producer", "trainer"}
     assert {p.name for p in MODULES if _package_of(p) == "api"} == {"__init__.py"}
+
+
+SHARED_DRAFT = sorted((ROOT / "trainer" / "draft").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SHARED_DRAFT, ids=[str(p.relative_to(ROOT)) for p in SHARED_DRAFT])
+def test_the_shared_draft_imports_no_architecture(path: Path) -> None:
+    """trainer/draft is what every architecture shares, so it never imports trainer/architectures
+    (an architecture's fields and checks live in its own folder)."""
+    named = {m for m in _imported_modules(path)
+             if m.startswith("sparkforge.trainer.architectures")}
+    assert not named, (path, named)
+
+
+def test_the_shared_draft_rule_sees_its_modules() -> None:
+    """The scan above covers the shared draft's config, passes and model."""
+    assert {p.name for p in SHARED_DRAFT} >= {"config.py", "passes.py", "model.py"}

@@ -1,42 +1,58 @@
-"""Draft architectures: the layer stack a draft is built with and the serving format it exports to.
+"""Draft architectures: the only place an architecture is named.
 
-``DSparkDraftConfig.architecture`` names one entry of ``ARCHITECTURES``. Training, export and eval
-look the architecture up here, so a new draft architecture is one module with its model and
-format plus one entry in this table, not branches spread over the trainer.
+Each architecture is a folder here (``qwen3/``, ``dflash/``, ``gemma4/``, ``kimi_k3/``,
+``deepseek_v4/``) holding its layers (``model.py``), its serving format (``export.py``) and,
+when it has them, its own config fields, checks and derivation from a target (``config.py``),
+plus one entry of ``ARCHITECTURES``. Training, export and eval look the architecture up here.
+Importing this package does not import torch: ``build_draft`` imports the model it builds.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Literal
 
-from torch import nn
+from sparkforge.trainer.architectures.config import Architecture, DSparkDraftConfig
+from sparkforge.trainer.architectures.deepseek_v4 import config as deepseek_v4_config
+from sparkforge.trainer.architectures.deepseek_v4 import export as deepseek_v4_export
+from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
+from sparkforge.trainer.architectures.dflash import config as dflash_config
+from sparkforge.trainer.architectures.dflash import export as dflash_export
+from sparkforge.trainer.architectures.dflash.tiny import draft_tiny_dflash
+from sparkforge.trainer.architectures.gemma4 import export as gemma4_export
+from sparkforge.trainer.architectures.gemma4.tiny import draft_tiny_gemma4
+from sparkforge.trainer.architectures.kimi_k3 import config as kimi_k3_config
+from sparkforge.trainer.architectures.kimi_k3 import export as kimi_k3_export
+from sparkforge.trainer.architectures.kimi_k3.tiny import draft_tiny_kimi_k3
+from sparkforge.trainer.architectures.qwen3 import export as qwen3_export
+from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 
-from sparkforge.trainer.architectures.deepseek_v4 import export as export_deepseek_v4
-from sparkforge.trainer.architectures.deepseek_v4.model import DeepseekV4DSparkModel
-from sparkforge.trainer.architectures.dflash import export as export_dflash
-from sparkforge.trainer.architectures.dflash.model import dflash_draft
-from sparkforge.trainer.architectures.gemma4 import export as export_gemma4
-from sparkforge.trainer.architectures.gemma4.model import Gemma4DSparkModel
-from sparkforge.trainer.architectures.kimi_k3 import export as export_kimi_k3
-from sparkforge.trainer.architectures.kimi_k3.model import K3DSparkModel
-from sparkforge.trainer.architectures.qwen3 import export as export_qwen3
-from sparkforge.trainer.draft.config import DSparkDraftConfig
-from sparkforge.trainer.draft.model import DSparkDraftModel
+if TYPE_CHECKING:
+    from sparkforge.trainer.draft.model import DraftModel
 
 Engine = Literal["vllm", "sglang", "any"]
 
 
+def _no_problems(cfg: DSparkDraftConfig) -> list[str]:
+    return []
+
+
+def _no_target_fields(tc: Any, model_type: str) -> dict[str, Any]:
+    return {}
+
+
 @dataclass(frozen=True, kw_only=True)
 class DraftArchitecture:
-    """How to build, check and export drafts of one architecture."""
+    """How to configure, build, check and export drafts of one architecture."""
 
-    name: str
+    name: Architecture
+    model: str
+    """``module:attribute`` of the model class (or function) built as
+    ``model(cfg, *, embed_weight=None, lm_head_weight=None, attn_implementation="sdpa")``."""
     served_as: tuple[str, ...]
     """``architectures`` names of the exported ``config.json`` that this architecture reads back."""
-    model: Callable[..., nn.Module]
-    """``model(cfg, *, embed_weight=None, lm_head_weight=None, attn_implementation="sdpa")``."""
     expected_shapes: Callable[[DSparkDraftConfig], dict[str, tuple[int, ...]]]
     """Every required exported tensor and its shape; ``embed_tokens``/``lm_head`` are optional
     unless listed here."""
@@ -46,35 +62,56 @@ class DraftArchitecture:
     """Reasons an engine could not serve this draft correctly (empty when it can)."""
     config_from_hf: Callable[[Mapping[str, Any]], DSparkDraftConfig]
     """Read an exported ``config.json`` back into a draft config."""
+    fields: type | None = None
+    """The dataclass of the config fields only this architecture reads (None: none)."""
+    problems: Callable[[DSparkDraftConfig], list[str]] = _no_problems
+    """This architecture's own config checks (run by ``DSparkDraftConfig``)."""
+    target_fields: Callable[[Any, str], dict[str, Any]] = _no_target_fields
+    """Its own fields copied from a target's text config (and its ``model_type``)."""
+    tiny: Callable[[], DSparkDraftConfig]
+    """A small config of this architecture for CPU tests (the shared tests build each one)."""
+
+    @property
+    def own_fields(self) -> frozenset[str]:
+        """Names of the config fields this architecture declares."""
+        return frozenset(f.name for f in fields(self.fields)) if self.fields else frozenset()
 
 
-ARCHITECTURES: dict[str, DraftArchitecture] = {
+ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
     "qwen3": DraftArchitecture(
-        name="qwen3", served_as=("Qwen3DSparkModel",), model=DSparkDraftModel,
-        expected_shapes=export_qwen3.expected_shapes, hf_config=export_qwen3.hf_config,
-        serving_problems=export_qwen3.serving_problems,
-        config_from_hf=export_qwen3.draft_config_from_hf),
+        name="qwen3", model="sparkforge.trainer.draft.model:DSparkDraftModel",
+        served_as=("Qwen3DSparkModel",),
+        expected_shapes=qwen3_export.expected_shapes, hf_config=qwen3_export.hf_config,
+        serving_problems=qwen3_export.serving_problems,
+        config_from_hf=qwen3_export.draft_config_from_hf, tiny=draft_tiny),
     "dflash": DraftArchitecture(
-        name="dflash", served_as=(export_dflash.SERVED_AS,), model=dflash_draft,
-        expected_shapes=export_dflash.expected_shapes, hf_config=export_dflash.hf_config,
-        serving_problems=export_dflash.serving_problems,
-        config_from_hf=export_dflash.draft_config_from_hf),
+        name="dflash", model="sparkforge.trainer.architectures.dflash.model:dflash_draft",
+        served_as=(dflash_export.SERVED_AS,), problems=dflash_config.problems,
+        expected_shapes=dflash_export.expected_shapes, hf_config=dflash_export.hf_config,
+        serving_problems=dflash_export.serving_problems,
+        config_from_hf=dflash_export.draft_config_from_hf, tiny=draft_tiny_dflash),
     "deepseek_v4": DraftArchitecture(
-        name="deepseek_v4", served_as=(), model=DeepseekV4DSparkModel,
-        expected_shapes=export_deepseek_v4.expected_shapes,
-        hf_config=export_deepseek_v4.refuse_hf_config,
-        serving_problems=export_deepseek_v4.serving_problems,
-        config_from_hf=export_deepseek_v4.refuse_config_from_hf),
+        name="deepseek_v4",
+        model="sparkforge.trainer.architectures.deepseek_v4.model:DeepseekV4DSparkModel",
+        served_as=(), fields=deepseek_v4_config.DeepseekV4Fields,
+        problems=deepseek_v4_config.problems, target_fields=deepseek_v4_config.target_fields,
+        expected_shapes=deepseek_v4_export.expected_shapes,
+        hf_config=deepseek_v4_export.refuse_hf_config,
+        serving_problems=deepseek_v4_export.serving_problems,
+        config_from_hf=deepseek_v4_export.refuse_config_from_hf, tiny=draft_tiny_deepseek_v4),
     "gemma4": DraftArchitecture(
-        name="gemma4", served_as=("Gemma4DSparkModel",), model=Gemma4DSparkModel,
-        expected_shapes=export_gemma4.expected_shapes, hf_config=export_gemma4.hf_config,
-        serving_problems=export_gemma4.serving_problems,
-        config_from_hf=export_gemma4.draft_config_from_hf),
+        name="gemma4", model="sparkforge.trainer.architectures.gemma4.model:Gemma4DSparkModel",
+        served_as=("Gemma4DSparkModel",),
+        expected_shapes=gemma4_export.expected_shapes, hf_config=gemma4_export.hf_config,
+        serving_problems=gemma4_export.serving_problems,
+        config_from_hf=gemma4_export.draft_config_from_hf, tiny=draft_tiny_gemma4),
     "kimi_k3": DraftArchitecture(
-        name="kimi_k3", served_as=(export_kimi_k3.SERVED_AS,), model=K3DSparkModel,
-        expected_shapes=export_kimi_k3.expected_shapes, hf_config=export_kimi_k3.hf_config,
-        serving_problems=export_kimi_k3.serving_problems,
-        config_from_hf=export_kimi_k3.draft_config_from_hf),
+        name="kimi_k3", model="sparkforge.trainer.architectures.kimi_k3.model:K3DSparkModel",
+        served_as=(kimi_k3_export.SERVED_AS,), fields=kimi_k3_config.KimiK3Fields,
+        problems=kimi_k3_config.problems, target_fields=kimi_k3_config.target_fields,
+        expected_shapes=kimi_k3_export.expected_shapes, hf_config=kimi_k3_export.hf_config,
+        serving_problems=kimi_k3_export.serving_problems,
+        config_from_hf=kimi_k3_export.draft_config_from_hf, tiny=draft_tiny_kimi_k3),
 }
 
 
@@ -83,10 +120,17 @@ def architecture_of(cfg: DSparkDraftConfig) -> DraftArchitecture:
     return ARCHITECTURES[cfg.architecture]
 
 
-def build_draft(cfg: DSparkDraftConfig, **kwargs: Any) -> Any:
+def draft_class(cfg: DSparkDraftConfig) -> Callable[..., DraftModel]:
+    """The model class (or builder) of the config's architecture, imported now."""
+    module, _, name = architecture_of(cfg).model.partition(":")
+    built: Callable[..., DraftModel] = getattr(importlib.import_module(module), name)
+    return built
+
+
+def build_draft(cfg: DSparkDraftConfig, **kwargs: Any) -> DraftModel:
     """A freshly initialised draft of the config's architecture (see ``DraftArchitecture.model``).
 
-    Every architecture's model takes the same batch and returns ``DSparkOutput``, like
-    ``DSparkDraftModel``.
+    Every architecture's model is a ``DraftModel``: it takes the same batch and returns
+    ``DSparkOutput``.
     """
-    return architecture_of(cfg).model(cfg, **kwargs)
+    return draft_class(cfg)(cfg, **kwargs)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sparkforge.trainer.draft.config import DSparkDraftConfig
-
 
 class MarkovHead(nn.Module):
     """Bias ``W2(W1[prev])`` on each slot's logits; gated and rnn variants also read ``h``.
@@ -82,15 +80,3 @@ class ConfidenceHead(nn.Module):
         )
         logits: torch.Tensor = self.proj(feats)
         return logits.squeeze(-1).float()
-
-
-def head_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
-    """The exported tensors of the Markov and confidence heads and their shapes."""
-    h, v, r = cfg.hidden_size, cfg.vocab_size, cfg.markov_rank
-    shapes: dict[str, tuple[int, ...]] = {}
-    if r > 0:
-        shapes |= {"markov_head.markov_w1.weight": (v, r), "markov_head.markov_w2.weight": (v, r)}
-    if cfg.enable_confidence_head:
-        width = h + (r if cfg.confidence_head_with_markov and r > 0 else 0)
-        shapes |= {"confidence_head.proj.weight": (1, width), "confidence_head.proj.bias": (1,)}
-    return shapes

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.config import DraftConfig
 from sparkforge.trainer.draft.passes import DraftLayer
 from sparkforge.trainer.draft.rope import apply_rotary
 
@@ -89,7 +89,7 @@ class DSparkAttention(nn.Module):
         softmax_scale: Multiplier on the q.k logits (None: 1/sqrt(head_dim); Gemma4: 1.0).
     """
 
-    def __init__(self, cfg: DSparkDraftConfig, *, k_eq_v: bool = False,
+    def __init__(self, cfg: DraftConfig, *, k_eq_v: bool = False,
                  softmax_scale: float | None = None) -> None:
         super().__init__()
         n, g, d, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
@@ -154,8 +154,8 @@ class DSparkLayer(nn.Module):
             ``DraftLayer`` as far as calls go (``key_values`` and the same call signature).
     """
 
-    def __init__(self, cfg: DSparkDraftConfig,
-                 attention: Callable[[DSparkDraftConfig], nn.Module] = DSparkAttention) -> None:
+    def __init__(self, cfg: DraftConfig,
+                 attention: Callable[..., nn.Module] = DSparkAttention) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = attention(cfg)

@@ -24,7 +24,7 @@ from sparkforge.trainer.draft.anchors import (
     sample_anchors,
 )
 from sparkforge.trainer.draft.attention_mask import dense_allowed, flex_block_mask
-from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.config import DraftConfig
 from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 
@@ -88,7 +88,7 @@ class DraftStack(Protocol):
     """What an architecture's model provides to the shared passes (read-only)."""
 
     @property
-    def config(self) -> DSparkDraftConfig:
+    def config(self) -> DraftConfig:
         """The draft config."""
 
     @property
@@ -131,7 +131,7 @@ class DraftStack(Protocol):
         """The draft's context rows [B, S, H] from the concatenated target features."""
 
 
-def dspark_heads(cfg: DSparkDraftConfig) -> tuple[MarkovHead | None, ConfidenceHead | None]:
+def dspark_heads(cfg: DraftConfig) -> tuple[MarkovHead | None, ConfidenceHead | None]:
     """The Markov head (None for rank 0) and the confidence head (None when disabled)."""
     h = cfg.hidden_size
     markov = MarkovHead(cfg.vocab_size, cfg.markov_rank, h, cfg.markov_head_type) \

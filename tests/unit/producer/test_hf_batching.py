@@ -8,15 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_families import COMPOSITES
+from tiny_families import COMPOSITES, MODEL_TYPES
 
 from sparkforge.producer.hf_source import HfSource
 from sparkforge.producer.source import CaptureRequest
 
 LAYER_IDS = (1, 2, 3)
-FAMILIES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "glm_moe_dsa",
-            "minimax_m3_vl_text", "minimax_m3_vl",
-            "kimi_linear", "deepseek_v4", "gemma4_text", "gemma4")
 
 
 def _requests() -> list[CaptureRequest]:
@@ -51,7 +48,7 @@ def _max_rel_error(source: HfSource, reference: list[tuple[torch.Tensor, torch.T
     return worst
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_batched_capture_equals_one_row_forward(
     model_type: str, tiny_family: Callable[[str], Path]
 ) -> None:

@@ -76,7 +76,8 @@ def test_builtin_dspark_ids_capture_feature_outputs_in_vllm(model_type: str) -> 
         get_eagle3_aux_layers_from_config,
     )
 
-    written = family_of(model_type).builtin_dspark_ids(FEATURE_IDS)
+    offset = family_of(model_type).vllm_dspark_id_offset
+    written = tuple(i + 1 - offset for i in FEATURE_IDS)
     hf_config = SimpleNamespace(model_type=model_type, dspark_target_layer_ids=list(written))
     spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf_config))
     assert tuple(get_eagle3_aux_layers_from_config(spec)) == tuple(i + 1 for i in FEATURE_IDS)

@@ -9,13 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft.config import (
-    DSparkDraftConfig,
-    draft_tiny,
-    draft_tiny_deepseek_v4,
-    draft_tiny_kimi_k3,
-)
+from sparkforge.trainer.architectures import ARCHITECTURES, build_draft
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 
 Batch = dict[str, torch.Tensor]
 
@@ -44,10 +40,7 @@ def tiny_cfg() -> DSparkDraftConfig:
 
 
 TINY_DRAFTS: dict[str, Callable[[], DSparkDraftConfig]] = {
-    "qwen3": draft_tiny, "deepseek_v4": draft_tiny_deepseek_v4,
-    "gemma4": lambda: dataclasses.replace(draft_tiny(), architecture="gemma4",
-                                          embedding_scale=8.0),
-    "kimi_k3": draft_tiny_kimi_k3}
+    name: arch.tiny for name, arch in ARCHITECTURES.items()}
 """The tiny config of each draft architecture."""
 
 

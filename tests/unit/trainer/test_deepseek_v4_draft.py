@@ -13,18 +13,15 @@ import pytest
 import torch
 
 from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
 from sparkforge.trainer.architectures.deepseek_v4.export import expected_shapes
 from sparkforge.trainer.architectures.deepseek_v4.model import (
     DeepseekV4DSparkAttention,
     DeepseekV4DSparkLayer,
 )
+from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
+from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 from sparkforge.trainer.draft.attention_mask import dense_allowed
-from sparkforge.trainer.draft.config import (
-    DSparkDraftConfig,
-    draft_tiny,
-    draft_tiny_deepseek_v4,
-    from_target_config,
-)
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 from sparkforge.trainer.export import ExportError, export_draft, key_problems
 

@@ -12,12 +12,9 @@ import pytest
 from transformers import Qwen3Config
 
 from sparkforge.shared.layer_ids import default_feature_ids
-from sparkforge.trainer.draft.config import (
-    DSparkDraftConfig,
-    draft_tiny,
-    from_target_config,
-    serving_config,
-)
+from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
+from sparkforge.trainer.architectures.qwen3.export import serving_config
+from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 from sparkforge.trainer.draft.model import DSparkDraftModel
 
 

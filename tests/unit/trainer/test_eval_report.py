@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from sparkforge.app.tiny_target import demo_conversations
-from sparkforge.trainer.draft.config import from_target_config
+from sparkforge.trainer.architectures.config import from_target_config
 from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.eval import EvalConfig, run_eval
 from sparkforge.trainer.export import export_checkpoint, training_loss_settings

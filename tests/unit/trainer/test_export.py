@@ -11,8 +11,9 @@ import torch
 from export_helpers import foreign_checkpoint
 from safetensors.torch import load_file
 
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 from sparkforge.trainer.checkpoint import CheckpointError, load_checkpoint
-from sparkforge.trainer.draft.config import DSparkDraftConfig, draft_tiny
 from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.export import (
     ExportError,
@@ -173,7 +174,7 @@ def test_a_foreign_file_is_one_line_and_runs_nothing(tmp_path: Path, kind: str) 
 def test_every_config_architecture_has_a_table_entry() -> None:
     """The torch-free name list a config validates against is exactly the architecture table."""
     from sparkforge.trainer.architectures import ARCHITECTURES
-    from sparkforge.trainer.draft.config import DRAFT_ARCHITECTURES
+    from sparkforge.trainer.architectures.config import DRAFT_ARCHITECTURES
 
     assert set(DRAFT_ARCHITECTURES) == set(ARCHITECTURES)
     assert all(name == arch.name for name, arch in ARCHITECTURES.items())

@@ -13,9 +13,9 @@ from transformers.models.gemma4.modeling_gemma4 import (
 
 from sparkforge.app.tiny_target import tiny_gemma4_config
 from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
 from sparkforge.trainer.architectures.gemma4.export import expected_shapes
 from sparkforge.trainer.architectures.gemma4.model import Gemma4DSparkLayer, Gemma4DSparkModel
-from sparkforge.trainer.draft.config import DSparkDraftConfig, from_target_config
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 
 FULL = 1   # the full-attention layer of a 2-layer tiny Gemma4 target

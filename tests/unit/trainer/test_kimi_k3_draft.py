@@ -14,13 +14,13 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
 from sparkforge.trainer.architectures.kimi_k3.export import (
     expected_shapes,
     hf_config,
     serving_problems,
 )
 from sparkforge.trainer.architectures.kimi_k3.model import K3DSparkLayer
-from sparkforge.trainer.draft.config import DSparkDraftConfig, from_target_config
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 from sparkforge.trainer.export import OPTIONAL_KEYS, config_from_hf
 

@@ -10,6 +10,7 @@ import torch
 from conftest import TINY_DRAFTS
 
 from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.anchors import (
     DFLASH_LAYOUT,
     anchor_candidates,
@@ -17,7 +18,6 @@ from sparkforge.trainer.draft.anchors import (
     sample_anchors,
 )
 from sparkforge.trainer.draft.attention_mask import dense_allowed
-from sparkforge.trainer.draft.config import DSparkDraftConfig
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 

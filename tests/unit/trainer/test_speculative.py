@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from sparkforge.trainer.draft.config import from_target_config
+from sparkforge.trainer.architectures.config import from_target_config
 from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.speculative import speculative_generate, target_features
 

@@ -23,11 +23,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from sparkforge.trainer.draft import passes
-from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT
-from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.layers import RMSNorm, compiled_flex
-from sparkforge.trainer.draft.passes import AttnImpl, RopeTables, dspark_heads
+from sparkforge.trainer.draft.model import DraftModel
+from sparkforge.trainer.draft.passes import AttnImpl, RopeTables
 from sparkforge.trainer.draft.rope import RotaryEmbedding, apply_interleaved_rotary
 
 
@@ -145,7 +144,7 @@ class DeepseekV4DSparkLayer(nn.Module):
         return out
 
 
-class DeepseekV4DSparkModel(nn.Module):
+class DeepseekV4DSparkModel(DraftModel):
     """The DeepSeek-V4 DSpark draft (PyTorch default init; embed/lm_head from the target).
 
     Args:
@@ -164,38 +163,11 @@ class DeepseekV4DSparkModel(nn.Module):
         lm_head_weight: torch.Tensor | None = None,
         attn_implementation: AttnImpl = "sdpa",
     ) -> None:
-        super().__init__()
         cfg = config
         assert cfg.architecture == "deepseek_v4", cfg.architecture
-        self.config = cfg
-        self.attn_implementation = attn_implementation
-        h, v = cfg.hidden_size, cfg.vocab_size
-        self.embed_tokens = nn.Embedding(v, h)
-        self.main_proj = nn.Linear(cfg.num_features * h, h, bias=False)
-        self.main_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(
-            DeepseekV4DSparkLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(h, v, bias=False)
-        self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_parameters,
-                                          cfg.max_position_embeddings, interleaved=True)
-        self.markov_head, self.confidence_head = dspark_heads(cfg)
+        super().__init__(cfg, attn_implementation=attn_implementation)
+        self.config: DSparkDraftConfig = cfg
+        self.register_stack(DeepseekV4DSparkLayer, RotaryEmbedding(
+            cfg.qk_rope_head_dim, cfg.rope_parameters, cfg.max_position_embeddings,
+            interleaved=True), context=("main_proj", "main_norm"))
         self.set_target_weights(embed_weight, lm_head_weight)
-
-    # ---- the shared DSpark passes (sparkforge.trainer.draft.passes) ----------------------
-    set_target_weights = passes.set_target_weights
-    embed = passes.embed
-    logits = passes.logits
-    confidence = passes.confidence
-    layout = DSPARK_LAYOUT
-    num_draft_tokens = property(passes.num_draft_tokens)
-    forward = passes.training_forward
-    extend_context = passes.extend_context
-    draft_block = passes.draft_block
-    empty_cache = passes.empty_cache
-
-    def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
-        """main_norm(main_proj(concat features)): [B, S, F*H] -> [B, S, H]."""
-        x = target_hidden_BSX.to(self.main_proj.weight.dtype)
-        out: torch.Tensor = self.main_norm(self.main_proj(x))
-        return out

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.anchors import DFLASH_LAYOUT
-from sparkforge.trainer.draft.config import DSparkDraftConfig
 from sparkforge.trainer.draft.model import DSparkDraftModel
 
 

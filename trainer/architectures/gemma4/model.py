@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.layers import MLP, DSparkAttention, RMSNorm, gelu_tanh
 from sparkforge.trainer.draft.model import DSparkDraftModel
 

@@ -23,12 +23,10 @@ import functools
 import torch
 from torch import nn
 
-from sparkforge.trainer.draft import passes
-from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT
-from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm, attend_after_context
-from sparkforge.trainer.draft.model import hf_normal_init
-from sparkforge.trainer.draft.passes import AttnImpl, RopeTables, dspark_heads
+from sparkforge.trainer.draft.model import DraftModel, hf_normal_init
+from sparkforge.trainer.draft.passes import AttnImpl, RopeTables
 from sparkforge.trainer.draft.rope import RotaryEmbedding, apply_interleaved_rotary
 
 
@@ -76,7 +74,7 @@ K3DSparkLayer = functools.partial(DSparkLayer, attention=K3LatentAttention)
 """One K3 draft layer: Qwen3's pre-norm block and SwiGLU around the latent attention."""
 
 
-class K3DSparkModel(nn.Module):
+class K3DSparkModel(DraftModel):
     """The Kimi-K3 DSpark draft (HF normal init; embed/lm_head from the target).
 
     Args:
@@ -86,6 +84,8 @@ class K3DSparkModel(nn.Module):
         attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
     """
 
+    final_norm: nn.Module
+
     def __init__(
         self,
         config: DSparkDraftConfig,
@@ -94,43 +94,21 @@ class K3DSparkModel(nn.Module):
         lm_head_weight: torch.Tensor | None = None,
         attn_implementation: AttnImpl = "sdpa",
     ) -> None:
-        super().__init__()
         cfg = config
         assert cfg.architecture == "kimi_k3", cfg.architecture
-        self.config = cfg
-        self.attn_implementation = attn_implementation
-        h, v = cfg.hidden_size, cfg.vocab_size
-        self.embed_tokens = nn.Embedding(v, h)
-        self.context_proj = nn.Linear(cfg.num_features * h, h, bias=False)
-        self.context_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(K3DSparkLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.final_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(h, v, bias=False)
-        self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_parameters,
-                                          cfg.max_position_embeddings, interleaved=True)
-        self.markov_head, self.confidence_head = dspark_heads(cfg)
+        super().__init__(cfg, attn_implementation=attn_implementation)
+        self.config: DSparkDraftConfig = cfg
+        self.register_stack(K3DSparkLayer, RotaryEmbedding(
+            cfg.qk_rope_head_dim, cfg.rope_parameters, cfg.max_position_embeddings,
+            interleaved=True), context=("context_proj", "context_norm"), final_norm="final_norm")
         self.apply(functools.partial(hf_normal_init, std=cfg.initializer_range))
         self.set_target_weights(embed_weight, lm_head_weight)
 
-    # ---- the shared DSpark passes (sparkforge.trainer.draft.passes) ----------------------
-    set_target_weights = passes.set_target_weights
-    embed = passes.embed
-    logits = passes.logits
-    confidence = passes.confidence
-    layout = DSPARK_LAYOUT
-    num_draft_tokens = property(passes.num_draft_tokens)
-    forward = passes.training_forward
-    extend_context = passes.extend_context
-    draft_block = passes.draft_block
-    empty_cache = passes.empty_cache
-
     @property
-    def norm(self) -> RMSNorm:
+    def norm(self) -> nn.Module:
         """The norm before lm_head (``final_norm``, vLLM's name)."""
         return self.final_norm
 
-    def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
-        """context_norm(context_proj(concat features)): [B, S, F*H] -> [B, S, H]."""
-        x = target_hidden_BSX.to(self.context_proj.weight.dtype)
-        out: torch.Tensor = self.context_norm(self.context_proj(x))
-        return out
+    @norm.setter
+    def norm(self, value: nn.Module) -> None:
+        self.final_norm = value

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkforge.shared.layer_ids import every_engine_feature_range
-from sparkforge.trainer.draft.config import DSPARK_KEYS, DSparkDraftConfig, serving_config
-from sparkforge.trainer.draft.heads import head_shapes
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, head_shapes
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine
@@ -111,3 +111,28 @@ def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
             "initializer_range", *DSPARK_KEYS)
     fields = {k: config[k] for k in keys if config.get(k) is not None}
     return DSparkDraftConfig(**fields)
+
+
+def backbone_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """The Qwen3 backbone fields of a served draft's config.json (DSpark and DFlash alike).
+
+    Every layer is ``full_attention``: engines run a ``sliding_attention`` draft layer causally.
+    """
+    layers = cfg.num_hidden_layers
+    return {
+        "model_type": "qwen3",
+        "hidden_size": cfg.hidden_size, "num_hidden_layers": layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size, "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_parameters": dict(cfg.rope_parameters),
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "attention_bias": cfg.attention_bias, "vocab_size": cfg.vocab_size,
+        "tie_word_embeddings": False, "layer_types": ["full_attention"] * layers,
+        "block_size": cfg.block_size, "num_target_layers": cfg.num_target_layers,
+    }
+
+
+def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+    """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft."""
+    return {**backbone_config(cfg), "architectures": ["Qwen3DSparkModel"], **dspark_fields(cfg)}

@@ -1,0 +1,98 @@
+"""The draft config of every architecture: the shared fields plus each architecture's own.
+
+``DSparkDraftConfig`` is ``DraftConfig`` (``sparkforge.trainer.draft.config``) with the
+``architecture`` name and the fields each architecture folder declares; it runs the named
+architecture's checks on top of the generic ones, and refuses another architecture's fields
+when they are set. Checkpoints and exports store it as one flat JSON object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from sparkforge.trainer.architectures.deepseek_v4.config import DeepseekV4Fields
+from sparkforge.trainer.architectures.kimi_k3.config import KimiK3Fields
+from sparkforge.trainer.draft.config import (
+    DraftConfig,
+    target_fields,
+    target_model_type,
+    text_config,
+)
+
+Architecture = Literal["qwen3", "deepseek_v4", "dflash", "gemma4", "kimi_k3"]
+"""The draft architectures, each a folder of ``sparkforge.trainer.architectures``."""
+DRAFT_ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Named:
+    architecture: Architecture = "qwen3"
+    """The draft's layer stack and serving format (``Architecture``): ``qwen3`` is the
+    Qwen3-shaped draft every engine loads, for targets of any family; ``deepseek_v4`` follows a
+    DeepSeek-V4 target's attention (its sizes below come from that target); ``dflash`` is the
+    Qwen3-shaped backbone with the DFlash block layout and no Markov or confidence head, served
+    as a DFlash draft (vLLM ``method: dflash``); ``gemma4`` is the Gemma4 draft vLLM's
+    ``Gemma4DSparkForCausalLM`` loads (k_eq_v attention, sandwich norms); ``kimi_k3`` is the
+    MLA draft vLLM's ``K3DSparkForCausalLM`` loads (its MLA sizes below come from a Kimi
+    target)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DSparkDraftConfig(KimiK3Fields, DeepseekV4Fields, _Named, DraftConfig):
+    """A draft config of any architecture: the shared fields, its name and its own fields."""
+
+    def problems(self) -> list[str]:
+        """The generic problems, then the named architecture's, then another one's fields set."""
+        from sparkforge.trainer.architectures import ARCHITECTURES
+
+        problems = super().problems()
+        if self.architecture not in ARCHITECTURES:
+            return [*problems, f"architecture={self.architecture!r} not in {DRAFT_ARCHITECTURES}"]
+        arch = ARCHITECTURES[self.architecture]
+        problems += arch.problems(self)
+        for name in _ARCHITECTURE_FIELDS:
+            if name not in arch.own_fields and getattr(self, name) != _DEFAULTS[name]:
+                readers = [a.name for a in ARCHITECTURES.values() if name in a.own_fields]
+                problems.append(f"{name}={getattr(self, name)!r}: only architecture="
+                                f"{' or '.join(map(repr, readers))} reads it")
+        return problems
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DSparkDraftConfig)}
+_ARCHITECTURE_FIELDS = tuple(name for name in _DEFAULTS
+                             if name not in {f.name for f in dataclasses.fields(_Named)}
+                             and name not in {f.name for f in dataclasses.fields(DraftConfig)})
+"""The fields some architecture declares: every other architecture must leave them unset."""
+
+
+def from_target_config(
+    target_config: Any,
+    *,
+    mask_token_id: int,
+    target_layer_ids: Sequence[int] | None = None,
+    **overrides: Any,
+) -> DSparkDraftConfig:
+    """Derive a draft config from a target HF config (nested ``text_config`` handled).
+
+    The generic sizes come from ``target_fields``; the named architecture copies its own
+    fields from the target too (deepseek_v4, kimi_k3).
+
+    Args:
+        target_config: A transformers ``PretrainedConfig`` of the target (or any object whose
+            attributes are its ``config.json`` fields).
+        mask_token_id: Required; never defaulted to the pad id.
+        target_layer_ids: Feature ids; default = DFlash rule for the draft depth.
+        **overrides: Any draft config field (num_hidden_layers, block_size, markov_rank, ...).
+    """
+    from sparkforge.trainer.architectures import ARCHITECTURES
+
+    base = target_fields(target_config, depth=int(overrides.get("num_hidden_layers", 5)))
+    arch = ARCHITECTURES.get(overrides.get("architecture") or "qwen3")
+    if arch is not None:
+        base |= arch.target_fields(text_config(target_config), target_model_type(target_config))
+    if target_layer_ids is not None:
+        base["target_layer_ids"] = tuple(target_layer_ids)
+    return DSparkDraftConfig(**{**base, **overrides}, mask_token_id=mask_token_id)

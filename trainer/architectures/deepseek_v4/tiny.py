@@ -1,0 +1,16 @@
+"""A small deepseek_v4 draft config for CPU tests."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+
+
+def draft_tiny_deepseek_v4(*, vocab_size: int = 256, mask_token_id: int = 3) -> DSparkDraftConfig:
+    """draft_tiny() as a deepseek_v4 draft: one K=V latent, Q-LoRA 32, 2 output groups, RoPE 8."""
+    return dataclasses.replace(
+        draft_tiny(vocab_size=vocab_size, mask_token_id=mask_token_id),
+        architecture="deepseek_v4", num_key_value_heads=1, q_lora_rank=32, o_lora_rank=16,
+        o_groups=2, qk_rope_head_dim=8, swiglu_limit=10.0)
