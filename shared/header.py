@@ -93,6 +93,19 @@ class SourceInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SamplingInfo:
+    """How ``sparkforge regenerate`` sampled a dataset's assistant turns."""
+
+    temperature: float
+    """0 = greedy; 1 = the target's own distribution."""
+    top_p: float
+    top_k: int
+    """-1: off."""
+    seed: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class DataInfo:
     """Input data identity and the train/eval split rule."""
 
@@ -100,6 +113,10 @@ class DataInfo:
     eval_fraction: float | None
     eval_ids: tuple[int, ...] | None
     seed: int
+    regeneration: tuple[SamplingInfo, ...] = dataclasses.field(
+        default=(), metadata={"optional_in_json": True})
+    """The distinct sampling settings of regenerated sources (empty: none was regenerated, or
+    a manifest older than this field)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +139,7 @@ class RunHeader:
         """The header as stored in ``_meta/header.json`` (unset split rules are left out)."""
         data = dataclasses.asdict(self.data)
         data["sources"] = [dataclasses.asdict(s) for s in self.data.sources]
+        data["regeneration"] = [dataclasses.asdict(r) for r in self.data.regeneration]
         for key in ("eval_fraction", "eval_ids"):
             if data[key] is None:
                 del data[key]
@@ -229,10 +247,23 @@ def parse_tokenizer(data: object) -> TokenizerInfo:
     )
 
 
+def parse_sampling(data: object, field: str) -> SamplingInfo:
+    """One regeneration sampling record (``data.regeneration[i]``)."""
+    d = f.obj(data, field, required=_keys("temperature", "top_p", "top_k", "seed", "max_tokens"))
+    top_k = f.integer(d["top_k"], f"{field}.top_k", lo=-1)
+    if top_k == 0:
+        raise f.fail(f"{field}.top_k", "-1 (off) or >= 1", top_k)
+    return SamplingInfo(
+        temperature=f.number(d["temperature"], f"{field}.temperature", lo=0.0, hi=1e6),
+        top_p=f.number(d["top_p"], f"{field}.top_p", lo=0.0, hi=1.0), top_k=top_k,
+        seed=f.integer(d["seed"], f"{field}.seed", hi=(1 << 63) - 1),
+        max_tokens=f.integer(d["max_tokens"], f"{field}.max_tokens", lo=1))
+
+
 def parse_data(data: object) -> DataInfo:
-    """The ``data`` section: sources, split rule and seed."""
+    """The ``data`` section: sources, split rule, seed and regeneration sampling."""
     d = f.obj(data, "data", required=_keys("sources", "seed"),
-              optional=_keys("eval_fraction", "eval_ids"))
+              optional=_keys("eval_fraction", "eval_ids", "regeneration"))
     sources = []
     for i, item in enumerate(f.array(d["sources"], "data.sources", max_len=10_000)):
         s = f.obj(item, f"data.sources[{i}]", required=_keys("uri", "content_hash"))
@@ -248,6 +279,8 @@ def parse_data(data: object) -> DataInfo:
             f.integer(x, f"data.eval_ids[{i}]") for i, x in enumerate(f.array(eval_ids,
                                                                               "data.eval_ids"))),
         seed=f.integer(d["seed"], "data.seed", hi=(1 << 63) - 1),
+        regeneration=tuple(parse_sampling(r, f"data.regeneration[{i}]") for i, r in enumerate(
+            f.array(d.get("regeneration", []), "data.regeneration", max_len=10_000))),
     )
 
 
