@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import yaml
 
+from sparkforge.trainer.eval_summary import summary_lines
+
 # target -> (module that writes it and chat rows, example config name).
 TARGETS = {"code": ("sparkforge.app.code_target", "code_target.yaml"),
            "tiny": ("sparkforge.app.tiny_target", "tiny.yaml")}
@@ -142,19 +144,3 @@ def run_demo_command(cfg: DemoConfig) -> int:
     print(summary_lines(json.loads((out / "eval" / "eval_report.json").read_text())))
     print(f"  outputs under {out} (cache, train logs, draft, eval/acceptance_by_position.png)")
     return 0
-
-
-def summary_lines(report: Mapping[str, Any]) -> str:
-    """Tau and acceptance by draft position, measured and teacher-forced, from an eval report."""
-    spec, forced = report["speculative"], report["teacher_forced"]
-
-    def positions(values: Sequence[float]) -> str:
-        return " ".join(f"{v:.2f}" for v in values)
-
-    return "\n".join([
-        f"  measured tau (T=1, speculative decoding): {spec['tau']:.3f}",
-        f"    acceptance by position:                 {positions(spec['acceptance_by_position'])}",
-        f"  teacher-forced tau on the eval split:     {forced['metrics']['tau']:.3f}",
-        f"    acceptance by position:                 "
-        f"{positions(forced['accept_rate_by_position'])}",
-    ])
