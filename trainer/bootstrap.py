@@ -16,8 +16,8 @@ LEVEL = 0.95
 RESAMPLES = 4000
 
 
-def ratio_ci(numerators: Sequence[float], denominators: Sequence[float], *,
-             level: float = LEVEL, resamples: int = RESAMPLES,
+def ratio_ci(numerators: Sequence[float] | np.ndarray, denominators: Sequence[float] | np.ndarray,
+             *, level: float = LEVEL, resamples: int = RESAMPLES,
              seed: int = 0) -> tuple[float, float]:
     """The ``level`` percentile interval of ``sum(num) / sum(den)`` over resampled clusters.
 

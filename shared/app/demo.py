@@ -6,8 +6,9 @@ rows from held-out stdlib files, regenerate on-policy responses with vLLM, captu
 with vLLM into a cache, validate the cache against the training config, train a DSpark draft with
 Lightning, export it in the served format, and measure its acceptance. Replies are regenerated at
 the temperature eval measures at (``EVAL_TEMPERATURE``), so the eval split is the text the served
-draft meets and the measured and teacher-forced tau agree within their intervals. ``--target tiny`` runs the
-same stages on a randomly initialised tiny target instead (what the unit tests use).
+draft meets and the measured and teacher-forced tau agree within their intervals.
+``--target tiny`` runs the same stages on a randomly initialised tiny target instead (what the
+unit tests use).
 """
 
 from __future__ import annotations
