@@ -20,9 +20,9 @@ import time
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_qwen3_small
+from sparkforge.trainer.draft.config import DSparkDraftConfig, draft_qwen3_small
+from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.loss import chunked_row_terms, compute_dspark_loss, l1_distance
-from sparkforge.trainer.model import DSparkDraftModel
 from sparkforge.trainer.run_config import LossSpec
 
 

@@ -149,9 +149,9 @@ def phase_step(uri: str, batch_size: int, steps: int, device: str) -> dict[str, 
     import torch
 
     from sparkforge.trainer.datamodule import CacheDataModule
-    from sparkforge.trainer.draft_config import DSparkDraftConfig
+    from sparkforge.trainer.draft.config import DSparkDraftConfig
+    from sparkforge.trainer.draft.model import DSparkDraftModel
     from sparkforge.trainer.loss import compute_dspark_loss
-    from sparkforge.trainer.model import DSparkDraftModel
     from sparkforge.trainer.run_config import LossSpec
 
     dm = CacheDataModule(uri, batch_size=batch_size, num_workers=0, shuffle_buffer=64)

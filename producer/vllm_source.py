@@ -1,6 +1,6 @@
-"""The vLLM capture backend (with its connector and plugin, the only modules importing vllm):
-teacher-forced prefill with the built-in ``extract_hidden_states`` method, consumed file by file
-as requests finish.
+"""The vLLM capture backend (with its connector, plugin and CPU memory sizing, the only modules
+importing vllm): teacher-forced prefill with the built-in ``extract_hidden_states`` method,
+consumed file by file as requests finish.
 
 Requests go in as token ids through ``LLMEngine`` with at most ``window`` in flight, so the scratch
 folder never holds more than ``window`` files. Each file is checked against its request, split into
@@ -46,6 +46,7 @@ from sparkforge.producer.payload import (
 )
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import load_target_head
+from sparkforge.producer.vllm_memory import cpu_engine_kwargs
 from sparkforge.shared.layer_ids import check_hf_ids, vllm_aux_ids
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import family_of
@@ -60,7 +61,8 @@ input; an allow-list in ``VLLM_PLUGINS`` must name it."""
 
 
 def engine_kwargs(engine: EngineOptions) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments for a token-id-only engine without prefix caching."""
+    """``vllm.LLM`` keyword arguments for a token-id-only engine without prefix caching (on the
+    CPU platform with its host memory sized and checked: ``sparkforge.producer.vllm_memory``)."""
     kwargs: dict[str, Any] = {
         "model": engine.model,
         "revision": engine.revision,
@@ -79,7 +81,7 @@ def engine_kwargs(engine: EngineOptions) -> dict[str, Any]:
         "seed": engine.seed,
         "enable_prefix_caching": False,
     }
-    return kwargs | engine.extra
+    return cpu_engine_kwargs(kwargs | engine.extra)
 
 
 class EngineStopped(RuntimeError):

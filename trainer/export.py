@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 
 from sparkforge.shared.provenance import package_version
 from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of
-from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.draft.config import DSparkDraftConfig
 
 logger = logging.getLogger(__name__)
 

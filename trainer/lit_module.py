@@ -13,7 +13,8 @@ import torch
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.model import DSparkDraftModel, DSparkOutput
 from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
 from sparkforge.trainer.metrics import (
     MetricSums,
@@ -22,7 +23,6 @@ from sparkforge.trainer.metrics import (
     metric_ratios,
     metric_sums,
 )
-from sparkforge.trainer.model import DSparkDraftModel, DSparkOutput
 from sparkforge.trainer.run_config import RECIPES, DraftSpec, LossSpec, RecipeName
 from sparkforge.trainer.schedule import (
     OptimizerConfig,

@@ -3,7 +3,7 @@
 DSpark: 0.1 CE + 0.9 L1 to the teacher + 1.0 BCE of the confidence head. DFlash: CE only. Both
 weight each supervised draft position with the decay ``exp(-k/gamma)`` (see ``decay_weights``).
 ``LossSpec.objective`` picks one. Shape suffixes follow the legend in
-``sparkforge.trainer.model`` (here W: the supervised rows).
+``sparkforge.trainer.draft.model`` (here W: the supervised rows).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 
-from sparkforge.trainer.model import DSparkOutput
+from sparkforge.trainer.draft.model import DSparkOutput
 from sparkforge.trainer.run_config import LossSpec
 
 EPS = 1e-6

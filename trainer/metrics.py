@@ -1,7 +1,7 @@
 """Acceptance, tau, calibration and sampler metrics as unreduced numerator/denominator sums.
 
 Sums are accumulated over a log window and over ranks, then divided once (never averaged per
-batch). Shape suffixes follow the legend in ``sparkforge.trainer.model``.
+batch). Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from sparkforge.trainer.model import DSparkOutput
+from sparkforge.trainer.draft.model import DSparkOutput
 
 MetricSums = dict[str, torch.Tensor]
 

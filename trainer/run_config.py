@@ -25,7 +25,7 @@ from sparkforge.shared.target_families import (
     TargetScaling,
     family_of,
 )
-from sparkforge.trainer.draft_config import DSparkDraftConfig, MarkovHeadType, from_target_config
+from sparkforge.trainer.draft.config import DSparkDraftConfig, MarkovHeadType, from_target_config
 
 RecipeName = Literal["dspark", "dflash"]
 Objective = Literal["dspark", "dflash"]

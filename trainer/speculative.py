@@ -1,7 +1,7 @@
 """Reference speculative decoding: a transformers target verifies DSpark drafts, losslessly.
 
 Batch size 1, plain PyTorch; for measuring tau and per-position acceptance, not for serving.
-Shape suffixes follow the legend in ``sparkforge.trainer.model``.
+Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from sparkforge.shared.hidden_features import layer_feature, served_hidden_states
 from sparkforge.shared.layer_ids import feature_to_hf
 from sparkforge.shared.target_families import STANDARD, TargetFamily, family_of
-from sparkforge.trainer.model import DSparkDraftModel
-from sparkforge.trainer.sampling import (
+from sparkforge.trainer.draft.model import DSparkDraftModel
+from sparkforge.trainer.draft.sampling import (
     logits_to_probs,
     residual_probs,
     sample_draft_tokens,

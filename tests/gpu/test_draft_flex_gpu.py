@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft_config import (
+from sparkforge.trainer.draft.config import (
     DSparkDraftConfig,
     draft_tiny,
     draft_tiny_deepseek_v4,

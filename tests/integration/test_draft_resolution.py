@@ -28,7 +28,7 @@ def _export(target: Path, out: Path) -> Path:
     from transformers import AutoConfig
 
     from sparkforge.trainer.architectures import build_draft
-    from sparkforge.trainer.draft_config import from_target_config
+    from sparkforge.trainer.draft.config import from_target_config
     from sparkforge.trainer.export import export_draft
 
     cfg = from_target_config(AutoConfig.from_pretrained(target), mask_token_id=3,

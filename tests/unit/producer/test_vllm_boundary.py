@@ -1,4 +1,5 @@
-"""Only vllm_source (and the connector it loads) import vLLM; the other capture modules do not."""
+"""Only vllm_source (and the connector and CPU memory sizing it loads) import vLLM; the other
+capture modules do not."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from sparkforge.trainer.anchors import anchor_candidates, build_eval_mask, sample_anchors
-from sparkforge.trainer.attention_mask import dense_allowed
+from sparkforge.trainer.draft.anchors import anchor_candidates, build_eval_mask, sample_anchors
+from sparkforge.trainer.draft.attention_mask import dense_allowed
 
 
 def test_candidates_need_two_consecutive_supervised_tokens() -> None:

@@ -13,17 +13,20 @@ import pytest
 import torch
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.attention_mask import dense_allowed
-from sparkforge.trainer.deepseek_v4_draft import DeepseekV4DSparkAttention, DeepseekV4DSparkLayer
-from sparkforge.trainer.draft_config import (
+from sparkforge.trainer.architectures.deepseek_v4.export import expected_shapes
+from sparkforge.trainer.architectures.deepseek_v4.model import (
+    DeepseekV4DSparkAttention,
+    DeepseekV4DSparkLayer,
+)
+from sparkforge.trainer.draft.attention_mask import dense_allowed
+from sparkforge.trainer.draft.config import (
     DSparkDraftConfig,
     draft_tiny,
     draft_tiny_deepseek_v4,
     from_target_config,
 )
+from sparkforge.trainer.draft.rope import RotaryEmbedding
 from sparkforge.trainer.export import ExportError, export_draft, key_problems
-from sparkforge.trainer.export_deepseek_v4 import expected_shapes
-from sparkforge.trainer.rope import RotaryEmbedding
 
 # Every tensor name a vLLM 0.32 DeepSeek-V4 DSpark stage reads (``mtp.{i}.`` stripped): the
 # decoder layer's attention, norms and shared expert, and the head stack's pieces.

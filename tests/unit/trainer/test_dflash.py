@@ -12,12 +12,12 @@ import torch
 from conftest import make_batch
 from safetensors.torch import load_file
 
-from sparkforge.trainer.anchors import DFLASH_LAYOUT, anchor_candidates
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_tiny
+from sparkforge.trainer.draft.anchors import DFLASH_LAYOUT, anchor_candidates
+from sparkforge.trainer.draft.config import DSparkDraftConfig, draft_tiny
+from sparkforge.trainer.draft.model import DSparkDraftModel, DSparkOutput
 from sparkforge.trainer.export import ExportError, export_draft, key_problems, load_draft
 from sparkforge.trainer.loss import compute_dspark_loss
-from sparkforge.trainer.model import DSparkDraftModel, DSparkOutput
 from sparkforge.trainer.run_config import DraftSpec, LossSpec
 
 

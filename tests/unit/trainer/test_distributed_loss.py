@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sparkforge.trainer.draft_config import draft_tiny
+from sparkforge.trainer.draft.config import draft_tiny
+from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import all_reduce_sums, metric_sums
-from sparkforge.trainer.model import DSparkDraftModel
 from sparkforge.trainer.run_config import LossSpec
 
 

@@ -12,13 +12,13 @@ import pytest
 from transformers import Qwen3Config
 
 from sparkforge.shared.layer_ids import default_feature_ids
-from sparkforge.trainer.draft_config import (
+from sparkforge.trainer.draft.config import (
     DSparkDraftConfig,
     draft_tiny,
     from_target_config,
     serving_config,
 )
-from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.draft.model import DSparkDraftModel
 
 
 def _qwen3(**kw: object) -> Qwen3Config:

@@ -12,10 +12,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from sparkforge.app.tiny_target import demo_conversations
-from sparkforge.trainer.draft_config import from_target_config
+from sparkforge.trainer.draft.config import from_target_config
+from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.eval import EvalConfig, run_eval
 from sparkforge.trainer.export import export_checkpoint, training_loss_settings
-from sparkforge.trainer.model import DSparkDraftModel
 from sparkforge.trainer.run_config import LossSpec
 
 

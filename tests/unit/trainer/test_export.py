@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_tiny
+from sparkforge.trainer.draft.config import DSparkDraftConfig, draft_tiny
+from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.export import (
     ExportError,
     export_checkpoint,
@@ -19,7 +20,6 @@ from sparkforge.trainer.export import (
     load_draft,
     read_checkpoint,
 )
-from sparkforge.trainer.model import DSparkDraftModel
 
 
 def _draft(cfg: DSparkDraftConfig | None = None) -> DSparkDraftModel:
@@ -162,7 +162,7 @@ def test_checkpoint_with_arbitrary_pickled_objects_is_refused(tmp_path: Path) ->
 def test_every_config_architecture_has_a_table_entry() -> None:
     """The torch-free name list a config validates against is exactly the architecture table."""
     from sparkforge.trainer.architectures import ARCHITECTURES
-    from sparkforge.trainer.draft_config import DRAFT_ARCHITECTURES
+    from sparkforge.trainer.draft.config import DRAFT_ARCHITECTURES
 
     assert set(DRAFT_ARCHITECTURES) == set(ARCHITECTURES)
     assert all(name == arch.name for name, arch in ARCHITECTURES.items())

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft_config import DSparkDraftConfig, draft_tiny
+from sparkforge.trainer.draft.config import DSparkDraftConfig, draft_tiny
 from sparkforge.trainer.export import (
     ExportError,
     config_from_hf,

@@ -13,10 +13,10 @@ from transformers.models.gemma4.modeling_gemma4 import (
 
 from sparkforge.app.tiny_target import tiny_gemma4_config
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft_config import DSparkDraftConfig, from_target_config
-from sparkforge.trainer.export_gemma4 import expected_shapes
-from sparkforge.trainer.gemma4_draft import Gemma4DSparkLayer, Gemma4DSparkModel
-from sparkforge.trainer.rope import RotaryEmbedding
+from sparkforge.trainer.architectures.gemma4.export import expected_shapes
+from sparkforge.trainer.architectures.gemma4.model import Gemma4DSparkLayer, Gemma4DSparkModel
+from sparkforge.trainer.draft.config import DSparkDraftConfig, from_target_config
+from sparkforge.trainer.draft.rope import RotaryEmbedding
 
 FULL = 1   # the full-attention layer of a 2-layer tiny Gemma4 target
 
@@ -128,7 +128,7 @@ def test_norms_round_once_in_bf16_as_transformers_gemma4_does() -> None:
     fp32 before the cast); Qwen3's order (cast, then multiply in bf16) does not."""
     from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
 
-    from sparkforge.trainer.layers import GemmaRMSNorm, RMSNorm
+    from sparkforge.trainer.draft.layers import GemmaRMSNorm, RMSNorm
 
     torch.manual_seed(0)
     x = (3.0 * torch.randn(64, 256)).bfloat16()
@@ -146,7 +146,7 @@ def test_norms_round_once_in_bf16_as_transformers_gemma4_does() -> None:
 
 def test_every_norm_of_the_gemma4_draft_is_gemmas() -> None:
     """The layers', the attention's, the context and the final norms all use Gemma's order."""
-    from sparkforge.trainer.layers import GemmaRMSNorm, RMSNorm
+    from sparkforge.trainer.draft.layers import GemmaRMSNorm, RMSNorm
 
     _, _, cfg = _pair()
     model = Gemma4DSparkModel(cfg)
@@ -165,7 +165,7 @@ def test_embedding_scale_is_rounded_to_bf16_as_transformers_does(hidden: int) ->
 
     from transformers.models.gemma4.modeling_gemma4 import Gemma4TextScaledWordEmbedding
 
-    from sparkforge.trainer.draft_forward import embed
+    from sparkforge.trainer.draft.passes import embed
 
     torch.manual_seed(0)
     hf = Gemma4TextScaledWordEmbedding(32, hidden, 0, embed_scale=math.sqrt(hidden)).bfloat16()

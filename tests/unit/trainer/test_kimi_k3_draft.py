@@ -14,11 +14,15 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.draft_config import DSparkDraftConfig, from_target_config
+from sparkforge.trainer.architectures.kimi_k3.export import (
+    expected_shapes,
+    hf_config,
+    serving_problems,
+)
+from sparkforge.trainer.architectures.kimi_k3.model import K3DSparkLayer
+from sparkforge.trainer.draft.config import DSparkDraftConfig, from_target_config
+from sparkforge.trainer.draft.rope import RotaryEmbedding
 from sparkforge.trainer.export import OPTIONAL_KEYS, config_from_hf
-from sparkforge.trainer.export_kimi_k3 import expected_shapes, hf_config, serving_problems
-from sparkforge.trainer.kimi_k3_draft import K3DSparkLayer
-from sparkforge.trainer.rope import RotaryEmbedding
 
 # transformers builds DeepSeek-V3's q_a/kv_a norms with eps 1e-6 whatever rms_norm_eps says;
 # vLLM's K3 draft uses rms_norm_eps for every norm, so the comparison pins both to 1e-6.

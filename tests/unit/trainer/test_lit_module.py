@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from sparkforge.trainer.draft_config import draft_tiny
+from sparkforge.trainer.draft.config import draft_tiny
 from sparkforge.trainer.lit_module import (
     DSparkLitModule,
     anchor_generator,

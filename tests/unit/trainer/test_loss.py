@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from sparkforge.trainer.draft.model import DSparkOutput
 from sparkforge.trainer.loss import (
     chunked_row_terms,
     compute_dspark_loss,
     decay_weights,
     l1_distance,
 )
-from sparkforge.trainer.model import DSparkOutput
 from sparkforge.trainer.run_config import LossSpec
 
 Build = Callable[..., Any]

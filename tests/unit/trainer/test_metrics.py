@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from sparkforge.trainer.draft.model import DSparkOutput
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
-from sparkforge.trainer.model import DSparkOutput
 from sparkforge.trainer.run_config import LossSpec
 
 

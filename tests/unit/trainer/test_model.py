@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from sparkforge.trainer.architectures import ARCHITECTURES, build_draft
+from sparkforge.trainer.draft.model import DSparkDraftModel
+from sparkforge.trainer.draft.rope import compute_inv_freq
 from sparkforge.trainer.loss import compute_dspark_loss
-from sparkforge.trainer.model import DSparkDraftModel
-from sparkforge.trainer.rope import compute_inv_freq
 from sparkforge.trainer.run_config import LossSpec
 
 Build = Callable[..., Any]
@@ -234,7 +234,7 @@ def test_layer_id_convention_matches_hf(tiny_target: Any) -> None:
     """Feature id l = HF hidden_states[l+1]; the post-norm last state gives the target logits."""
     from transformers import AutoModelForCausalLM
 
-    from sparkforge.trainer.draft_config import from_target_config
+    from sparkforge.trainer.draft.config import from_target_config
 
     target = AutoModelForCausalLM.from_pretrained(tiny_target).eval()
     captured: dict[int, torch.Tensor] = {}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparkforge.trainer.heads import MarkovHead
-from sparkforge.trainer.sampling import (
+from sparkforge.trainer.draft.heads import MarkovHead
+from sparkforge.trainer.draft.sampling import (
     logits_to_probs,
     residual_probs,
     sample_draft_tokens,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from sparkforge.trainer.draft_config import from_target_config
-from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.draft.config import from_target_config
+from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.speculative import speculative_generate, target_features
 
 

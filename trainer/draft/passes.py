@@ -4,7 +4,7 @@ An architecture supplies its layer stack (a ``DraftStack``); the block of mask t
 anchors, labels, teacher logits, Markov bias and confidence are the same for all, so they live
 here once and each architecture's ``forward`` calls ``training_forward``.
 
-Shape suffixes follow the legend in ``sparkforge.trainer.model``.
+Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from typing import Any, Literal, Protocol, cast
 import torch
 from torch import nn
 
-from sparkforge.trainer.anchors import (
+from sparkforge.trainer.draft.anchors import (
     BlockLayout,
     anchor_candidates,
     build_eval_mask,
     label_indices,
     sample_anchors,
 )
-from sparkforge.trainer.attention_mask import dense_allowed, flex_block_mask
-from sparkforge.trainer.draft_config import DSparkDraftConfig
-from sparkforge.trainer.heads import ConfidenceHead, MarkovHead
-from sparkforge.trainer.rope import RotaryEmbedding
+from sparkforge.trainer.draft.attention_mask import dense_allowed, flex_block_mask
+from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
+from sparkforge.trainer.draft.rope import RotaryEmbedding
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
 AttnImpl = Literal["sdpa", "flex"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.trainer.draft_config import DSparkDraftConfig
-from sparkforge.trainer.heads import head_shapes
+from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.heads import head_shapes
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine

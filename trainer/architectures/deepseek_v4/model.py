@@ -12,7 +12,7 @@ Parameter names are those of vLLM's built-in V4 DSpark stages (``mtp.{i}.*`` of 
 checkpoint, without the prefix): ``main_proj``/``main_norm`` project the context,
 ``layers.{i}.{attn_norm, attn.*, ffn_norm, ffn.shared_experts.w1/w2/w3}``, and ``norm``,
 ``markov_head``, ``confidence_head`` at the top. Shape suffixes follow the legend in
-``sparkforge.trainer.model``; R is ``qk_rope_head_dim``, O the group count.
+``sparkforge.trainer.draft.model``; R is ``qk_rope_head_dim``, O the group count.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from sparkforge.trainer import draft_forward
-from sparkforge.trainer.anchors import DSPARK_LAYOUT
-from sparkforge.trainer.draft_config import DSparkDraftConfig
-from sparkforge.trainer.draft_forward import AttnImpl, RopeTables, dspark_heads
-from sparkforge.trainer.layers import RMSNorm, compiled_flex
-from sparkforge.trainer.rope import RotaryEmbedding, apply_interleaved_rotary
+from sparkforge.trainer.draft import passes
+from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT
+from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.layers import RMSNorm, compiled_flex
+from sparkforge.trainer.draft.passes import AttnImpl, RopeTables, dspark_heads
+from sparkforge.trainer.draft.rope import RotaryEmbedding, apply_interleaved_rotary
 
 
 def attend_with_sink(q_BNQD: torch.Tensor, kv_B1PD: torch.Tensor, sink_N: torch.Tensor,
@@ -182,17 +182,17 @@ class DeepseekV4DSparkModel(nn.Module):
         self.markov_head, self.confidence_head = dspark_heads(cfg)
         self.set_target_weights(embed_weight, lm_head_weight)
 
-    # ---- the shared DSpark passes (sparkforge.trainer.draft_forward) ----------------------
-    set_target_weights = draft_forward.set_target_weights
-    embed = draft_forward.embed
-    logits = draft_forward.logits
-    confidence = draft_forward.confidence
+    # ---- the shared DSpark passes (sparkforge.trainer.draft.passes) ----------------------
+    set_target_weights = passes.set_target_weights
+    embed = passes.embed
+    logits = passes.logits
+    confidence = passes.confidence
     layout = DSPARK_LAYOUT
-    num_draft_tokens = property(draft_forward.num_draft_tokens)
-    forward = draft_forward.training_forward
-    extend_context = draft_forward.extend_context
-    draft_block = draft_forward.draft_block
-    empty_cache = draft_forward.empty_cache
+    num_draft_tokens = property(passes.num_draft_tokens)
+    forward = passes.training_forward
+    extend_context = passes.extend_context
+    draft_block = passes.draft_block
+    empty_cache = passes.empty_cache
 
     def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
         """main_norm(main_proj(concat features)): [B, S, F*H] -> [B, S, H]."""

@@ -10,7 +10,7 @@ dtype, as served) and the lm_head logits are softcapped as the target's are (bot
 config). Context injection, anchors, the Markov and confidence heads, the loss and the metrics
 are the shared DSpark ones: only the layer differs from ``DSparkDraftModel``.
 
-Shape suffixes follow the legend in ``sparkforge.trainer.model``.
+Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from sparkforge.trainer.draft_config import DSparkDraftConfig
-from sparkforge.trainer.layers import MLP, DSparkAttention, GemmaRMSNorm, gelu_tanh
-from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.layers import MLP, DSparkAttention, GemmaRMSNorm, gelu_tanh
+from sparkforge.trainer.draft.model import DSparkDraftModel
 
 
 class Gemma4DSparkLayer(nn.Module):

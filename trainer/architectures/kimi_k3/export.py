@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.trainer.draft_config import DSPARK_KEYS, DSparkDraftConfig, dspark_fields
-from sparkforge.trainer.export_qwen3 import dspark_problems
-from sparkforge.trainer.heads import head_shapes
+from sparkforge.trainer.architectures.qwen3.export import dspark_problems
+from sparkforge.trainer.draft.config import DSPARK_KEYS, DSparkDraftConfig, dspark_fields
+from sparkforge.trainer.draft.heads import head_shapes
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine

@@ -5,7 +5,7 @@ A query of block n sees context key j iff j < anchor_n and block n is kept, and 
 its own block (bidirectional); nothing of other blocks. A dummy block still sees itself, so no
 row is ever fully masked (a dense softmax over an all -inf row is NaN).
 
-Shape suffixes follow the legend in ``sparkforge.trainer.model``.
+Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
 
 from __future__ import annotations

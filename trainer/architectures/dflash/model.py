@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkforge.trainer.anchors import DFLASH_LAYOUT
-from sparkforge.trainer.draft_config import DSparkDraftConfig
-from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.draft.anchors import DFLASH_LAYOUT
+from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.model import DSparkDraftModel
 
 
 def dflash_draft(config: DSparkDraftConfig, **kwargs: Any) -> DSparkDraftModel:

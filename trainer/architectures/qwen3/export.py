@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkforge.shared.layer_ids import every_engine_feature_range
-from sparkforge.trainer.draft_config import DSPARK_KEYS, DSparkDraftConfig, serving_config
-from sparkforge.trainer.heads import head_shapes
+from sparkforge.trainer.draft.config import DSPARK_KEYS, DSparkDraftConfig, serving_config
+from sparkforge.trainer.draft.heads import head_shapes
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine

@@ -1,6 +1,6 @@
 """Anchor sampling, the block layouts of DSpark and DFlash, and the per-slot evaluation mask.
 
-Shape suffixes follow the legend in ``sparkforge.trainer.model``.
+Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Draft-side sampling: temperature handling, serial Markov block sampling, the residual law.
 
-Shape suffixes follow the legend in ``sparkforge.trainer.model``.
+Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from sparkforge.trainer.heads import MarkovHead
+from sparkforge.trainer.draft.heads import MarkovHead
 
 GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this are greedy: argmax, one-hot probabilities."""

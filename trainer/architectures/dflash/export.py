@@ -14,8 +14,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.trainer import export_qwen3
-from sparkforge.trainer.draft_config import DSparkDraftConfig, backbone_config
+from sparkforge.trainer.architectures.qwen3 import export as export_qwen3
+from sparkforge.trainer.draft.config import DSparkDraftConfig, backbone_config
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine

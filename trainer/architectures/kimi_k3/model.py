@@ -13,7 +13,7 @@ them for all layers in one fused matmul), as in every DSpark draft.
 Parameter names are the checkpoint keys vLLM's ``K3DSparkForCausalLM`` loads: ``context_proj``
 and ``context_norm`` project the concatenated target features, ``final_norm`` precedes the
 shared lm_head, ``layers.{i}.self_attn.*`` / ``layers.{i}.mlp.*`` as above. Shape suffixes
-follow the legend in ``sparkforge.trainer.model``; R is ``qk_rope_head_dim``.
+follow the legend in ``sparkforge.trainer.draft.model``; R is ``qk_rope_head_dim``.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import functools
 import torch
 from torch import nn
 
-from sparkforge.trainer import draft_forward
-from sparkforge.trainer.anchors import DSPARK_LAYOUT
-from sparkforge.trainer.draft_config import DSparkDraftConfig
-from sparkforge.trainer.draft_forward import AttnImpl, RopeTables, dspark_heads
-from sparkforge.trainer.layers import DSparkLayer, RMSNorm, attend_after_context
-from sparkforge.trainer.model import hf_normal_init
-from sparkforge.trainer.rope import RotaryEmbedding, apply_interleaved_rotary
+from sparkforge.trainer.draft import passes
+from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT
+from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm, attend_after_context
+from sparkforge.trainer.draft.model import hf_normal_init
+from sparkforge.trainer.draft.passes import AttnImpl, RopeTables, dspark_heads
+from sparkforge.trainer.draft.rope import RotaryEmbedding, apply_interleaved_rotary
 
 
 class K3LatentAttention(nn.Module):
@@ -112,17 +112,17 @@ class K3DSparkModel(nn.Module):
         self.apply(functools.partial(hf_normal_init, std=cfg.initializer_range))
         self.set_target_weights(embed_weight, lm_head_weight)
 
-    # ---- the shared DSpark passes (sparkforge.trainer.draft_forward) ----------------------
-    set_target_weights = draft_forward.set_target_weights
-    embed = draft_forward.embed
-    logits = draft_forward.logits
-    confidence = draft_forward.confidence
+    # ---- the shared DSpark passes (sparkforge.trainer.draft.passes) ----------------------
+    set_target_weights = passes.set_target_weights
+    embed = passes.embed
+    logits = passes.logits
+    confidence = passes.confidence
     layout = DSPARK_LAYOUT
-    num_draft_tokens = property(draft_forward.num_draft_tokens)
-    forward = draft_forward.training_forward
-    extend_context = draft_forward.extend_context
-    draft_block = draft_forward.draft_block
-    empty_cache = draft_forward.empty_cache
+    num_draft_tokens = property(passes.num_draft_tokens)
+    forward = passes.training_forward
+    extend_context = passes.extend_context
+    draft_block = passes.draft_block
+    empty_cache = passes.empty_cache
 
     @property
     def norm(self) -> RMSNorm:

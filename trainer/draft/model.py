@@ -19,17 +19,17 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from sparkforge.trainer import draft_forward
-from sparkforge.trainer.anchors import DSPARK_LAYOUT, BlockLayout
-from sparkforge.trainer.draft_config import DSparkDraftConfig
-from sparkforge.trainer.draft_forward import (
+from sparkforge.trainer.draft import passes
+from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT, BlockLayout
+from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm
+from sparkforge.trainer.draft.passes import (
     AttnImpl,
     DraftContextCache,
     DSparkOutput,
     dspark_heads,
 )
-from sparkforge.trainer.layers import DSparkLayer, RMSNorm
-from sparkforge.trainer.rope import RotaryEmbedding
+from sparkforge.trainer.draft.rope import RotaryEmbedding
 
 __all__ = ["AttnImpl", "DSparkDraftModel", "DSparkOutput", "DraftContextCache"]
 
@@ -85,16 +85,16 @@ class DSparkDraftModel(nn.Module):
     def _init_weights(self, module: nn.Module) -> None:
         hf_normal_init(module, self.config.initializer_range)
 
-    # ---- the shared DSpark passes (sparkforge.trainer.draft_forward) ----------------------
-    num_draft_tokens = property(draft_forward.num_draft_tokens)
-    set_target_weights = draft_forward.set_target_weights
-    embed = draft_forward.embed
-    logits = draft_forward.logits
-    confidence = draft_forward.confidence
-    forward = draft_forward.training_forward
-    extend_context = draft_forward.extend_context
-    draft_block = draft_forward.draft_block
-    empty_cache = draft_forward.empty_cache
+    # ---- the shared DSpark passes (sparkforge.trainer.draft.passes) ----------------------
+    num_draft_tokens = property(passes.num_draft_tokens)
+    set_target_weights = passes.set_target_weights
+    embed = passes.embed
+    logits = passes.logits
+    confidence = passes.confidence
+    forward = passes.training_forward
+    extend_context = passes.extend_context
+    draft_block = passes.draft_block
+    empty_cache = passes.empty_cache
 
     def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
         """hidden_norm(fc(concat features)): [B, S, F*H] -> [B, S, H]."""

@@ -1,6 +1,6 @@
 """Qwen3-style draft layers: RMSNorm, gated MLP, KV-injected non-causal attention, the layer.
 
-Shape suffixes follow the legend in ``sparkforge.trainer.model``.
+Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from sparkforge.trainer.draft_config import DSparkDraftConfig
-from sparkforge.trainer.draft_forward import DraftLayer
-from sparkforge.trainer.rope import apply_rotary
+from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.passes import DraftLayer
+from sparkforge.trainer.draft.rope import apply_rotary
 
 
 class RMSNorm(nn.Module):

@@ -13,19 +13,17 @@ from typing import Any, Literal
 
 from torch import nn
 
-from sparkforge.trainer import (
-    export_deepseek_v4,
-    export_dflash,
-    export_gemma4,
-    export_kimi_k3,
-    export_qwen3,
-)
-from sparkforge.trainer.deepseek_v4_draft import DeepseekV4DSparkModel
-from sparkforge.trainer.dflash_draft import dflash_draft
-from sparkforge.trainer.draft_config import DSparkDraftConfig
-from sparkforge.trainer.gemma4_draft import Gemma4DSparkModel
-from sparkforge.trainer.kimi_k3_draft import K3DSparkModel
-from sparkforge.trainer.model import DSparkDraftModel
+from sparkforge.trainer.architectures.deepseek_v4 import export as export_deepseek_v4
+from sparkforge.trainer.architectures.deepseek_v4.model import DeepseekV4DSparkModel
+from sparkforge.trainer.architectures.dflash import export as export_dflash
+from sparkforge.trainer.architectures.dflash.model import dflash_draft
+from sparkforge.trainer.architectures.gemma4 import export as export_gemma4
+from sparkforge.trainer.architectures.gemma4.model import Gemma4DSparkModel
+from sparkforge.trainer.architectures.kimi_k3 import export as export_kimi_k3
+from sparkforge.trainer.architectures.kimi_k3.model import K3DSparkModel
+from sparkforge.trainer.architectures.qwen3 import export as export_qwen3
+from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.draft.model import DSparkDraftModel
 
 Engine = Literal["vllm", "sglang", "any"]
 

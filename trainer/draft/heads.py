@@ -1,6 +1,6 @@
 """The DSpark Markov head (rank-r bigram bias, three variants) and the confidence head.
 
-Shape suffixes follow the legend in ``sparkforge.trainer.model`` (``...``: any leading dims).
+Shape suffixes follow the legend in ``sparkforge.trainer.draft.model`` (``...``: any leading dims).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sparkforge.trainer.draft_config import DSparkDraftConfig
+from sparkforge.trainer.draft.config import DSparkDraftConfig
 
 
 class MarkovHead(nn.Module):

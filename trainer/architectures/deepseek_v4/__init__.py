@@ -1,0 +1,1 @@
+"""The DeepSeek-V4 draft architecture: its layers and its (refused) serving format."""

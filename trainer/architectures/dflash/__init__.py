@@ -1,0 +1,1 @@
+"""The DFlash draft architecture: the Qwen3 backbone with the DFlash block layout."""

@@ -1,0 +1,1 @@
+"""The Qwen3 draft architecture: the shared draft as is, and its serving format."""

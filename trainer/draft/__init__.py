@@ -1,0 +1,1 @@
+"""The draft every architecture shares: config, layers, heads, rope, anchors, passes, model."""
