@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -149,9 +150,13 @@ def _regen_cache(out: Path, ns: argparse.Namespace, temp: str,
 
 
 def _cell(report: dict[str, Any]) -> dict[str, Any]:
-    """One evaluation's speculative tau with its interval, and its calibration."""
+    """One evaluation's speculative tau with its interval, the prompts a half-width of 5% of
+    tau would take (the half-width shrinks as 1/sqrt(prompts)), and its calibration."""
     spec = report["speculative"]
+    half = (spec["tau_ci95"][1] - spec["tau_ci95"][0]) / 2
     return {"tau": spec["tau"], "ci95": spec["tau_ci95"], "prompts": spec["prompts"],
+            "half_width_pct": 100 * half / spec["tau"],
+            "prompts_for_5pct": math.ceil(spec["prompts"] * (half / (0.05 * spec["tau"])) ** 2),
             "ece": spec.get("calibration", {}).get("ece"),
             "abs_error": spec.get("calibration", {}).get("abs_error")}
 
@@ -188,13 +193,14 @@ def _ci(cell: dict[str, Any]) -> str:
 
 def _temperature_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| regenerated at | spec. tau T=0 [95% CI] | spec. tau T=1 [95% CI] | "
-             "teacher-forced tau, own eval split [95% CI] | agree at T=1 | ECE T=1 |",
-             "|---|---|---|---|---|---|"]
+             "teacher-forced tau, own eval split [95% CI] | agree at T=1 | ECE T=1 | "
+             "prompts for +-5% at T=0 / T=1 |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         agree = r["matched_T1"]
         verdict = "-" if agree is None else ("yes" if agree["agree"] else "no")
         lines.append(f"| T={r['regen_temperature']:g} | {_ci(r['T0'])} | {_ci(r['T1'])} | "
-                     f"{_ci(r['teacher_forced'])} | {verdict} | {_fmt(r['T1']['ece'])} |")
+                     f"{_ci(r['teacher_forced'])} | {verdict} | {_fmt(r['T1']['ece'])} | "
+                     f"{r['T0']['prompts_for_5pct']} / {r['T1']['prompts_for_5pct']} |")
     return "\n".join(lines)
 
 
