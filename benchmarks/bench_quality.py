@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -72,6 +73,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval_fraction", type=float, default=0.25,
                    help="the studies' eval split (enough held-out prompts for an interval)")
     p.add_argument("--converge_steps", type=int, default=1200)
+    p.add_argument("--collect", action="store_true",
+                   help="with --study temperature: run nothing, tabulate what is in --out_dir")
     p.add_argument("--sweep", nargs="*", type=int, default=None,
                    help="instead: train the dspark recipe with the SWEEP changes of these "
                         "indices (none given: all; 0 is the recipe unchanged, the main run's "
@@ -149,28 +152,55 @@ def _regen_cache(out: Path, ns: argparse.Namespace, temp: str,
 
 
 def _cell(report: dict[str, Any]) -> dict[str, Any]:
-    """One evaluation's speculative tau with its interval, and its calibration."""
+    """One evaluation's speculative tau with its interval, the prompts a half-width of 5% of
+    tau would take (the half-width shrinks as 1/sqrt(prompts)), and its calibration."""
     spec = report["speculative"]
+    half = (spec["tau_ci95"][1] - spec["tau_ci95"][0]) / 2
     return {"tau": spec["tau"], "ci95": spec["tau_ci95"], "prompts": spec["prompts"],
+            "half_width_pct": 100 * half / spec["tau"],
+            "prompts_for_5pct": math.ceil(spec["prompts"] * (half / (0.05 * spec["tau"])) ** 2),
             "ece": spec.get("calibration", {}).get("ece"),
             "abs_error": spec.get("calibration", {}).get("abs_error")}
 
 
+def _collected(out: Path, name: str) -> dict[str, Any]:
+    """What earlier runs left of one draft's evaluations (for a partial table)."""
+    rec: dict[str, Any] = {"train_s": None}
+    for temp in ("0.0", "1.0"):
+        path = out / "eval" / f"{name}_T{temp}" / "eval_report.json"
+        if path.is_file():
+            rec[f"T{temp}"] = json.loads(path.read_text())
+    return rec
+
+
+def _temperature_row(temp: str, rec: dict[str, Any]) -> dict[str, Any]:
+    """One regeneration temperature's row; an evaluation that did not run is None."""
+    greedy, sampled = rec.get("T0.0"), rec.get("T1.0")
+    either = sampled or greedy   # teacher-forced metrics do not depend on eval's temperature
+    forced = None if either is None else either["teacher_forced"]
+    return {"regen_temperature": float(temp),
+            "T0": None if greedy is None else _cell(greedy),
+            "T1": None if sampled is None else _cell(sampled),
+            "teacher_forced": None if forced is None else {
+                "tau": forced["metrics"]["tau"], "ci95": forced.get("tau_ci95"),
+                "ece": forced.get("calibration", {}).get("ece")},
+            "matched_T1": None if sampled is None else sampled.get("matched", {}).get("agreement"),
+            "train_s": rec["train_s"]}
+
+
 def _temperature_study(out: Path, ns: argparse.Namespace, results: Path) -> int:
-    """Regenerate the same chats at each temperature, train dspark on each, eval at T=0 and 1."""
+    """Regenerate the same chats at each temperature, train dspark on each, eval at T=0 and 1
+    (``--collect``: only tabulate what earlier runs left in ``out``)."""
     timings: dict[str, float] = {}
     rows = []
     for temp in ns.regen_temperatures:
-        cache = _regen_cache(out, ns, temp, timings)
-        rec = _train_and_eval(out, ns, f"regen_T{temp}", cache, [], timings, eval_cache=cache)
-        forced = rec["T1.0"]["teacher_forced"]
-        rows.append({"regen_temperature": float(temp), "T0": _cell(rec["T0.0"]),
-                     "T1": _cell(rec["T1.0"]),
-                     "teacher_forced": {"tau": forced["metrics"]["tau"],
-                                        "ci95": forced.get("tau_ci95"),
-                                        "ece": forced.get("calibration", {}).get("ece")},
-                     "matched_T1": rec["T1.0"].get("matched", {}).get("agreement"),
-                     "train_s": rec["train_s"]})
+        name = f"regen_T{temp}"
+        if ns.collect:
+            rec = _collected(out, name)
+        else:
+            cache = _regen_cache(out, ns, temp, timings)
+            rec = _train_and_eval(out, ns, name, cache, [], timings, eval_cache=cache)
+        rows.append(_temperature_row(temp, rec))
         rows.sort(key=lambda r: r["regen_temperature"])
         (results / "regen_temperature.json").write_text(json.dumps(
             {"command": _command(), "steps": ns.steps, "rows": ns.rows,
@@ -181,20 +211,28 @@ def _temperature_study(out: Path, ns: argparse.Namespace, results: Path) -> int:
     return 0
 
 
-def _ci(cell: dict[str, Any]) -> str:
+def _ci(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "not run"
     lo, hi = cell["ci95"] or (float("nan"), float("nan"))
     return f"{cell['tau']:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
+def _at(cell: dict[str, Any] | None, key: str) -> Any:
+    return None if cell is None else cell[key]
+
+
 def _temperature_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| regenerated at | spec. tau T=0 [95% CI] | spec. tau T=1 [95% CI] | "
-             "teacher-forced tau, own eval split [95% CI] | agree at T=1 | ECE T=1 |",
-             "|---|---|---|---|---|---|"]
+             "teacher-forced tau, own eval split [95% CI] | agree at T=1 | ECE T=1 | "
+             "prompts for +-5% at T=0 / T=1 |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         agree = r["matched_T1"]
         verdict = "-" if agree is None else ("yes" if agree["agree"] else "no")
         lines.append(f"| T={r['regen_temperature']:g} | {_ci(r['T0'])} | {_ci(r['T1'])} | "
-                     f"{_ci(r['teacher_forced'])} | {verdict} | {_fmt(r['T1']['ece'])} |")
+                     f"{_ci(r['teacher_forced'])} | {verdict} | {_fmt(_at(r['T1'], 'ece'))} | "
+                     f"{_at(r['T0'], 'prompts_for_5pct') or '-'} / "
+                     f"{_at(r['T1'], 'prompts_for_5pct') or '-'} |")
     return "\n".join(lines)
 
 

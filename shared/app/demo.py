@@ -122,6 +122,8 @@ def run_demo(out: Path, *, rows: int, train_steps: int, num_prompts: int = 32,
     _run("regenerate", _cli("regenerate", "--data", str(out / "target" / "chat.jsonl"),
                             "--engine.model", str(out / "target"), "--engine.dtype", "float32",
                             "--engine.max_model_len", "512", "--engine.enforce_eager", "true",
+                            # vLLM CPU: sampling (T > 0) with chunked prefill kills the engine
+                            "--engine.enable_chunked_prefill", "false",
                             "--output", str(out / "regenerated"), "--temperature", EVAL_TEMPERATURE,
                             "--max_tokens", "64"), timings)
     _run("produce", _cli("produce", "--config", str(out / "producer.yaml")), timings)
