@@ -10,9 +10,13 @@ def _values(values: Sequence[float], spec: str = ".2f") -> str:
     return " ".join(format(v, spec) for v in values)
 
 
+def _row(label: str, text: str) -> str:
+    return f"  {label:<45}{text}"
+
+
 def _tau(label: str, tau: float, ci: Sequence[float] | None) -> str:
     interval = "" if ci is None else f"  95% CI [{ci[0]:.3f}, {ci[1]:.3f}]"
-    return f"  {label:<40}{tau:.3f}{interval}"
+    return _row(label, f"{tau:.3f}{interval}")
 
 
 def _verdict(matched: Mapping[str, Any]) -> str:
@@ -44,15 +48,14 @@ def summary_lines(report: Mapping[str, Any]) -> str:
     lines = [
         _tau(f"measured tau (T={temperature:g}, {spec['prompts']} prompts):", spec["tau"],
              spec.get("tau_ci95")),
-        f"    acceptance by position:             {_values(spec['acceptance_by_position'])}",
-        f"    trials by position:                 {_values(spec['position_trials'], '.0f')}",
+        _row("  acceptance by position:", _values(spec["acceptance_by_position"])),
+        _row("  trials by position:", _values(spec["position_trials"], ".0f")),
     ]
     if forced:
         lines += [
             _tau(f"teacher-forced tau (T=1, {forced.get('samples', '?')} eval samples):",
                  forced["metrics"]["tau"], forced.get("tau_ci95")),
-            f"    acceptance by position:             "
-            f"{_values(forced['accept_rate_by_position'])}",
+            _row("  acceptance by position:", _values(forced["accept_rate_by_position"])),
         ]
     if "matched" in report:
         lines.append(_verdict(report["matched"]))

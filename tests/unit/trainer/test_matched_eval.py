@@ -48,3 +48,15 @@ def test_the_taus_are_compared_only_on_the_same_distribution(
     assert ("note" in report) is not compared
     if compared:
         assert report["agreement"]["agree"] is True
+
+
+def test_default_eval_measures_at_the_default_regeneration_temperature() -> None:
+    """Out of the box, eval samples at the temperature regenerate samples at: matched."""
+    from sparkforge.producer.config import RegenerateConfig
+    from sparkforge.producer.engine_options import EngineOptions
+    from sparkforge.trainer.job_config import EvalConfig
+
+    regen = RegenerateConfig(data="d", output="o", engine=EngineOptions(model="m"))
+    sampling = [{"temperature": regen.temperature, "top_p": regen.top_p, "top_k": regen.top_k}]
+    evaluation = EvalConfig(draft="d", target="t", out_dir="o", cache="c")
+    assert matched_report(sampling, evaluation.temperature, SPEC, FORCED)["matched"] is True
