@@ -3,8 +3,9 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := producer trainer shared manifests
-# Import names: the four packages plus sparkforge.app, the top layer (folder shared/app).
-MODULES := $(PACKAGES) app
+# Import names: the four packages plus the top layer, sparkforge.app and sparkforge.api (folders
+# shared/app and shared/api).
+MODULES := $(PACKAGES) app api
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export VLLM_CPU_KVCACHE_SPACE ?= 1

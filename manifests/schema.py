@@ -146,6 +146,9 @@ class CacheManifest:
         """The manifest as JSON-ready data (tuples become lists)."""
         out: ManifestJSON = _lists(dataclasses.asdict(self))
         out["storage"]["spec"] = self.storage.spec.to_json()  # its version is format_version
+        _drop_unset(out["data"], ("mix", "mix_seed"))
+        for source in out["data"]["sources"]:
+            _drop_unset(source, ("hf_dataset",))
         return out
 
     @property
@@ -153,6 +156,13 @@ class CacheManifest:
         """The producer-supplied sections."""
         return RunHeader(producer_config=self.producer_config, target=self.target,
                          capture=self.capture, tokenizer=self.tokenizer, data=self.data)
+
+
+def _drop_unset(section: dict[str, Any], keys: tuple[str, ...]) -> None:
+    """Leave out optional keys that are unset, so older manifests round-trip unchanged."""
+    for key in keys:
+        if section.get(key) is None:
+            section.pop(key, None)
 
 
 def _lists(value: Any) -> Any:

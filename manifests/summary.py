@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from sparkforge.manifests.objects import existing_location, stored_objects
@@ -33,7 +35,8 @@ def summarize_cache(uri: str, *,
     """
     loc = existing_location(uri, storage_options)
     m = read_manifest(loc)
-    splits = _split_counts(read_index(loc, m))
+    index = read_index(loc, m)
+    splits = _split_counts(index)
     spec = m.storage.spec
     arrays, unreferenced = _array_bytes(loc, m)
     loc.fs.invalidate_cache(loc.root)
@@ -66,7 +69,41 @@ def summarize_cache(uri: str, *,
         "compression_ratio": logical / data_bytes if data_bytes else None,
         "arrays": arrays, "warnings": _warnings(arrays),
         "feeds": drafts_fed(m),
+        "mix": mix_accounting(m, index),
+        "datasets": [{"uri": src.uri, **dataclasses.asdict(src.hf_dataset)}
+                     for src in m.data.sources if src.hf_dataset is not None],
     }
+
+
+def mix_accounting(m: CacheManifest, index: pa.Table) -> list[dict[str, Any]] | None:
+    """Per mix entry: its weight, rows held and drawn, samples written (and the share of the
+    cache's samples and tokens), rows skipped. None when the cache was not made from a mix."""
+    if m.data.mix is None:
+        return None
+    ids = np.asarray(index.column("sample_id").to_numpy())
+    lengths = np.asarray(index.column("length").to_numpy())
+    total_samples, total_tokens = max(len(ids), 1), max(int(lengths.sum()), 1)
+    out = []
+    for entry in m.data.mix:
+        mine = (ids >= entry.first_sample) & (ids < entry.first_sample + entry.rows)
+        written, tokens = int(mine.sum()), int(lengths[mine].sum())
+        out.append({"name": entry.name, "data": entry.data, "weight": entry.weight,
+                    "source_rows": entry.source_rows, "rows": entry.rows, "written": written,
+                    "skipped_or_failed": entry.rows - written, "tokens": tokens,
+                    "sample_share": written / total_samples, "token_share": tokens / total_tokens})
+    return out
+
+
+def _mix_lines(mix: list[Mapping[str, Any]] | None) -> list[str]:
+    if not mix:
+        return []
+    total_weight = sum(e["weight"] for e in mix)
+    lines = ["", f"{'mix source':<24} {'weight':>7} {'held':>9} {'drawn':>9} {'written':>9} "
+             f"{'skipped':>8} {'samples':>8} {'tokens':>8}"]
+    lines += [f"{e['name'][-24:]:<24} {e['weight'] / total_weight:>7.3f} {e['source_rows']:>9,} "
+              f"{e['rows']:>9,} {e['written']:>9,} {e['skipped_or_failed']:>8,} "
+              f"{e['sample_share']:>8.3f} {e['token_share']:>8.3f}" for e in mix]
+    return lines
 
 
 def drafts_fed(m: CacheManifest) -> dict[str, Any]:
@@ -172,5 +209,8 @@ def summary_table(s: Mapping[str, Any]) -> str:
         r = f"{a['ratio']:.3f}" if a["ratio"] else "-"
         lines.append(f"{name:<14} {a['codec']:<30} {human_bytes(a['logical_bytes']):>10} "
                      f"{human_bytes(a['stored_bytes']):>10} {r:>6}")
+    lines += _mix_lines(s["mix"])
+    lines += [f"dataset         {d['name']} split {d['split']}, revision {d['revision'] or '-'}, "
+              f"fingerprint {d['fingerprint']}" for d in s["datasets"]]
     lines += [f"WARNING: {w}" for w in s["warnings"]]
     return "\n".join(lines)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.mix import MixSource
 
 # Settings that change how a run goes but not a byte of the cache: left out of the cache header, so
 # a resumed run (or another worker) may differ in them. Everything else must match on resume.
@@ -25,12 +26,24 @@ RUN_LOCAL_ENGINE_FIELDS = frozenset({
 class ProducerConfig:
     """``sparkforge produce``: run the frozen target teacher-forced, write a hidden-state cache."""
 
-    data: str
-    """Chat dataset: a JSONL/Parquet file, a folder or a glob, local or any fsspec URI."""
     engine: EngineOptions
     """The target and how vLLM runs it (``engine.model`` is the target checkpoint)."""
     output: str
     """Cache URI: a local path, s3://bucket/prefix, gs://..."""
+    data: str | None = None
+    """Chat dataset: a JSONL/Parquet file, a folder or a glob, local or any fsspec URI; or a
+    Hugging Face dataset, ``hf://<org>/<name>[@<revision>][:<split>]`` (from the local cache)
+    or a ``save_to_disk`` folder (``<folder>[:<split>]``). Give this or ``mix``."""
+    mix: list[MixSource] | None = None
+    """A weighted mix instead of ``data``: entries ``{data, weight[, data_format, column,
+    name]}``, each drawn to its weight's share of ``mix_rows`` (repeated or subsampled)."""
+    mix_rows: int | None = None
+    """Rows of the mix; default: the sources' rows together."""
+    mix_seed: int = 0
+    """Seed of the mix's draws."""
+    data_column: str | None = None
+    """Hugging Face datasets: the conversation column (None: ``messages``, else
+    ``conversations``); ShareGPT ``from``/``value`` turns are mapped to ``role``/``content``."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """fsspec options for ``output``, ``data`` and ``eval_ids`` (e.g. endpoint_url, key, secret)."""
     backend: Literal["vllm", "hf"] = "vllm"
@@ -119,9 +132,12 @@ class ProducerConfig:
         for name in ("topk", "max_retries", "parity_samples", "writer_threads"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("data", "output"):
-            if not getattr(self, name):
-                problems.append(f"--{name} is required")
+        if not self.output:
+            problems.append("--output is required")
+        if bool(self.data) == bool(self.mix):
+            problems.append("give exactly one of --data and --mix")
+        if self.mix_rows is not None and (not self.mix or self.mix_rows < 1):
+            problems.append(f"--mix_rows needs --mix and must be >= 1, got {self.mix_rows}")
         if not 0.0 <= self.eval_fraction <= 1.0:
             problems.append(f"--eval_fraction must be in [0, 1], got {self.eval_fraction}")
         if self.eval_fraction > 0.0 and self.eval_ids is not None:
@@ -167,11 +183,15 @@ class RegenerateConfig:
     """``sparkforge regenerate``: sample new assistant turns with the target (on-policy data)."""
 
     data: str
-    """Chat dataset to regenerate (the last assistant turn, if any, is replaced)."""
+    """Chat dataset to regenerate (the last assistant turn, if any, is replaced): files as for
+    ``produce``, ``hf://<org>/<name>[@<revision>][:<split>]`` or a ``save_to_disk`` folder."""
     engine: EngineOptions
     """The target and how vLLM runs it."""
     output: str
     """Folder URI for the Parquet parts (``part-000000.parquet``, ...)."""
+    data_column: str | None = None
+    """Hugging Face datasets: the conversation column (None: ``messages``, else
+    ``conversations``)."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """fsspec options for ``data`` and ``output``."""
     temperature: float = 1.0

@@ -8,6 +8,7 @@ from typing import Any
 
 from sparkforge.producer.chat import ChatEncoder
 from sparkforge.producer.config import ProducerConfig
+from sparkforge.producer.inputs import InputRows
 from sparkforge.shared.dataset import DataSource
 from sparkforge.shared.header import (
     CaptureInfo,
@@ -35,15 +36,17 @@ def engine_version(backend: str) -> str:
 
 
 def data_info(
-    cfg: ProducerConfig, sources: Sequence[DataSource], *, eval_ids: frozenset[int] | None
+    cfg: ProducerConfig, inputs: InputRows, *, eval_ids: frozenset[int] | None
 ) -> DataInfo:
-    """Where the rows come from and how they split (an id list replaces the fraction)."""
+    """Where the rows come from (a mix's entries too) and how they split (an id list replaces
+    the fraction)."""
     return DataInfo(
-        sources=tuple(SourceInfo(uri=s.uri, content_hash=s.content_hash) for s in sources),
+        sources=inputs.source_infos(), mix=inputs.mix_infos(),
+        mix_seed=cfg.mix_seed if inputs.mix is not None else None,
         eval_fraction=cfg.eval_fraction if eval_ids is None else None,
         eval_ids=None if eval_ids is None else tuple(sorted(eval_ids)),
         seed=cfg.split_seed,
-        regeneration=tuple(sampling_of(r) for r in regeneration_of(sources)),
+        regeneration=tuple(sampling_of(r) for r in regeneration_of(inputs.sources)),
     )
 
 
@@ -68,7 +71,7 @@ def build_header(
     target: TargetInfo,
     hf_layer_ids: HfIndices,
     encoder: ChatEncoder,
-    sources: Sequence[DataSource],
+    inputs: InputRows,
     num_units: int,
     eval_ids: frozenset[int] | None,
     scaling: TargetScaling,
@@ -82,12 +85,12 @@ def build_header(
     engine = cfg.engine
     family = family_of(target.model_type)
     resolved = {
-        "num_rows": sum(s.num_rows for s in sources),
+        "num_rows": inputs.num_rows,
         "num_units": num_units,
-        "source_rows": [s.num_rows for s in sources],
+        "source_rows": [s.num_rows for s in inputs.sources],
         "dspark_feature_ids": list(hf_to_feature(hf_layer_ids)),
         "masking": "generation_tags" if encoder.uses_generation_tags else "prefix_render",
-        "regeneration": regeneration_of(sources),
+        "regeneration": regeneration_of(inputs.sources),
     }
     return RunHeader(
         producer_config={**cfg.identity(), "resolved": resolved},
@@ -108,5 +111,5 @@ def build_header(
         ),
         tokenizer=TokenizerInfo(hash=encoder.tokenizer_hash,
                                 chat_template_sha256=encoder.template_sha256),
-        data=data_info(cfg, sources, eval_ids=eval_ids),
+        data=data_info(cfg, inputs, eval_ids=eval_ids),
     )

@@ -164,7 +164,7 @@ def regenerate(cfg: RegenerateConfig) -> RegenerateSummary:
         return [int(i) for i in out["input_ids"]]
 
     sources = describe_sources(cfg.data, data_format=cfg.data_format,
-                               storage_options=cfg.storage_options)
+                               storage_options=cfg.storage_options, column=cfg.data_column)
     total = num_units(sum(s.num_rows for s in sources), cfg.rows_per_part)
     fs, root = fsspec.core.url_to_fs(cfg.output, **cfg.storage_options)
     fs.makedirs(root, exist_ok=True)

@@ -34,6 +34,7 @@ from sparkforge.producer.capture import (
 from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.header import build_header
+from sparkforge.producer.inputs import InputRows, open_inputs
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
 from sparkforge.producer.summary import RunSummary
@@ -41,7 +42,6 @@ from sparkforge.producer.target_files import resolve_model_dir, target_files, ta
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
 from sparkforge.shared import storage
-from sparkforge.shared.dataset import DatasetError, DataSource, describe_sources, iter_rows
 from sparkforge.shared.io_errors import storage_errors
 from sparkforge.shared.layer_ids import (
     HfIndices,
@@ -77,7 +77,7 @@ class Prepared:
     target_config: dict[str, Any]
     hf_layer_ids: HfIndices
     encoder: ChatEncoder
-    sources: list[DataSource]
+    inputs: InputRows
     num_rows: int
     num_units: int
     eval_ids: frozenset[int] | None
@@ -102,15 +102,11 @@ def prepare(cfg: ProducerConfig) -> Prepared:
     encoder = ChatEncoder(AutoTokenizer.from_pretrained(str(model_dir)),
                           chat_template=cfg.chat_template, reasoning=cfg.reasoning,
                           max_seq_len=cfg.seq_len, overlong=cfg.overlong)
-    sources = describe_sources(cfg.data, data_format=cfg.data_format,
-                               storage_options=cfg.storage_options)
-    num_rows = sum(s.num_rows for s in sources)
-    if not num_rows:
-        raise DatasetError(f"data: {cfg.data} holds no rows ({len(sources)} file(s), all empty)")
+    inputs = open_inputs(cfg)
     return Prepared(
         model_dir=model_dir, target_config=target_config,
-        hf_layer_ids=feature_to_hf(feature_ids), encoder=encoder, sources=sources,
-        num_rows=num_rows, num_units=num_units(num_rows, cfg.rows_per_unit),
+        hf_layer_ids=feature_to_hf(feature_ids), encoder=encoder, inputs=inputs,
+        num_rows=inputs.num_rows, num_units=num_units(inputs.num_rows, cfg.rows_per_unit),
         eval_ids=load_eval_ids(cfg.eval_ids, cfg.storage_options) if cfg.eval_ids else None,
     )
 
@@ -154,7 +150,7 @@ def _hf_source(
 def _open_writer(cfg: ProducerConfig, prep: Prepared) -> CacheWriter:
     header = build_header(cfg, target=target_identity(cfg.engine, prep.model_dir),
                           hf_layer_ids=prep.hf_layer_ids, encoder=prep.encoder,
-                          sources=prep.sources, num_units=prep.num_units, eval_ids=prep.eval_ids,
+                          inputs=prep.inputs, num_units=prep.num_units, eval_ids=prep.eval_ids,
                           scaling=family_of_config(prep.target_config).scaling(prep.target_config))
     spec = CacheSpec(hidden_size=prep.target_config["hidden_size"],
                      num_aux_layers=len(prep.hf_layer_ids), hidden_dtype=cfg.hidden_dtype,
@@ -219,7 +215,8 @@ def run(
     mine = owned_units(prep.num_units, share)
     todo = sorted(set(mine) - writer.committed_units())
     summary = RunSummary(output=cfg.output, worker=share, units_owned=len(mine),
-                         units_todo=len(todo), num_rows=prep.num_rows)
+                         units_todo=len(todo), num_rows=prep.num_rows,
+                         mix=prep.inputs.mix_infos())
     logger.info("worker %d/%d (%s): %d of its %d units to do (cache has %d units)",
                 share.worker_index, share.num_workers, share.origin, len(todo), len(mine),
                 prep.num_units)
@@ -256,8 +253,8 @@ def _capture_units(
                             FailureRun(cfg.max_consecutive_failures), aux_codec=cfg.aux_codec,
                             non_finite=cfg.non_finite)
     todo_set = set(todo)
-    rows = iter_rows(prep.sources, wanted=lambda i: i // cfg.rows_per_unit in todo_set,
-                     batch_rows=cfg.read_batch_rows, storage_options=cfg.storage_options)
+    rows = prep.inputs.rows(wanted=lambda i: i // cfg.rows_per_unit in todo_set,
+                            batch_rows=cfg.read_batch_rows, storage_options=cfg.storage_options)
     start = time.monotonic()
     with tqdm(total=len(todo), unit="unit", disable=not cfg.progress) as bar, \
             UnitWriteQueue(writer, queue_units=cfg.writer_queue_units,
@@ -306,8 +303,8 @@ def writer_threads(cfg: ProducerConfig) -> int:
 
 def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> list[CaptureRequest]:
     requests = []
-    for raw in iter_rows(prep.sources, batch_rows=cfg.read_batch_rows,
-                         storage_options=cfg.storage_options):
+    for raw in prep.inputs.rows(batch_rows=cfg.read_batch_rows,
+                                storage_options=cfg.storage_options):
         encoded = SkipReason.MALFORMED_JSON if raw.row is None else prep.encoder.encode(raw.row)
         if not isinstance(encoded, SkipReason):
             requests.append(CaptureRequest(sample_id=raw.index, input_ids=encoded.input_ids))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sparkforge.producer.units import WorkerShare
+from sparkforge.shared.header import MixInfo
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 
 
@@ -45,6 +47,10 @@ class RunSummary:
     """Uncompressed bytes handed to the writer."""
     seconds: float = 0.0
     finalized: bool = False
+    mix: tuple[MixInfo, ...] | None = None
+    """The weighted mix the rows are drawn from, if any."""
+    mix_written: Counter[str] = field(default_factory=Counter)
+    """Samples written by this run per mix entry."""
 
     def add_unit(self, records: Sequence[SampleRecord], accounting: UnitAccounting) -> None:
         """Count one committed unit."""
@@ -56,6 +62,10 @@ class RunSummary:
         self.tokens += sum(r.num_tokens for r in records)
         self.loss_tokens += sum(int(r.loss_mask.sum()) for r in records)
         self.bytes_raw += sum(_nbytes(r) for r in records)
+        if self.mix:
+            starts = [e.first_sample for e in self.mix]
+            self.mix_written.update(self.mix[bisect.bisect_right(starts, r.sample_id) - 1].name
+                                    for r in records)
 
     def accounting(self) -> UnitAccounting:
         """This run's rows: written, skipped by reason, failed."""
@@ -83,6 +93,9 @@ class RunSummary:
             ("written", f"{self.written:,}"),
             *((f"skipped: {k}", f"{v:,}") for k, v in sorted(self.skipped.items())),
             ("failed", f"{self.failed:,}"),
+            *((f"mix: {e.name}", f"weight {e.weight:g}, {e.rows:,} rows drawn of "
+                                 f"{e.source_rows:,} held, {self.mix_written[e.name]:,} written "
+                                 "now") for e in self.mix or ()),
             ("tokens", f"{self.tokens:,} ({self.loss_tokens:,} with loss)"),
             ("throughput", f"{rate:,.0f} tokens/s over {self.seconds:,.1f} s"),
             ("bytes (raw)", f"{self.bytes_raw / 2**20:,.1f} MiB"),

@@ -1,4 +1,5 @@
-"""Stream chat rows (JSONL or Parquet, any fsspec URI) in bounded batches with a hash per row.
+"""Stream chat rows (JSONL or Parquet, any fsspec URI, or a Hugging Face dataset: see
+``sparkforge.shared.hf_dataset``) in bounded batches with a hash per row.
 
 A file that cannot be read (missing, unreadable, truncated compression, unreachable store) raises
 StorageError naming it; a line that is not a JSON object is a row with an ``error``, never a crash.
@@ -15,6 +16,7 @@ from typing import Any, Literal
 
 import fsspec
 
+from sparkforge.shared import hf_dataset
 from sparkforge.shared.io_errors import storage_errors
 
 logger = logging.getLogger(__name__)
@@ -22,6 +24,7 @@ logger = logging.getLogger(__name__)
 DataFormat = Literal["auto", "jsonl", "parquet"]
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _HASH_BLOCK_BYTES = 8 << 20
+HF_DATASET_KEY = "sparkforge.hf_dataset"
 
 
 class DatasetError(ValueError):
@@ -33,12 +36,16 @@ class DataSource:
     """One input file: where it is, how it is stored, how many rows and what it contains."""
 
     uri: str
-    format: Literal["jsonl", "parquet"]
+    format: Literal["jsonl", "parquet", "hf"]
     num_rows: int
     content_hash: str
-    """sha256 of the file's bytes (JSONL: decompressed, so recompression keeps the identity)."""
+    """sha256 of the file's bytes (JSONL: decompressed, so recompression keeps the identity;
+    a Hugging Face dataset: of its name, revision, split and fingerprint)."""
     metadata: dict[str, Any]
-    """Parquet key-value metadata under ``sparkforge.*`` (e.g. regeneration parameters)."""
+    """Parquet key-value metadata under ``sparkforge.*`` (e.g. regeneration parameters); a
+    Hugging Face dataset's identity under ``HF_DATASET_KEY``."""
+    column: str | None = None
+    """Hugging Face datasets: the conversation column (None: messages, else conversations)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,12 +87,18 @@ def _expand(uri: str, storage_options: Mapping[str, Any]) -> list[str]:
 
 
 def describe_sources(
-    uri: str, *, data_format: DataFormat = "auto", storage_options: Mapping[str, Any] | None = None
+    uri: str, *, data_format: DataFormat = "auto", storage_options: Mapping[str, Any] | None = None,
+    column: str | None = None,
 ) -> list[DataSource]:
     """Resolve ``uri`` (a file, a folder or a glob) into its files with row counts and hashes.
 
+    A Hugging Face dataset (``hf://...`` or a ``save_to_disk`` folder) is one source whose rows
+    are read from ``column``.
+
     One streaming pass per file (bounded memory); Parquet row counts come from the footer.
     """
+    if hf_dataset.is_hf_dataset(uri):
+        return [_describe_hf(uri, column)]
     options = dict(storage_options or {})
     sources = []
     with storage_errors("data", uri):
@@ -98,6 +111,20 @@ def describe_sources(
         sources.append(DataSource(uri=path, format=fmt, num_rows=num_rows, content_hash=digest,
                                   metadata=metadata))
     return sources
+
+
+def _describe_hf(uri: str, column: str | None) -> DataSource:
+    dataset, identity = hf_dataset.open_dataset(hf_dataset.parse_spec(uri))
+    return DataSource(uri=uri, format="hf", num_rows=len(dataset),
+                      content_hash=hf_dataset.content_hash(identity),
+                      metadata={HF_DATASET_KEY: identity}, column=column)
+
+
+def _iter_hf(source: DataSource, wanted: Any) -> Iterator[RawRow]:
+    dataset, _ = hf_dataset.open_dataset(hf_dataset.parse_spec(source.uri))
+    for index, row in hf_dataset.iter_dataset(dataset, wanted, source.column):
+        raw = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
+        yield RawRow(index=index, row=row, content_hash=row_hash(raw.encode()))
 
 
 def _describe_jsonl(path: str, options: Mapping[str, Any]) -> tuple[str, int, dict[str, Any]]:
@@ -198,6 +225,7 @@ def iter_rows(
         rows = (
             _iter_jsonl(source.uri, options, local_wanted)
             if source.format == "jsonl"
+            else _iter_hf(source, local_wanted) if source.format == "hf"
             else _iter_parquet(source.uri, options, local_wanted, batch_rows)
         )
         with storage_errors("data", source.uri):

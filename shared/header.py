@@ -85,11 +85,46 @@ class TokenizerInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HfDatasetInfo:
+    """A Hugging Face dataset's identity."""
+
+    name: str
+    """Hub repo id, or the ``save_to_disk`` folder."""
+    revision: str | None
+    """The Hub snapshot's commit; None for a ``save_to_disk`` folder."""
+    split: str
+    fingerprint: str
+    """``datasets``' fingerprint of the split (changes with its content)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class SourceInfo:
     """One input dataset."""
 
     uri: str
     content_hash: str
+    hf_dataset: HfDatasetInfo | None = dataclasses.field(
+        default=None, metadata={"optional_in_json": True})
+    """Set when the source is a Hugging Face dataset; absent from older manifests."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixInfo:
+    """One source of a weighted mix and what was drawn from it."""
+
+    name: str
+    """The entry's label (its data, unless named)."""
+    data: str
+    weight: float
+    source_rows: int
+    """Rows the source holds."""
+    rows: int
+    """Rows drawn (repeated when above ``source_rows``, subsampled below)."""
+    first_sample: int
+    """Its sample ids are ``[first_sample, first_sample + rows)``."""
+    first_source: int
+    """Its files are ``data.sources[first_source : first_source + num_sources]``."""
+    num_sources: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +152,27 @@ class DataInfo:
         default=(), metadata={"optional_in_json": True})
     """The distinct sampling settings of regenerated sources (empty: none was regenerated, or
     a manifest older than this field)."""
+    mix: tuple[MixInfo, ...] | None = dataclasses.field(
+        default=None, metadata={"optional_in_json": True})
+    """The weighted mix the rows were drawn from (None: every row of ``sources`` once); absent
+    from older manifests."""
+    mix_seed: int | None = dataclasses.field(default=None, metadata={"optional_in_json": True})
+    """Seed of the mix's draws."""
+
+    def identity(self) -> dict[str, Any]:
+        """JSON-ready record of where the rows came from (for checkpoints, loggers, cards):
+        each source (with a dataset's name, revision, split and fingerprint), the mix and how
+        regenerated rows were sampled."""
+        out: dict[str, Any] = {"sources": [
+            {k: v for k, v in dataclasses.asdict(s).items() if v is not None}
+            for s in self.sources]}
+        if self.regeneration:
+            out["regeneration"] = [dataclasses.asdict(r) for r in self.regeneration]
+        if self.mix is not None:
+            out["mix"] = [{"name": e.name, "data": e.data, "weight": e.weight, "rows": e.rows,
+                           "source_rows": e.source_rows} for e in self.mix]
+            out["mix_seed"] = self.mix_seed
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,12 +194,13 @@ class RunHeader:
     def to_json(self) -> dict[str, Any]:
         """The header as stored in ``_meta/header.json`` (unset split rules are left out)."""
         data = dataclasses.asdict(self.data)
-        data["sources"] = [dataclasses.asdict(s) for s in self.data.sources]
+        data["sources"] = [{k: v for k, v in dataclasses.asdict(s).items() if v is not None}
+                           for s in self.data.sources]
         data["regeneration"] = [dataclasses.asdict(r) for r in self.data.regeneration]
-        for key in ("eval_fraction", "eval_ids"):
+        for key in ("eval_fraction", "eval_ids", "mix", "mix_seed"):
             if data[key] is None:
                 del data[key]
-            elif key == "eval_ids":
+            elif key in ("eval_ids", "mix"):
                 data[key] = list(data[key])
         capture = dataclasses.asdict(self.capture)
         capture["layer_ids"] = list(self.capture.layer_ids)
@@ -263,15 +320,21 @@ def parse_sampling(data: object, field: str) -> SamplingInfo:
 def parse_data(data: object) -> DataInfo:
     """The ``data`` section: sources, split rule, seed and regeneration sampling."""
     d = f.obj(data, "data", required=_keys("sources", "seed"),
-              optional=_keys("eval_fraction", "eval_ids", "regeneration"))
+              optional=_keys("eval_fraction", "eval_ids", "regeneration", "mix", "mix_seed"))
     sources = []
     for i, item in enumerate(f.array(d["sources"], "data.sources", max_len=10_000)):
-        s = f.obj(item, f"data.sources[{i}]", required=_keys("uri", "content_hash"))
+        s = f.obj(item, f"data.sources[{i}]", required=_keys("uri", "content_hash"),
+                  optional=_keys("hf_dataset"))
         sources.append(SourceInfo(uri=f.string(s["uri"], f"data.sources[{i}].uri"),
                                   content_hash=f.hexdigest(s["content_hash"],
-                                                           f"data.sources[{i}].content_hash")))
+                                                           f"data.sources[{i}].content_hash"),
+                                  hf_dataset=f.optional(s.get("hf_dataset"), parse_hf_dataset,
+                                                        f"data.sources[{i}].hf_dataset")))
     eval_ids = d.get("eval_ids")
+    mix = d.get("mix")
     return DataInfo(
+        mix=None if mix is None else parse_mix(mix, len(sources)),
+        mix_seed=f.optional(d.get("mix_seed"), f.integer, "data.mix_seed", hi=(1 << 63) - 1),
         sources=tuple(sources),
         eval_fraction=f.optional(d.get("eval_fraction"), f.number, "data.eval_fraction",
                                  lo=0.0, hi=1.0),
@@ -282,6 +345,42 @@ def parse_data(data: object) -> DataInfo:
         regeneration=tuple(parse_sampling(r, f"data.regeneration[{i}]") for i, r in enumerate(
             f.array(d.get("regeneration", []), "data.regeneration", max_len=10_000))),
     )
+
+
+def parse_hf_dataset(data: object, field: str) -> HfDatasetInfo:
+    """A source's ``hf_dataset`` identity."""
+    d = f.obj(data, field, required=_keys("name", "revision", "split", "fingerprint"))
+    return HfDatasetInfo(
+        name=f.string(d["name"], f"{field}.name"),
+        revision=f.optional(d["revision"], f.string, f"{field}.revision", max_len=256),
+        split=f.string(d["split"], f"{field}.split", max_len=256),
+        fingerprint=f.string(d["fingerprint"], f"{field}.fingerprint", max_len=256))
+
+
+def parse_mix(data: object, num_sources: int) -> tuple[MixInfo, ...]:
+    """``data.mix``: entries whose sample ranges follow each other and whose files exist."""
+    entries: list[MixInfo] = []
+    for i, item in enumerate(f.array(data, "data.mix", max_len=10_000)):
+        field = f"data.mix[{i}]"
+        d = f.obj(item, field, required=_keys("name", "data", "weight", "source_rows", "rows",
+                                              "first_sample", "first_source", "num_sources"))
+        entry = MixInfo(
+            name=f.string(d["name"], f"{field}.name"), data=f.string(d["data"], f"{field}.data"),
+            weight=f.number(d["weight"], f"{field}.weight", lo=0.0, hi=1e12),
+            source_rows=f.integer(d["source_rows"], f"{field}.source_rows"),
+            rows=f.integer(d["rows"], f"{field}.rows"),
+            first_sample=f.integer(d["first_sample"], f"{field}.first_sample"),
+            first_source=f.integer(d["first_source"], f"{field}.first_source"),
+            num_sources=f.integer(d["num_sources"], f"{field}.num_sources", lo=1))
+        prev = entries[-1] if entries else None
+        if entry.first_sample != (0 if prev is None else prev.first_sample + prev.rows):
+            raise f.fail(f"{field}.first_sample", "the end of the previous entry's rows",
+                         entry.first_sample)
+        if entry.first_source + entry.num_sources > num_sources:
+            raise f.fail(f"{field}.num_sources", f"files within the {num_sources} data.sources",
+                         entry.num_sources)
+        entries.append(entry)
+    return tuple(entries)
 
 
 def parse_header(data: object) -> RunHeader:

@@ -83,15 +83,16 @@ def parse_export(prog: str, description: str, argv: Sequence[str]) -> ExportConf
                         help="ship exact copies of the target's embed_tokens / lm_head")
     parser.add_argument("--overwrite", type=bool, default=False,
                         help="replace a non-empty OUT_DIR")
+    parser.add_argument("--eval_report", type=str | None, default=None,
+                        help="eval_report.json of sparkforge eval, tabled in the model card")
     return ExportConfig(**vars(parser.parse_args(list(argv))))
 
 
 def run_export(cfg: ExportConfig) -> int:
-    """Write the servable draft."""
-    from sparkforge.trainer.export import export_checkpoint
+    """Write the servable draft and its model card."""
+    from sparkforge.trainer.export import export_from_config
 
-    out = export_checkpoint(cfg.ckpt, cfg.out_dir, engine=cfg.engine,
-                            include_embeddings=cfg.include_embeddings, overwrite=cfg.overwrite)
+    out = export_from_config(cfg)
     print(f"exported {cfg.ckpt} -> {out}")
     return 0
 

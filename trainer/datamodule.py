@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from collections import Counter
 from typing import Any
@@ -14,6 +15,8 @@ from torch.utils.data import DataLoader
 
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.schema import CacheManifest
+from sparkforge.shared import storage
+from sparkforge.shared.layout import MANIFEST_KEY
 from sparkforge.shared.reader import CacheReader
 from sparkforge.shared.target_config import parse_target_config
 from sparkforge.trainer.data import CacheStream, ResumableLoader, load_split_index
@@ -76,7 +79,8 @@ class CacheDataModule(L.LightningDataModule):
             problems.append(f"data.batching={batching!r} must be 'pad' or 'bucket'")
         if problems:
             raise ValueError("invalid data config:\n  " + "\n  ".join(problems))
-        self.save_hyperparameters()
+        # storage_options may hold credentials: kept out of the hparams that loggers publish.
+        self.save_hyperparameters(ignore=["storage_options"])
         self.uri, self.storage_options = uri, storage_options
         self.max_seq_len, self.batch_size, self.batching = max_seq_len, batch_size, batching
         self.shuffle_buffer, self.pool_batches, self.seed = shuffle_buffer, pool_batches, seed
@@ -128,9 +132,13 @@ class CacheDataModule(L.LightningDataModule):
         return load_safetensors(self.reader.target_file("weights.safetensors"))
 
     def provenance(self) -> dict[str, Any]:
-        """Where the training data came from, for checkpoints and exports."""
+        """Where the training data came from, for checkpoints, exports and experiment loggers:
+        the cache (its manifest's sha256 included), its target and its data's identity."""
         m = self.reader.manifest
+        manifest = storage.read_bytes(self.reader.loc, MANIFEST_KEY)
         return {"cache_uri": self.uri, "cache_created_at": m.created_at,
+                "cache_manifest_sha256": hashlib.sha256(manifest).hexdigest(),
+                "data": m.data.identity(),
                 "cache_sparkforge_version": m.sparkforge_version, "cache_git_sha": m.git_sha,
                 "target_name_or_path": m.target.name_or_path,
                 "target_content_hash": m.target.content_hash,

@@ -24,6 +24,8 @@ from safetensors.torch import save_file
 from sparkforge.shared.provenance import package_version
 from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of
 from sparkforge.trainer.draft.config import DSparkDraftConfig
+from sparkforge.trainer.job_config import ExportConfig
+from sparkforge.trainer.model_card import CARD_FILE, model_card
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +77,10 @@ def export_draft(
     include_embeddings: bool = True,
     provenance: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    eval_report: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Check and write the servable draft directory; nothing is written if a check fails.
+    """Check and write the servable draft directory, with its model card (``README.md``, the
+    eval table from ``eval_report`` when given); nothing is written if a check fails.
 
     Raises:
         ExportError: listing every serving and key-set problem.
@@ -99,6 +103,11 @@ def export_draft(
     info = {"draft_config": cfg.to_dict(), "engine_checked": engine, "versions": _versions(),
             **dict(provenance or {})}
     (tmp / "sparkforge_export.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    sizes = {"draft_parameters": sum(v.numel() for k, v in bf16.items() if k not in OPTIONAL_KEYS),
+             "shared_embedding_parameters": sum(v.numel() for k, v in bf16.items()
+                                                if k in OPTIONAL_KEYS)}
+    (tmp / CARD_FILE).write_text(model_card(cfg, info, draft_dir=str(out), sizes=sizes,
+                                            eval_report=eval_report))
     if out.exists():
         shutil.rmtree(out)
     tmp.replace(out)
@@ -121,9 +130,12 @@ def read_checkpoint(
         raise ExportError(f"{ckpt_path} has no draft_config: not a sparkforge train checkpoint")
     provenance = {"checkpoint": str(ckpt_path), "global_step": ckpt.get("global_step"),
                   "epoch": ckpt.get("epoch"), **ckpt.get("sparkforge_provenance", {})}
-    loss = ckpt.get("hyper_parameters", {}).get("loss")
+    hparams = ckpt.get("hyper_parameters", {})
+    loss = hparams.get("loss")
     if loss is not None:  # the run's loss settings: eval measures with them
         provenance["loss"] = dict(loss)
+    provenance["training"] = {k: hparams[k] for k in ("recipe", "optimizer", "scheduler", "seed")
+                              if k in hparams}
     cfg = DSparkDraftConfig.from_dict(ckpt["draft_config"])
     return cfg, draft_tensors(ckpt["state_dict"]), provenance
 
@@ -132,6 +144,15 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, **kwargs: Any)
     """Export a ``sparkforge train`` Lightning checkpoint (see ``export_draft`` for options)."""
     cfg, tensors, provenance = read_checkpoint(ckpt_path)
     return export_draft(cfg, tensors, out_dir, provenance=provenance, **kwargs)
+
+
+def export_from_config(cfg: ExportConfig) -> Path:
+    """``sparkforge export``: the checkpoint's draft and model card, with ``cfg.eval_report``'s
+    table when given."""
+    report = None if cfg.eval_report is None else json.loads(Path(cfg.eval_report).read_text())
+    return export_checkpoint(cfg.ckpt, cfg.out_dir, engine=cfg.engine,
+                             include_embeddings=cfg.include_embeddings, overwrite=cfg.overwrite,
+                             eval_report=report)
 
 
 def config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:

@@ -23,6 +23,9 @@ class ExportConfig:
     """Ship exact copies of the target's embed_tokens / lm_head (engines share them when equal)."""
     overwrite: bool = False
     """Replace an existing export in ``out_dir`` instead of refusing."""
+    eval_report: str | None = None
+    """An ``eval_report.json`` of ``sparkforge eval`` whose tau, acceptance by position and
+    calibration go into the model card (``README.md``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

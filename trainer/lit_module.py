@@ -135,6 +135,19 @@ class DSparkLitModule(L.LightningModule):
         self.build(self.draft.draft_config(dm.target_config()), dm.target_weights())
         self._provenance = dm.provenance() if hasattr(dm, "provenance") else {}
 
+    def on_fit_start(self) -> None:
+        """Log the run's config (this module's and the data module's hyperparameters) with the
+        cache's provenance (manifest sha256, target, data identity) as hyperparameters.
+
+        Lightning has logged the config alone by now; this call repeats it whole because
+        TensorBoard keeps only the last hparams record. Loggers write on rank 0 only.
+        """
+        dm = getattr(self.trainer, "datamodule", None)
+        params = {**(dict(dm.hparams_initial) if dm is not None else {}),
+                  **dict(self.hparams_initial), "cache": self._provenance}
+        for lg in self.loggers:
+            lg.log_hyperparams(params)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Store the resolved draft config so export and eval need no cache."""
         assert self.model is not None

@@ -53,6 +53,16 @@ def check_resume_target(trainer: L.Trainer, ckpt_path: str | None) -> None:
         )
 
 
+def finish_wandb_runs(trainer: L.Trainer) -> None:
+    """Finish the run of each W&B logger (rank 0): Lightning leaves it open, so its last records
+    would wait for interpreter exit and a second ``train()`` in a notebook would log into it."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for lg in trainer.loggers:
+        if isinstance(lg, WandbLogger) and trainer.is_global_zero:
+            lg.experiment.finish()
+
+
 def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
           ckpt_path: str | None = None) -> dict[str, Any]:
     """Validate the cache, fit (resuming from ``ckpt_path`` when given) and return a summary.
@@ -65,6 +75,7 @@ def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
     check_resume_target(trainer, ckpt_path)
     check_cache(model, data, trainer)
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    finish_wandb_runs(trainer)
     callback = trainer.checkpoint_callback
     summary = {
         "global_step": trainer.global_step,

@@ -22,15 +22,17 @@ from sparkforge.trainer.schedule import build_optimizer, build_scheduler
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-def _launch(cache: str, out: Path) -> None:
+def _launch(cache: str, out: Path, worker: Path = WORKER) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
     for rank in range(2):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "NODE_RANK": "0"}
-        procs.append(subprocess.Popen([sys.executable, "-P", str(WORKER), cache, str(out)],
+               "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "NODE_RANK": "0",
+               "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+               "PYTHONPATH": str(WORKER.parent)}  # workers import ddp_worker's settings
+        procs.append(subprocess.Popen([sys.executable, "-P", str(worker), cache, str(out)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     logs = [p.communicate(timeout=300)[0].decode() for p in procs]
     for p, log in zip(procs, logs, strict=True):
@@ -79,3 +81,23 @@ def test_ddp_ranks_are_disjoint_and_match_single_process(tiny_cache: str, tmp_pa
     assert not torch.equal(final["fc.weight"], initial["fc.weight"])
     for name, value in final.items():
         torch.testing.assert_close(replayed[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_loggers_write_once_from_rank_zero(tiny_cache: str, tmp_path: Path) -> None:
+    """Under 2-rank DDP, TensorBoard and W&B each write one run (rank 0's), with every step's
+    metrics: rank 1 writes no event file and starts no W&B run."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    import wandb_records
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _launch(tiny_cache, tmp_path, Path(__file__).with_name("ddp_logger_worker.py"))
+    [events_file] = list(tmp_path.glob("tb/version_*/events.out.tfevents.*"))
+    events = EventAccumulator(str(events_file.parent))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/tau")] == list(range(1, STEPS + 1))
+    [record_file] = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    taus = [row["train/tau"] for row in wandb_records.history(record_file) if "train/tau" in row]
+    assert len(taus) == STEPS
+    assert "cache_manifest_sha256" in wandb_records.config(record_file)["cache"]

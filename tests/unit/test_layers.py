@@ -1,4 +1,4 @@
-"""The layers import downwards only: shared <- manifests <- {producer, trainer} <- app."""
+"""The layers import downwards only: shared <- manifests <- {producer, trainer} <- {app, api}."""
 
 from __future__ import annotations
 
@@ -9,17 +9,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "shared" / "app"
+API = ROOT / "shared" / "api"
 # package -> the sparkforge packages it may import (itself included).
 ALLOWED = {
     "shared": {"shared"},
     "manifests": {"shared", "manifests"},
     "producer": {"shared", "manifests", "producer"},
     "trainer": {"shared", "manifests", "trainer"},
-    "app": {"shared", "manifests", "producer", "trainer", "app"},
+    "app": {"shared", "manifests", "producer", "trainer", "app", "api"},
+    "api": {"shared", "manifests", "producer", "trainer", "app", "api"},
 }
 
 
 def _package_of(path: Path) -> str:
+    if path.is_relative_to(API):
+        return "api"
     return "app" if path.is_relative_to(APP) else path.relative_to(ROOT).parts[0]
 
 
@@ -51,3 +55,4 @@ def test_the_app_layer_exists_and_is_checked() -> None:
     assert {p.name for p in MODULES if _package_of(p) == "app"} >= {"cli.py", "demo.py",
                                                                     "tiny_target.py"}
     assert _imported_packages(APP / "cli.py") >= {"manifests", "producer", "trainer"}
+    assert {p.name for p in MODULES if _package_of(p) == "api"} == {"__init__.py"}

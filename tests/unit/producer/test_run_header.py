@@ -9,6 +9,7 @@ import pytest
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.header import build_header
+from sparkforge.producer.inputs import InputRows
 from sparkforge.shared.dataset import DataSource
 from sparkforge.shared.header import RunHeader, TargetInfo
 from sparkforge.shared.layer_ids import HfIndices
@@ -29,7 +30,8 @@ def test_built_header_parses_at_write_time(eval_ids: frozenset[int] | None) -> N
     sources = [DataSource(uri="d.jsonl", format="jsonl", num_rows=9, content_hash="01" * 32,
                           metadata={})]
     header = build_header(cfg, target=TARGET, hf_layer_ids=HfIndices((1, 2)), encoder=ENCODER,  # type: ignore[arg-type]
-                          sources=sources, num_units=3, eval_ids=eval_ids,
+                          inputs=InputRows(sources=sources, num_rows=9), num_units=3,
+                          eval_ids=eval_ids,
                           scaling=TargetScaling(embedding_scale=8.0, final_logit_softcapping=30.0))
     assert RunHeader.from_json(header.to_json()) == header
     assert header.capture.scaling == TargetScaling(embedding_scale=8.0,
@@ -51,7 +53,8 @@ def test_regeneration_sampling_of_the_sources_is_typed_into_the_data_section() -
                           metadata={} if params is None else {"sparkforge.regenerate": params})
                for i, params in enumerate([new, new, old, None])]
     header = build_header(cfg, target=TARGET, hf_layer_ids=HfIndices((1, 2)), encoder=ENCODER,  # type: ignore[arg-type]
-                          sources=sources, num_units=1, eval_ids=None, scaling=TargetScaling())
+                          inputs=InputRows(sources=sources, num_rows=16), num_units=1,
+                          eval_ids=None, scaling=TargetScaling())
     assert RunHeader.from_json(header.to_json()) == header
     got = {(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens)
            for s in header.data.regeneration}

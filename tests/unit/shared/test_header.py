@@ -56,3 +56,18 @@ def test_header_without_scaling_fields_reads_the_family_default(model_type: str,
         del data["capture"][key]
     capture = RunHeader.from_json(data).capture
     assert (capture.embedding_scale, capture.final_logit_softcapping) == (scale, None)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"first_sample": 1}, r"data.mix\[0\].first_sample"),
+    ({"num_sources": 2}, r"data.mix\[0\].num_sources"),
+    ({"weight": "x"}, r"data.mix\[0\].weight"),
+])
+def test_bad_mix_names_its_field(change: dict, message: str) -> None:
+    """A mix entry whose samples leave a gap, or that names missing files, is refused."""
+    header = make_run_header(SMALL_SPEC).to_json()
+    header["data"]["mix"] = [{"name": "a", "data": "a.jsonl", "weight": 1.0, "source_rows": 3,
+                              "rows": 3, "first_sample": 0, "first_source": 0,
+                              "num_sources": 1, **change}]
+    with pytest.raises(ManifestError, match=message):
+        RunHeader.from_json(header)

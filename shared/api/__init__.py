@@ -1,0 +1,143 @@
+"""The Python API: every ``sparkforge`` job as a function over the configs its command parses.
+
+``from sparkforge.api import produce, train, evaluate, export``. ``sparkforge`` itself stays a
+namespace package, so the functions live here rather than on ``sparkforge``. Each function is
+what its command runs, minus the printing: the command line is a thin layer that parses into the
+same config, calls the same job and prints what it returns. Torch, vLLM and Lightning load only
+when a job runs.
+
+Configs: :class:`ProducerConfig` (``produce``), :class:`RegenerateConfig` (``regenerate``),
+:class:`EvalConfig` (``evaluate``), :class:`ExportConfig` (``export``); ``train`` takes the
+sections of a ``sparkforge train --config`` YAML (``model``, ``data``, ``trainer``), whose values
+may be the trainer's own dataclasses (:class:`DraftSpec`, :class:`LossSpec`, ...).
+:func:`load_config` reads any of the dataclass configs from a YAML file, as ``--config`` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import yaml
+
+from sparkforge.manifests.summary import summarize_cache
+from sparkforge.manifests.validate import ValidationReport, validate_cache
+from sparkforge.producer.config import ProducerConfig, RegenerateConfig
+from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.mix import MixSource
+from sparkforge.trainer.job_config import EvalConfig, ExportConfig
+from sparkforge.trainer.run_config import DraftSpec, LossSpec
+
+if TYPE_CHECKING:
+    from sparkforge.producer.regenerate import RegenerateSummary
+    from sparkforge.producer.summary import RunSummary
+
+__all__ = ["DraftSpec", "EngineOptions", "EvalConfig", "ExportConfig", "LossSpec", "MixSource",
+           "ProducerConfig", "RegenerateConfig", "eval", "evaluate", "export", "inspect",
+           "load_config", "produce", "regenerate", "train", "validate"]
+
+ConfigT = TypeVar("ConfigT")
+
+
+def load_config(config: type[ConfigT], path: str | Path, *overrides: str) -> ConfigT:
+    """A config dataclass from a YAML file and ``--field value`` overrides, as the CLI parses it.
+
+    Raises:
+        ValueError: a value the config refuses (every problem listed).
+    """
+    from sparkforge.app.cli import parse_dataclass
+
+    try:
+        parsed: ConfigT = parse_dataclass(config.__name__, "", config,
+                                          ["--config", str(path), *overrides])
+    except SystemExit as exc:  # the parser's own exit on a bad option
+        raise ValueError(f"cannot parse {path} into {config.__name__}") from exc
+    return parsed
+
+
+def produce(cfg: ProducerConfig) -> RunSummary:
+    """``sparkforge produce``: capture this worker's share of the cache; the run's accounting
+    (``.table()`` is what the command prints)."""
+    from sparkforge.producer.run import run
+
+    return run(cfg)
+
+
+def regenerate(cfg: RegenerateConfig) -> RegenerateSummary:
+    """``sparkforge regenerate``: sample on-policy assistant turns into Parquet parts."""
+    from sparkforge.producer.regenerate import regenerate as run_regenerate
+
+    return run_regenerate(cfg)
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses (DraftSpec, LossSpec, ...) and tuples as the plain YAML the CLI reads."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def train(config: Mapping[str, Any] | str | Path, *overrides: str) -> dict[str, Any]:
+    """``sparkforge train``: check the cache against the run, fit, return the summary
+    (``global_step``, ``last_checkpoint``, ``log_dir``, ``metrics``).
+
+    Args:
+        config: A ``sparkforge train --config`` YAML file, or its sections as a mapping.
+        overrides: Dotted command-line overrides, e.g. ``"--trainer.max_steps", "100"``.
+
+    Raises:
+        ValueError: a config value the model, data module or trainer refuses, or a cache that
+            does not fit the run (CacheContractError).
+    """
+    from sparkforge.trainer.cli import train_cli
+    from sparkforge.trainer.run import train as fit
+
+    with tempfile.TemporaryDirectory(prefix="sparkforge-train-") as tmp:
+        path = Path(tmp) / "config.yaml"
+        if isinstance(config, Mapping):
+            path.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
+        else:
+            path = Path(config)
+        try:
+            cli = train_cli(["--config", str(path), *overrides])
+        except SystemExit as exc:  # the parser's own exit on a bad option
+            raise ValueError(f"sparkforge train rejected the config {config!r}") from exc
+    return fit(cli.model, cli.datamodule, cli.trainer, ckpt_path=cli.config["ckpt_path"])
+
+
+def evaluate(cfg: EvalConfig) -> dict[str, Any]:
+    """``sparkforge eval``: speculative decoding against the target (tau with its 95% interval,
+    acceptance by position, calibration) and the teacher-forced table; the report written to
+    ``cfg.out_dir/eval_report.json``."""
+    from sparkforge.trainer.eval import run_eval
+
+    return run_eval(cfg)
+
+
+eval = evaluate  # the command's own name
+"""``sparkforge eval`` under its command name (shadows the builtin only inside this module)."""
+
+
+def export(cfg: ExportConfig) -> Path:
+    """``sparkforge export``: the servable draft folder with its model card (``README.md``)."""
+    from sparkforge.trainer.export import export_from_config
+
+    return export_from_config(cfg)
+
+
+def validate(cache: str, *, deep: bool = False,
+             storage_options: Mapping[str, Any] | None = None) -> ValidationReport:
+    """``sparkforge validate``: every problem of a cache (``.valid``, ``.problems``)."""
+    return validate_cache(cache, deep=deep, storage_options=storage_options)
+
+
+def inspect(cache: str, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``sparkforge inspect --json``: the cache's summary (mix accounting included)."""
+    return summarize_cache(cache, storage_options=storage_options)

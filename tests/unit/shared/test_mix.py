@@ -1,0 +1,82 @@
+"""Weighted mixes: shares by weight, seeded repeats and subsamples, rows in sample-id order."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparkforge.shared.dataset import DatasetError
+from sparkforge.shared.mix import MixSource, draw_rows, iter_mix_rows, plan_mix, quotas
+
+
+@pytest.mark.parametrize(("weights", "num_rows", "expected"), [
+    ([1, 1], 10, [5, 5]),
+    ([0.6, 0.3, 0.1], 10, [6, 3, 1]),
+    ([1, 1, 1], 10, [4, 3, 3]),         # the tie goes to the first source
+    ([2, 1], 7, [5, 2]),                # 4.67 / 2.33: the larger remainder rounds up
+    ([0.5, 0.5], 1, [1, 0]),
+])
+def test_quotas_split_rows_by_weight_and_sum_exactly(weights: list[float], num_rows: int,
+                                                     expected: list[int]) -> None:
+    """Largest remainders, computed by hand."""
+    assert quotas(weights, num_rows) == expected
+
+
+def test_draws_repeat_whole_then_subsample_without_replacement() -> None:
+    """7 of 3 rows: every row twice, one more once; 2 of 5 rows: two distinct rows."""
+    draws = draw_rows(3, 7, seed=0, index=0)
+    counts = Counter(draws.tolist())
+    assert sorted(counts.values()) == [2, 2, 3]
+    assert set(counts) == {0, 1, 2}
+    sub = draw_rows(5, 2, seed=0, index=1)
+    assert len(set(sub.tolist())) == 2
+    assert list(sub) == sorted(sub)
+    assert np.array_equal(draw_rows(5, 2, seed=0, index=1), sub)  # deterministic
+    others = {tuple(draw_rows(50, 5, seed=s, index=1).tolist()) for s in range(5)}
+    assert len(others) > 1  # the seed matters
+
+
+def _source(tmp_path: Path, name: str, n: int) -> str:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"id": f"{name}{i}"}) + "\n" for i in range(n)))
+    return str(path)
+
+
+def test_mix_rows_come_in_sample_id_order_with_their_source(tmp_path: Path) -> None:
+    """A 3-row source weighted 2:1 against a 10-row one in a 9-row mix: drawn 6 (each row
+    twice) and 3 (subsampled); sample ids are contiguous per source."""
+    plan = plan_mix([MixSource(data=_source(tmp_path, "a", 3), weight=2.0),
+                     MixSource(data=_source(tmp_path, "b", 10), weight=1.0, name="bee")],
+                    num_rows=9, seed=7)
+    rows = list(iter_mix_rows(plan))
+    assert [r.index for r in rows] == list(range(9))
+    ids = [r.row["id"] for r in rows if r.row is not None]
+    assert ids[:6] == ["a0", "a0", "a1", "a1", "a2", "a2"]
+    assert len(set(ids[6:])) == 3
+    assert all(i.startswith("b") for i in ids[6:])
+    assert [e.label for e in plan] == [plan[0].source.data, "bee"]
+    again = plan_mix([MixSource(data=plan[0].source.data, weight=2.0),
+                      MixSource(data=plan[1].source.data, weight=1.0)], num_rows=9, seed=7)
+    assert [r.row for r in iter_mix_rows(again)] == [r.row for r in rows]
+
+
+def test_wanted_filters_sample_ids_not_source_rows(tmp_path: Path) -> None:
+    """Only the wanted sample ids are yielded, with the row each one drew."""
+    plan = plan_mix([MixSource(data=_source(tmp_path, "a", 2), weight=1.0)], num_rows=5, seed=0)
+    everything = {r.index: r.row for r in iter_mix_rows(plan)}
+    some = {r.index: r.row for r in iter_mix_rows(plan, wanted=lambda i: i in (1, 4))}
+    assert some == {1: everything[1], 4: everything[4]}
+
+
+def test_empty_source_and_bad_weight_are_refused(tmp_path: Path) -> None:
+    """A source with no rows names itself; a non-positive weight names the entry."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DatasetError, match="empty.jsonl holds no rows"):
+        plan_mix([MixSource(data=str(empty), weight=1.0)], num_rows=None, seed=0)
+    with pytest.raises(ValueError, match="weight must be > 0, got 0"):
+        MixSource(data="x.jsonl", weight=0)
