@@ -15,7 +15,6 @@ from sparkforge.shared.header import (
     DataInfo,
     RunHeader,
     SamplingInfo,
-    SourceInfo,
     TargetInfo,
     TokenizerInfo,
 )

@@ -40,7 +40,7 @@ from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.matched_eval import FORCED_TEMPERATURE, matched_report, split_sampling
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
-from sparkforge.trainer.report import reliability_bins, tau_interval, write_report
+from sparkforge.trainer.report import reliability_bins, write_report
 from sparkforge.trainer.run_config import LossSpec
 from sparkforge.trainer.speculative import speculative_generate
 
