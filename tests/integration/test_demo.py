@@ -12,7 +12,8 @@ import pytest
 
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
-    """`sparkforge demo` runs every stage on the code target and prints acceptance by position."""
+    """`sparkforge demo` runs every stage on the code target and prints both taus with their
+    intervals, acceptance by position and whether the two agree."""
     out = tmp_path / "demo"
     result = subprocess.run(
         [sys.executable, "-P", "-m", "sparkforge.app.cli", "demo", "--out_dir", str(out),
@@ -37,6 +38,11 @@ def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
     assert "measured tau" in result.stdout
     k = 7   # trainer/examples/code_target.yaml's block size
     assert len(report["speculative"]["acceptance_by_position"]) == k
-    shown = [line for line in result.stdout.splitlines() if "acceptance by position" in line]
+    summary = result.stdout.split("=== demo summary", 1)[1]
+    shown = [line for line in summary.splitlines() if "acceptance by position" in line]
     assert len(shown) == 2
     assert all(len(line.split(":", 1)[1].split()) == k for line in shown)
+    # regenerated at the temperature it evaluates at: the two taus are compared, with intervals
+    assert report["matched"]["matched"] is True
+    assert "agreement" in report["matched"]
+    assert summary.count("95% CI") == 3
