@@ -19,7 +19,7 @@ export VLLM_HOST_IP := 127.0.0.1
 # `import torchvision` fails on the CPU torch; the +cpu build is only on download.pytorch.org.
 install:
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@find $(PACKAGES) -name '*.py' -o -name '*.json' -o -name '*.safetensors' | sort > $(VENV)/modules.new
+	@find $(PACKAGES) -name '*.py' -o -name '*.json' -o -name '*.safetensors' -o -name '*.yaml' | sort > $(VENV)/modules.new
 	@if ! cmp -s $(VENV)/modules.new $(VENV)/modules.txt || [ pyproject.toml -nt $(VENV)/modules.txt ]; then \
 	  $(BIN)/pip install -q -e '.[cpu,dev]' --config-settings editable_mode=strict || exit 1; \
 	  $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true; \

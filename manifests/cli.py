@@ -28,12 +28,13 @@ from sparkforge.manifests.status import DEFAULT_WINDOW_S, StatusReader, status_t
 from sparkforge.manifests.summary import summarize_cache, summary_table
 from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
 from sparkforge.shared.dtypes import HiddenDtype
+from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.fields import shorten
 from sparkforge.shared.layer_ids import LayerIdError, feature_to_hf, strided_feature_ids
 from sparkforge.shared.layout import CacheSpec
 
 
-class UsageError(ValueError):
+class UsageError(ConfigError):
     """A bad command line (exit code 2)."""
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparkforge.manifests.schema import CacheManifest
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.layer_ids import feature_to_hf, missing_features
 from sparkforge.shared.target_families import FeatureSemantics, FinalSemantics, TargetScaling
 
@@ -24,7 +25,7 @@ HIDDEN_DTYPES = ("bfloat16", "float16", "float32")
 EMPTY_TRAIN_SPLIT = "the cache's train split is empty"
 
 
-class CacheContractError(ValueError):
+class CacheContractError(SparkforgeError):
     """Raised when a cache cannot feed a training run; the message lists every mismatch."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.records import UnitAccounting
 
 # What a run that wrote nothing most likely got wrong, by the reason that skipped its rows.
@@ -19,7 +20,7 @@ _EMPTY_RUN_HINTS: Final = {
 }
 
 
-class NoSamplesWritten(RuntimeError):
+class NoSamplesWritten(SparkforgeError, RuntimeError):
     """Raised when rows were read but none became a sample (the cache would train on nothing)."""
 
 

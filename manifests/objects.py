@@ -4,12 +4,14 @@ from one listing, links out of the root."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
 from sparkforge.shared import storage
+from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.fields import load_json
 
 MAX_MANIFEST_BYTES: Final = 1 << 30
@@ -25,7 +27,7 @@ MAX_KEY_DEPTH: Final = 8
 cycles."""
 
 
-class CacheNotFoundError(FileNotFoundError, ValueError):
+class CacheNotFoundError(ConfigError, FileNotFoundError):
     """Raised when the cache URI names nothing at all (a usage error, not an invalid cache)."""
 
 
@@ -125,12 +127,32 @@ def escaping_links(loc: storage.Location) -> dict[str, str]:
     A cache holds its own objects; a link out of it could make readers quote or train on files
     the commit records do not describe (e.g. ``/etc/passwd``). Empty for object stores.
     """
-    if not loc.is_local:
-        return {}
+    return {key: os.path.realpath(full) for key, full in _local_entries(loc)
+            if full.is_symlink() and not storage.resolves_inside(str(full), loc.root)}
+
+
+def irregular_objects(loc: storage.Location) -> dict[str, str]:
+    """Entries under a local cache root that are FIFOs, devices or sockets: key -> what they are.
+
+    Opening one can block forever (a FIFO waits for a writer) or read without end (a device), so
+    they are named and never opened. Empty for object stores.
+    """
     out = {}
-    for here, dirs, files in os.walk(loc.root):  # links to directories are not descended
+    for key, full in _local_entries(loc):
+        try:
+            mode = full.stat().st_mode
+        except OSError:  # a dangling link: missing, as its key reports
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            out[key] = storage.file_kind(mode)
+    return out
+
+
+def _local_entries(loc: storage.Location) -> Iterator[tuple[str, Path]]:
+    """(key, path) of every file and folder under a local root; links to folders not descended."""
+    if not loc.is_local:
+        return
+    for here, dirs, files in os.walk(loc.root):
         for name in dirs + files:
             full = Path(here) / name
-            if full.is_symlink() and not storage.resolves_inside(str(full), loc.root):
-                out[full.relative_to(loc.root).as_posix()] = os.path.realpath(full)
-    return out
+            yield full.relative_to(loc.root).as_posix(), full

@@ -33,6 +33,9 @@ class ParityInfo:
     kl_topk: float
     max_abs_logprob: float
     passed: bool
+    num_image_samples: int = field(default=0, metadata={"optional_in_json": True})
+    """Samples of ``num_samples`` that are image rows, forwarded with their pixel values
+    (reports written before this field: 0)."""
 
 
 def error_metric(data: object, field: str) -> float:
@@ -50,7 +53,7 @@ def parse_parity(data: object, field: str = "parity") -> ParityInfo:
     """
     d = f.obj(data, field, required=frozenset({
         "num_samples", "num_tokens", "dtype", "layers", "top1_agreement", "kl_topk",
-        "max_abs_logprob", "passed"}))
+        "max_abs_logprob", "passed"}), optional=frozenset({"num_image_samples"}))
     layers = []
     for i, item in enumerate(f.array(d["layers"], f"{field}.layers", max_len=MAX_PARITY_LAYERS)):
         where = f"{field}.layers[{i}]"
@@ -71,4 +74,5 @@ def parse_parity(data: object, field: str = "parity") -> ParityInfo:
         kl_topk=error_metric(d["kl_topk"], f"{field}.kl_topk"),
         max_abs_logprob=error_metric(d["max_abs_logprob"], f"{field}.max_abs_logprob"),
         passed=f.boolean(d["passed"], f"{field}.passed"),
+        num_image_samples=f.integer(d.get("num_image_samples", 0), f"{field}.num_image_samples"),
     )

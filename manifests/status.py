@@ -21,6 +21,7 @@ from sparkforge.manifests.open import read_manifest
 from sparkforge.manifests.schema import ManifestError
 from sparkforge.shared import storage
 from sparkforge.shared.commit import parse_commit_bytes
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
     COMMITS_PREFIX,
@@ -134,7 +135,7 @@ class StatusReader:
                 if isinstance(data, BaseException):
                     raise data
                 if len(data) > MAX_COMMIT_BYTES:
-                    raise ValueError(f"larger than the {MAX_COMMIT_BYTES:,} bytes allowed")
+                    raise SparkforgeError(f"larger than the {MAX_COMMIT_BYTES:,} bytes allowed")
                 info = parse_commit_bytes(data, unit=unit, spec=self.spec)
             except (OSError, ValueError) as exc:
                 problems.append(f"unit {unit}: commit record cannot be read: {exc}")

@@ -11,7 +11,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sparkforge.manifests.objects import existing_location, stored_objects
+from sparkforge.manifests.objects import (
+    escaping_links,
+    existing_location,
+    irregular_objects,
+    stored_objects,
+)
 from sparkforge.manifests.open import read_index, read_manifest
 from sparkforge.manifests.plan import human_bytes
 from sparkforge.manifests.schema import CacheManifest
@@ -32,8 +37,10 @@ def summarize_cache(uri: str, *,
     Raises:
         CacheNotFoundError: if nothing exists at ``uri``.
         CacheIncompleteError, ManifestError: as ``open_cache``.
+        UnsafeKeyError, IrregularObjectError: a link out of the root or a special file under it.
     """
     loc = existing_location(uri, storage_options)
+    _refuse_foreign_objects(loc)
     m = read_manifest(loc)
     index = read_index(loc, m)
     splits = _split_counts(index)
@@ -73,6 +80,21 @@ def summarize_cache(uri: str, *,
         "datasets": [{"uri": src.uri, **dataclasses.asdict(src.hf_dataset)}
                      for src in m.data.sources if src.hf_dataset is not None],
     }
+
+
+def _refuse_foreign_objects(loc: storage.Location) -> None:
+    """Links out of a local root and special files make every number below wrong (they are left
+    out of the listing): refuse, naming the first, as the readers do."""
+    links, irregular = escaping_links(loc), irregular_objects(loc)
+    if links:
+        key, target = next(iter(links.items()))
+        raise storage.UnsafeKeyError(f"{key}: a link to {target}, outside the cache root, and "
+                                     f"{len(links) - 1} more; refusing to summarise the cache")
+    if irregular:
+        key, kind = next(iter(irregular.items()))
+        raise storage.IrregularObjectError(f"{key}: {kind}, not a regular file, and "
+                                           f"{len(irregular) - 1} more; refusing to summarise "
+                                           "the cache")
 
 
 def mix_accounting(m: CacheManifest, index: pa.Table) -> list[dict[str, Any]] | None:

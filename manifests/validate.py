@@ -27,17 +27,18 @@ from sparkforge.manifests.objects import (
     MAX_PARITY_BYTES,
     escaping_links,
     existing_location,
+    irregular_objects,
     read_json,
     stored_objects,
 )
 from sparkforge.manifests.open import read_manifest
 from sparkforge.manifests.parity import parse_parity
+from sparkforge.manifests.promises import promise_problems
 from sparkforge.manifests.scan import scan_unit
 from sparkforge.manifests.schema import CacheManifest, UnitEntry
 from sparkforge.shared import storage
 from sparkforge.shared.commit import SampleRow, UnitInfo, committed_units, parse_commit_bytes
-from sparkforge.shared.fields import ManifestError, shorten
-from sparkforge.shared.header import RunHeader
+from sparkforge.shared.fields import shorten
 from sparkforge.shared.layout import (
     PARITY_FILE,
     TARGET_PREFIX,
@@ -93,20 +94,25 @@ def validate_cache(uri: str, *, deep: bool = False, against: RunContract | None 
     """
     loc = existing_location(uri, storage_options)
     report = ValidationReport(uri=uri, deep=deep)
-    links = escaping_links(loc)
+    links, irregular = escaping_links(loc), irregular_objects(loc)
     report.problems += [f"{key}: a link to {target}, outside the cache root (a cache holds its "
                         "own objects; nothing behind it is read)" for key, target in links.items()]
-    manifest = _manifest(loc, report)
+    report.problems += [f"{key}: {kind}, not a regular file (never opened; replace it with the "
+                        "real file)" for key, kind in irregular.items()]
+    reported = set(links) | set(irregular)
+    manifest = None if "manifest.json" in reported else _manifest(loc, report)
     if manifest is not None:
-        _check_store(loc, manifest, report, deep=deep and not links, against=against,
-                     progress=progress)
+        _check_store(loc, manifest, report, deep=deep and not reported, against=against,
+                     progress=progress, reported=reported)
     report.problems = [shorten(p, MAX_PROBLEM_CHARS) for p in report.problems]
     return report
 
 
 def _check_store(loc: storage.Location, manifest: CacheManifest, report: ValidationReport, *,
-                 deep: bool, against: RunContract | None, progress: bool) -> None:
-    """Everything after the manifest parsed: header, commits, index, parity, arrays, objects."""
+                 deep: bool, against: RunContract | None, progress: bool,
+                 reported: set[str]) -> None:
+    """Everything after the manifest parsed: header, commits, index, parity, arrays, objects;
+    ``reported`` keys (links out, special files) are already problems and are not opened."""
     _check_header(loc, manifest, report)
     units = _check_commits(loc, manifest, report)
     splits = _check_index(loc, manifest, units, report)
@@ -115,7 +121,7 @@ def _check_store(loc: storage.Location, manifest: CacheManifest, report: Validat
     _check_parity(loc, manifest, report)
     arrays = _check_arrays(loc, manifest, report)
     if arrays is not None:
-        _check_objects(loc, manifest, arrays, report)
+        _check_objects(loc, manifest, arrays, report, reported)
         if deep:
             _deep_scan(units, arrays, manifest, report, progress=progress)
     if against is not None:
@@ -152,23 +158,7 @@ def _check_header(loc: storage.Location, m: CacheManifest, report: ValidationRep
     recorded = {"spec": m.storage.spec, "header": m.header}
     for d in diff_json(_plain(stored), _plain(recorded)):
         report.problems.append(f"_meta/header.json vs manifest: {d.replace('got', 'manifest has')}")
-    report.problems += _promise_problems(header, m)
-
-
-def _promise_problems(header: RunHeader, m: CacheManifest) -> list[str]:
-    """The run header's unit and input-row counts against what the manifest lists.
-
-    A unit dropped consistently from manifest, index and commit records passes every other
-    check; only the header, written once at creation, still knows it existed.
-    """
-    try:
-        promised = [("num_units", "units", header.num_units, len(m.storage.units)),
-                    ("num_rows", "input rows", header.num_rows, m.accounting.input_rows)]
-    except ManifestError:
-        return []  # a header without the producer's resolved counts promises nothing
-    return [f"_meta/header.json promises producer_config.resolved.{key} = {want} {what}, but "
-            f"the manifest has {have} (units lost after the run?)"
-            for key, what, want, have in promised if want != have]
+    report.problems += promise_problems(header, m)
 
 
 def _plain_json(value: Any) -> str:
@@ -290,6 +280,7 @@ def _check_arrays(loc: storage.Location, m: CacheManifest,
     """Each array exists with the manifest's dtype, row shape, capacity, chunking and codec."""
     spec: CacheSpec = m.storage.spec
     try:
+        storage.check_zarr_metadata(loc, array_layouts(spec))
         group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
     except Exception as exc:  # zarr raises many types (RecursionError too) for bad metadata
         report.problems.append(f"store: not a zarr group ({type(exc).__name__}: {exc})")
@@ -322,14 +313,17 @@ def _check_arrays(loc: storage.Location, m: CacheManifest,
 
 
 def _check_objects(loc: storage.Location, m: CacheManifest, arrays: Mapping[str, zarr.Array[Any]],
-                   report: ValidationReport) -> None:
-    """Every committed slot has its object in every array (missing ones would read as zeros)."""
+                   report: ValidationReport, reported: set[str]) -> None:
+    """Every committed slot has its object in every array (missing ones would read as zeros);
+    an object already ``reported`` (a link out, a special file) is not called missing too."""
     for name, arr in arrays.items():
         present = stored_objects(loc, name)
         for entry in m.storage.units:
             for slot in entry.slots:
                 key = slot_key(name, arr, slot.slot)
                 report.checked["objects"] += 1
+                if key in reported:
+                    continue
                 if key not in present:
                     report.problems.append(f"unit {entry.unit}, slot {slot.slot}: object {key} "
                                            "is missing (it would read back as zeros)")

@@ -17,12 +17,13 @@ from typing import Literal
 import numpy as np
 import torch
 
-from sparkforge.producer.chat import ChatEncoder, SkipReason
+from sparkforge.producer.chat import ChatEncoder, Encoded, SkipReason
 from sparkforge.producer.fp8 import quantize_e4m3
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
 from sparkforge.producer.splits import SplitRule
-from sparkforge.shared.dataset import RawRow
+from sparkforge.shared.dataset import RawRow, row_hash
 from sparkforge.shared.dtypes import non_finite
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
 
 logger = logging.getLogger(__name__)
@@ -33,11 +34,11 @@ _SCAN_ELEMENTS = 1 << 24
 """Hidden values checked per block (bounds the NaN/inf scan's temporaries to ~50 MB)."""
 
 
-class CaptureAborted(RuntimeError):
+class CaptureAborted(SparkforgeError, RuntimeError):
     """Raised after ``max_consecutive_failures`` requests failed in a row."""
 
 
-class NonFiniteActivations(RuntimeError):
+class NonFiniteActivations(SparkforgeError, RuntimeError):
     """Raised under ``non_finite: fail`` when the target produced NaN or inf for a row."""
 
 
@@ -45,8 +46,27 @@ class NonFiniteActivations(RuntimeError):
 class _Pending:
     raw: RawRow
     split: Split
-    input_ids: np.ndarray
-    loss_mask: np.ndarray
+    encoded: Encoded
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.encoded.input_ids
+
+    @property
+    def loss_mask(self) -> np.ndarray:
+        return self.encoded.loss_mask
+
+    @property
+    def source_hash(self) -> str:
+        """The raw row's hash, or for an image row the hash of the row and its images."""
+        return sample_source_hash(self.raw.content_hash, self.encoded.images_sha256)
+
+
+def sample_source_hash(content_hash: str, images_sha256: str | None) -> str:
+    """A sample's ``source_hash``: the raw row's hash, or for an image row the hash of the row's
+    hash and its images' (so a changed image behind an unchanged path changes it)."""
+    return (content_hash if images_sha256 is None else
+            row_hash(f"{content_hash}:{images_sha256}".encode()))
 
 
 @dataclass
@@ -162,7 +182,7 @@ def _record(
     return SampleRecord(
         sample_id=pending.raw.index,
         source_row=pending.raw.index,
-        source_hash=pending.raw.content_hash,
+        source_hash=pending.source_hash,
         split=pending.split,
         input_ids=pending.input_ids,
         loss_mask=pending.loss_mask,
@@ -198,7 +218,7 @@ class UnitCapturer:
                 skipped[encoded.value] += 1
                 continue
             split = self.split_rule.split_of(index=raw.index, content_hash=raw.content_hash)
-            pending.append(_Pending(raw, split, encoded.input_ids, encoded.loss_mask))
+            pending.append(_Pending(raw, split, encoded))
         return pending, skipped
 
     def capture(
@@ -207,7 +227,8 @@ class UnitCapturer:
         """Capture a unit's rows; results sorted by sample id, whatever the completion order."""
         pending, skipped = self.encode(rows)
         by_id = {p.raw.index: p for p in pending}
-        requests = [CaptureRequest(sample_id=p.raw.index, input_ids=p.input_ids) for p in pending]
+        requests = [CaptureRequest(sample_id=p.raw.index, input_ids=p.input_ids,
+                                   model_inputs=p.encoded.model_inputs) for p in pending]
         records, failed = [], 0
         for result in source.capture(requests) if requests else ():
             item = by_id.pop(result.sample_id, None)

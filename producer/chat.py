@@ -9,6 +9,7 @@ all-ones mask (a common silent bug of training pipelines) is refused before any 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
@@ -19,6 +20,10 @@ from typing import Any, Literal
 
 import fsspec
 import numpy as np
+
+from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.image_inputs import TargetImages
+from sparkforge.shared.images import ImageProblem, is_image_part, template_parts
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +41,6 @@ _PROBE = (
     {"role": "user", "content": "And the cache?"},
     {"role": "assistant", "content": "One shard per slot."},
 )
-
-
-IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
 
 
 class SkipReason(StrEnum):
@@ -59,7 +61,13 @@ class SkipReason(StrEnum):
     TOO_LONG = "too_long"
     NO_LOSS_TOKENS = "no_loss_tokens"
     IMAGE_CONTENT = "image_content"
-    """A message carries an image part: the capture runs the target on text only."""
+    """A message carries an image part and the target (or backend) captures text only."""
+    IMAGE_MISSING = ImageProblem.MISSING.value
+    IMAGE_UNREADABLE = ImageProblem.UNREADABLE.value
+    IMAGE_UNDECODABLE = ImageProblem.UNDECODABLE.value
+    IMAGE_TOO_LARGE = ImageProblem.TOO_LARGE.value
+    TOO_MANY_IMAGES = ImageProblem.TOO_MANY.value
+    """Image rows of a VL target (``sparkforge.shared.images.ImageProblem`` says which is which)."""
     NON_FINITE_ACTIVATIONS = "non_finite_activations"
     """The target produced NaN or inf for the row (``non_finite: skip``)."""
 
@@ -72,6 +80,10 @@ class Encoded:
     """[T] int32."""
     loss_mask: np.ndarray
     """[T] uint8."""
+    model_inputs: Mapping[str, Any] | None = None
+    """An image row's extra forward inputs (pixel values, ...); None for a text row."""
+    images_sha256: str | None = None
+    """An image row's hash of its image bytes."""
 
 
 def resolve_chat_template(override: str | None, tokenizer: Any) -> str:
@@ -90,7 +102,7 @@ def resolve_chat_template(override: str | None, tokenizer: Any) -> str:
     if isinstance(template, dict):
         template = template.get("default")
     if not template:
-        raise ValueError(
+        raise SparkforgeError(
             "chat_template: the tokenizer ships no chat template; pass --chat_template "
             "(a Jinja string or a file)"
         )
@@ -110,9 +122,13 @@ def tokenizer_hash(tokenizer: Any) -> str:
 
 
 def clean_messages(
-    messages: object, reasoning: ReasoningPolicy
+    messages: object, reasoning: ReasoningPolicy, *, images: bool = False
 ) -> list[dict[str, Any]] | SkipReason:
     """Check the OpenAI ``messages`` shape and apply the reasoning policy.
+
+    With ``images``, a content list of text and image parts reaches the template as
+    ``{"type": "text" | "image"}`` parts (a Parquet row's content is such a list even without
+    images); without, an image part skips the row (``image_content``).
 
     ``keep`` passes ``reasoning_content`` to the template; ``drop`` removes it. ``tool_calls``,
     ``tool_call_id`` and ``name`` reach the template as given, so a template that renders tool
@@ -132,26 +148,33 @@ def clean_messages(
         if tool_fields is None:
             return SkipReason.BAD_TOOL_CALLS
         content = message.get("content")
-        if isinstance(content, list) and any(_is_image_part(part) for part in content):
-            return SkipReason.IMAGE_CONTENT
+        if isinstance(content, list) and (images or any(is_image_part(p) for p in content)):
+            if not images:
+                return SkipReason.IMAGE_CONTENT
+            content = template_parts(content)
+            if content is None:
+                return SkipReason.NON_STRING_CONTENT
         reasoning_text = message.get("reasoning_content")
-        content_ok = isinstance(content, str) or (content is None and "tool_calls" in tool_fields)
+        content_ok = (isinstance(content, str) or (content is None and "tool_calls" in tool_fields)
+                      or (images and isinstance(content, list)))
         if not content_ok or not isinstance(reasoning_text, str | None):
             return SkipReason.NON_STRING_CONTENT
         out: dict[str, Any] = {"role": role, "content": content, **tool_fields}
         if reasoning == "keep" and reasoning_text:
             out["reasoning_content"] = reasoning_text
         if role == "assistant" and not (
-            (content or "").strip() or out.get("reasoning_content") or "tool_calls" in out
+            _has_text(content) or out.get("reasoning_content") or "tool_calls" in out
         ):
             return SkipReason.EMPTY_ASSISTANT
         clean.append(out)
     return clean
 
 
-def _is_image_part(part: object) -> bool:
-    """An OpenAI content part holding an image (``image_url``, ``input_image`` or ``image``)."""
-    return isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES
+def _has_text(content: str | list[dict[str, Any]] | None) -> bool:
+    """Whether message content holds non-blank text (a string, or text parts)."""
+    if isinstance(content, list):
+        return any(p.get("text", "").strip() for p in content)
+    return bool((content or "").strip())
 
 
 def _tool_fields(message: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -178,10 +201,10 @@ def row_tools(row: Mapping[str, Any]) -> list[Mapping[str, Any]] | None | SkipRe
 
 
 def validate_messages(
-    messages: object, reasoning: ReasoningPolicy
+    messages: object, reasoning: ReasoningPolicy, *, images: bool = False
 ) -> list[dict[str, Any]] | SkipReason:
     """:func:`clean_messages`, and at least one assistant turn to learn from."""
-    clean = clean_messages(messages, reasoning)
+    clean = clean_messages(messages, reasoning, images=images)
     if not isinstance(clean, SkipReason) and not any(m["role"] == "assistant" for m in clean):
         return SkipReason.MISSING_ASSISTANT
     return clean
@@ -189,6 +212,9 @@ def validate_messages(
 
 class ChatEncoder:
     """Tokenize rows with one tokenizer and template, under a length and reasoning policy."""
+
+    images: TargetImages | None = None
+    """The target's image processing (``ImageChatEncoder``); None: image parts are skipped."""
 
     def __init__(
         self,
@@ -216,7 +242,8 @@ class ChatEncoder:
         if "messages" not in row and "input_ids" in row:
             encoded = self._pretokenized(row)
         else:
-            messages = validate_messages(row.get("messages"), self.reasoning)
+            messages = validate_messages(row.get("messages"), self.reasoning,
+                                         images=self.images is not None)
             if isinstance(messages, SkipReason):
                 return messages
             tools = row_tools(row)
@@ -229,9 +256,15 @@ class ChatEncoder:
                     "reasoning text will not reach the cache"
                 )
             encoded = self.encode_messages(messages, tools=tools)
+            if not isinstance(encoded, SkipReason):
+                encoded = self.attach_images(row, encoded)
         if isinstance(encoded, SkipReason):
             return encoded
         return self._fit(encoded)
+
+    def attach_images(self, row: Mapping[str, Any], encoded: Encoded) -> Encoded | SkipReason:
+        """An image row's pixel values and expanded image spans (text-only encoder: as is)."""
+        return encoded
 
     def encode_messages(
         self, messages: Sequence[Mapping[str, Any]], *,
@@ -308,8 +341,8 @@ class ChatEncoder:
         if encoded.input_ids.shape[0] > self.max_seq_len:
             if self.overlong == "skip":
                 return SkipReason.TOO_LONG
-            encoded = Encoded(encoded.input_ids[: self.max_seq_len],
-                              encoded.loss_mask[: self.max_seq_len])
+            encoded = dataclasses.replace(encoded, input_ids=encoded.input_ids[: self.max_seq_len],
+                                          loss_mask=encoded.loss_mask[: self.max_seq_len])
         if not encoded.loss_mask.any():
             return SkipReason.NO_LOSS_TOKENS
         return encoded
@@ -319,7 +352,8 @@ class ChatEncoder:
         encoded = self.encode_messages(_PROBE)
         method = "{% generation %} markers" if self.uses_generation_tags else "prefix rendering"
         if isinstance(encoded, SkipReason):
-            raise ValueError(f"chat_template: masking by {method} failed on a probe ({encoded})")
+            raise SparkforgeError(
+                f"chat_template: masking by {method} failed on a probe ({encoded})")
         decode = self.tokenizer.decode
         masked = decode(encoded.input_ids[encoded.loss_mask == 1].tolist())
         unmasked = decode(encoded.input_ids[encoded.loss_mask == 0].tolist())
@@ -328,7 +362,7 @@ class ChatEncoder:
         if not all(r in masked for r in replies) or any(o in masked for o in others) or any(
             r in unmasked for r in replies
         ):
-            raise ValueError(
+            raise SparkforgeError(
                 f"chat_template: masking by {method} does not isolate assistant turns on a probe "
                 f"conversation (masked text: {masked!r}); fix the template or pass --chat_template"
             )

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.fields import shorten
+from sparkforge.shared.images import DEFAULT_MAX_IMAGE_PIXELS
+from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.mix import MixSource
 
 # Settings that change how a run goes but not a byte of the cache: left out of the cache header, so
@@ -15,6 +19,7 @@ RUN_LOCAL_FIELDS = frozenset({
     "storage_options", "output", "worker_index", "num_workers", "window", "max_retries",
     "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
     "finalize", "progress", "writer_queue_units", "writer_threads", "non_finite",
+    "max_image_pixels",  # an image cache records it in producer_config.resolved.images
 })
 RUN_LOCAL_ENGINE_FIELDS = frozenset({
     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -73,6 +78,9 @@ class ProducerConfig:
     """Jinja template (string or file URI) replacing the tokenizer's own."""
     reasoning: Literal["keep", "drop"] = "keep"
     """Assistant ``reasoning_content``: pass it to the template, or drop it."""
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    """Image rows of a VL target: images with more pixels (width x height) are skipped
+    (``image_too_large``), checked before they are decoded."""
     eval_fraction: float = 0.0
     """Fraction of rows put in the eval split (seeded hash of each row's content); 1.0 makes an
     eval-only cache (for ``sparkforge eval``)."""
@@ -125,7 +133,8 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         problems = []
         positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
-                    "max_consecutive_failures", "read_batch_rows", "writer_queue_units")
+                    "max_consecutive_failures", "read_batch_rows", "writer_queue_units",
+                    "max_image_pixels")
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
@@ -147,7 +156,7 @@ class ProducerConfig:
             or self.layer_ids[0] < 0
         ):
             problems.append(f"--layer_ids must be non-empty, >= 0, strictly increasing: "
-                            f"{self.layer_ids}")
+                            f"{shorten(str(self.layer_ids))}")
         if self.layer_stride is not None and self.layer_ids is not None:
             problems.append("Can't provide both --layer_ids and --layer_stride")
         if self.layer_stride is not None and self.layer_stride < 1:
@@ -162,8 +171,21 @@ class ProducerConfig:
             problems.append("--worker_index and --num_workers must be given together")
         elif self.num_workers is not None and not 0 <= self.worker_index < self.num_workers:  # type: ignore[operator]
             problems.append(f"--worker_index must be in [0, --num_workers={self.num_workers})")
+        if not problems:
+            problems += self._slot_space_problems()
         if problems:
-            raise ValueError("invalid producer config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid producer config:\n  " + "\n  ".join(problems))
+
+    def _slot_space_problems(self) -> list[str]:
+        """What the cache layout refuses in --rows_per_unit / --shard_rows, before any run."""
+        try:
+            CacheSpec(hidden_size=1, num_aux_layers=1, hidden_dtype=self.hidden_dtype,
+                      max_seq_len=self.seq_len,
+                      shard_rows=self.shard_rows, rows_per_unit=self.rows_per_unit)
+        except SparkforgeError as exc:
+            return [f"--rows_per_unit ({self.rows_per_unit}) / --shard_rows ({self.shard_rows}): "
+                    f"{exc}"]
+        return []
 
     @property
     def seq_len(self) -> int:
@@ -232,5 +254,5 @@ class RegenerateConfig:
             if not getattr(self, name):
                 problems.append(f"--{name} is required")
         if problems:
-            raise ValueError("invalid regenerate config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid regenerate config:\n  " + "\n  ".join(problems))
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from sparkforge.shared.errors import SparkforgeError
+
 FP8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 FP4_PACKED = frozenset({torch.int8, torch.uint8, torch.float4_e2m1fn_x2})
 # The 16 e2m1 codes: sign bit, 2 exponent bits (bias 1), 1 mantissa bit.
@@ -60,8 +62,9 @@ def dequantize(
     if (scales.dim() != values.dim() or len(sizes) != values.dim()
             or any(b <= 0 or -(-n // b) != s
                    for n, s, b in zip(values.shape, scales.shape, sizes, strict=False))):
-        raise ValueError(f"scale grid {tuple(scales.shape)} does not fit a weight of "
-                         f"{tuple(values.shape)} values in blocks of {block or 'an even division'}")
+        raise SparkforgeError(
+            f"scale grid {tuple(scales.shape)} does not fit a weight of "
+            f"{tuple(values.shape)} values in blocks of {block or 'an even division'}")
     for axis, (n, b) in enumerate(zip(values.shape, sizes, strict=True)):
         scales = scales.repeat_interleave(b, dim=axis).narrow(axis, 0, n)
     return values * scales

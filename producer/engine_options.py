@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sparkforge.shared.errors import SparkforgeError
+
 
 @dataclass(frozen=True, kw_only=True)
 class EngineOptions:
@@ -52,4 +54,4 @@ class EngineOptions:
             value = self.gpu_memory_utilization
             problems.append(f"engine.gpu_memory_utilization must be in (0, 1], got {value}")
         if problems:
-            raise ValueError("invalid engine options:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid engine options:\n  " + "\n  ".join(problems))

@@ -8,6 +8,7 @@ from typing import Any
 
 from sparkforge.producer.chat import ChatEncoder
 from sparkforge.producer.config import ProducerConfig
+from sparkforge.producer.image_rows import ImageChatEncoder
 from sparkforge.producer.inputs import InputRows
 from sparkforge.shared.dataset import DataSource
 from sparkforge.shared.header import (
@@ -78,8 +79,10 @@ def build_header(
     """The header the cache writer stores at creation and compares on every reopen.
 
     Facts the header schema has no slot for go under ``producer_config.resolved``: the row and
-    unit counts (``sparkforge finalize`` reads ``num_units``), the DSpark ids, the masking method
-    and the regeneration parameters of a regenerated dataset.
+    unit counts (``sparkforge finalize`` reads ``num_units``), the DSpark ids, the masking method,
+    the regeneration parameters of a regenerated dataset and, when image rows are captured with
+    their pixels (a VL target on the HF backend), the image processor's identity and the pixel
+    limit (``images``; absent: text only, image parts skipped as ``image_content``).
     """
     engine = cfg.engine
     family = family_of(target.model_type)
@@ -91,6 +94,9 @@ def build_header(
         "masking": "generation_tags" if encoder.uses_generation_tags else "prefix_render",
         "regeneration": regeneration_of(inputs.sources),
     }
+    if isinstance(encoder, ImageChatEncoder):  # absent: text only (older headers compare equal)
+        resolved["images"] = {**encoder.target_images.identity(),
+                              "max_image_pixels": encoder.max_image_pixels}
     return RunHeader(
         producer_config={**cfg.identity(), "resolved": resolved},
         target=target,

@@ -10,7 +10,9 @@ feature is the mean over the hc streams, what vLLM's aux capture feeds a V4 draf
 Every captured row equals that row's own one-row forward: rows are right-padded into batches only
 for families whose transformers model gives a padded row the same states
 (``TargetFamily.padding_sensitive`` is false); the others are forwarded one row at a time.
-Multimodal top levels (no causal-LM class) are loaded as image-text models and run on text ids.
+Multimodal top levels (no causal-LM class) are loaded as image-text models; text rows run on their
+ids, and an image row (a request with ``model_inputs``) is forwarded alone with its pixel values,
+so its states are those of the VL forward a serving engine runs on the same prompt.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ class HfSource:
             yield from ([r] for r in requests)
             return
         for request in requests:
+            if request.model_inputs is not None:
+                yield [request]
+                continue
             longest_if_added = max(longest, request.input_ids.shape[0])
             if batch and longest_if_added * (len(batch) + 1) > self.max_batch_tokens:
                 yield batch
@@ -114,11 +119,14 @@ class HfSource:
         for i, r in enumerate(batch):
             ids_BT[i, : lengths[i]] = torch.from_numpy(r.input_ids.astype("int64"))
             mask_BT[i, : lengths[i]] = 1
+        extra = {name: value.to(self.device) for name, value in
+                 (batch[0].model_inputs or {}).items()} if len(batch) == 1 else {}
         with served_hidden_states(self.model) as served:
             out = self.model(
                 input_ids=ids_BT.to(self.device),
                 attention_mask=mask_BT.to(self.device),
                 output_hidden_states=True,
+                **extra,
             )
             states = served(out.hidden_states)
         # Left on the device: the capturer converts (and quantises) there and copies each sample

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from sparkforge.shared.errors import SparkforgeError
+
 logger = logging.getLogger(__name__)
 
 LM_HEAD_INPUT_KEY = "sparkforge_lm_head_input_id"
@@ -40,7 +42,7 @@ LM_HEAD_INPUT_KEY = "sparkforge_lm_head_input_id"
 _WRAPPED = "_sparkforge_lm_head_input"
 
 
-class LmHeadInputError(RuntimeError):
+class LmHeadInputError(SparkforgeError, RuntimeError):
     """Raised in the worker when the target's output cannot be stored as the lm_head input."""
 
 

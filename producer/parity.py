@@ -23,6 +23,7 @@ import torch
 
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
+from sparkforge.shared.errors import SparkforgeError
 
 PARITY_TOPK = 20
 """Top-k logprobs requested from the backend under test for the logit comparison."""
@@ -86,6 +87,8 @@ class ParityReport:
     kl_topk: float
     max_abs_logprob: float
     passed: bool
+    num_image_samples: int = 0
+    """Image rows among the samples (forwarded with their pixel values by both sides)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
@@ -95,7 +98,8 @@ class ParityReport:
         """A printable table, one line per layer then the logit comparison."""
         noise = any(p.dtype_noise is not None for p in self.layers)
         lines = [
-            f"parity on {self.num_samples} samples / {self.num_tokens} tokens ({self.dtype})",
+            f"parity on {self.num_samples} samples ({self.num_image_samples} with images) / "
+            f"{self.num_tokens} tokens ({self.dtype})",
             f"{'layer':<20}{'max abs':>12}{'rel':>12}"
             + (f"{self.dtype + ' noise':>18}{'limit':>12}" if noise else ""),
         ]
@@ -131,8 +135,8 @@ def run_parity(
         ValueError: If the two sources capture different layers or a capture failed.
     """
     if tuple(source.layer_ids) != tuple(reference.layer_ids):
-        raise ValueError(f"parity: layer_ids differ, {source.engine_info()['engine']} "
-                         f"{source.layer_ids} vs reference {reference.layer_ids}")
+        raise SparkforgeError(f"parity: layer_ids differ, {source.engine_info()['engine']} "
+                              f"{source.layer_ids} vs reference {reference.layer_ids}")
     head = reference.target_head()
     ours = _by_sample(source.capture(requests, topk=PARITY_TOPK))
     ref = _by_sample(reference.capture(requests, topk=0))
@@ -159,6 +163,7 @@ def run_parity(
         kl_topk=kl,
         max_abs_logprob=max_lp,
         passed=all(p.rel <= p.tolerance(dtype) for p in layers) and top1 >= MIN_TOP1,
+        num_image_samples=sum(r.model_inputs is not None for r in requests),
     )
 
 
@@ -166,7 +171,7 @@ def _by_sample(results: Iterator[CaptureResult]) -> dict[int, CaptureResult]:
     out = {}
     for r in results:
         if r.error is not None:
-            raise ValueError(f"parity: capture of sample {r.sample_id} failed: {r.error}")
+            raise SparkforgeError(f"parity: capture of sample {r.sample_id} failed: {r.error}")
         out[r.sample_id] = r
     return out
 

@@ -12,8 +12,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from sparkforge.shared.errors import SparkforgeError
 
-class PayloadError(ValueError):
+
+class PayloadError(SparkforgeError):
     """Raised when a captured hidden-state file does not match the request it answers."""
 
 

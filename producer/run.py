@@ -34,6 +34,8 @@ from sparkforge.producer.capture import (
 from sparkforge.producer.chat import ChatEncoder, SkipReason
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.header import build_header
+from sparkforge.producer.image_check import check_committed_images
+from sparkforge.producer.image_rows import ImageChatEncoder
 from sparkforge.producer.inputs import InputRows, open_inputs
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
@@ -42,6 +44,8 @@ from sparkforge.producer.target_files import resolve_model_dir, target_files, ta
 from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
 from sparkforge.shared import storage
+from sparkforge.shared.errors import ConfigError, SparkforgeError
+from sparkforge.shared.image_inputs import target_images
 from sparkforge.shared.io_errors import storage_errors
 from sparkforge.shared.layer_ids import (
     HfIndices,
@@ -63,9 +67,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["CaptureAborted", "NoSamplesWritten", "NonFiniteActivations", "ParityFailed",
            "make_source", "parity", "run"]
 DEFAULT_PARITY_SAMPLES = 8
+PARITY_SCAN_FACTOR = 16
+"""Rows read at most per parity sample while looking for image rows."""
 STALE_PARTIAL_S = 900
 """Age after which a ``*.partial`` temp file in a local cache is a dead write, not a live one."""
-class ParityFailed(RuntimeError):
+class ParityFailed(SparkforgeError, RuntimeError):
     """Raised when the capture disagrees with one-row transformers forwards."""
 
 
@@ -97,11 +103,9 @@ def prepare(cfg: ProducerConfig) -> Prepared:
                 cfg.layer_ids or default_feature_ids(num_layers, cfg.num_feature_layers),
                 num_layers))
     except LayerIdError as exc:
-        raise ValueError(f"--layer_ids / --layer_stride / --num_feature_layers for a "
-                         f"{num_layers}-layer target: {exc}") from exc
-    encoder = ChatEncoder(AutoTokenizer.from_pretrained(str(model_dir)),
-                          chat_template=cfg.chat_template, reasoning=cfg.reasoning,
-                          max_seq_len=cfg.seq_len, overlong=cfg.overlong)
+        raise ConfigError(f"--layer_ids / --layer_stride / --num_feature_layers for a "
+                          f"{num_layers}-layer target: {exc}") from exc
+    encoder = chat_encoder(cfg, model_dir, AutoTokenizer.from_pretrained(str(model_dir)))
     inputs = open_inputs(cfg)
     return Prepared(
         model_dir=model_dir, target_config=target_config,
@@ -109,6 +113,19 @@ def prepare(cfg: ProducerConfig) -> Prepared:
         num_rows=inputs.num_rows, num_units=num_units(inputs.num_rows, cfg.rows_per_unit),
         eval_ids=load_eval_ids(cfg.eval_ids, cfg.storage_options) if cfg.eval_ids else None,
     )
+
+
+def chat_encoder(cfg: ProducerConfig, model_dir: Path, tokenizer: Any) -> ChatEncoder:
+    """The run's row encoder: with images for a VL target on the HF backend (whose processor
+    runs here), else text only (image parts skip as ``image_content``)."""
+    kwargs: dict[str, Any] = {"chat_template": cfg.chat_template, "reasoning": cfg.reasoning,
+                              "max_seq_len": cfg.seq_len, "overlong": cfg.overlong}
+    images = (target_images(model_dir, read_target_config(model_dir).raw)
+              if cfg.backend == "hf" else None)
+    if images is None:
+        return ChatEncoder(tokenizer, **kwargs)
+    return ImageChatEncoder(tokenizer, images=images, max_image_pixels=cfg.max_image_pixels,
+                            storage_options=cfg.storage_options, **kwargs)
 
 
 def make_source(
@@ -197,7 +214,8 @@ def run(
         env: Environment for the worker share (default ``os.environ``).
 
     Raises:
-        CacheMismatchError: The cache exists with a different config, target, data or template.
+        CacheMismatchError: The cache exists with a different config, target, data or template,
+            or an image behind one of its committed image rows changed.
         CaptureAborted: Too many requests failed in a row.
         NonFiniteActivations: ``non_finite`` is ``fail`` and a row's activations hold NaN/inf.
         NoSamplesWritten: Rows were read (by this run, or into the finalized cache) but none was
@@ -214,6 +232,13 @@ def run(
             logger.info("removed %s, left by a write that was killed", path)
     mine = owned_units(prep.num_units, share)
     todo = sorted(set(mine) - writer.committed_units())
+    if isinstance(prep.encoder, ImageChatEncoder) and len(todo) < len(mine):
+        with storage_errors("output", cfg.output):
+            checked = check_committed_images(
+                writer, sorted(set(mine) - set(todo)), prep.inputs,
+                rows_per_unit=cfg.rows_per_unit, storage_options=cfg.storage_options,
+                batch_rows=cfg.read_batch_rows)
+        logger.info("images of %d committed image rows unchanged", checked)
     summary = RunSummary(output=cfg.output, worker=share, units_owned=len(mine),
                          units_todo=len(todo), num_rows=prep.num_rows,
                          mix=prep.inputs.mix_infos())
@@ -302,15 +327,25 @@ def writer_threads(cfg: ProducerConfig) -> int:
 
 
 def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> list[CaptureRequest]:
-    requests = []
-    for raw in prep.inputs.rows(batch_rows=cfg.read_batch_rows,
-                                storage_options=cfg.storage_options):
+    """The first ``num_samples`` usable rows; with images, half of them image rows where the
+    first ``PARITY_SCAN_FACTOR * num_samples`` rows hold that many."""
+    text: list[CaptureRequest] = []
+    image: list[CaptureRequest] = []
+    want_images = isinstance(prep.encoder, ImageChatEncoder)
+    for n, raw in enumerate(prep.inputs.rows(batch_rows=cfg.read_batch_rows,
+                                             storage_options=cfg.storage_options)):
         encoded = SkipReason.MALFORMED_JSON if raw.row is None else prep.encoder.encode(raw.row)
         if not isinstance(encoded, SkipReason):
-            requests.append(CaptureRequest(sample_id=raw.index, input_ids=encoded.input_ids))
-        if len(requests) == num_samples:
+            (text if encoded.model_inputs is None else image).append(CaptureRequest(
+                sample_id=raw.index, input_ids=encoded.input_ids,
+                model_inputs=encoded.model_inputs))
+        found = len(text) + len(image)
+        enough_images = not want_images or len(image) >= num_samples // 2
+        if found >= num_samples and (enough_images or n + 1 >= PARITY_SCAN_FACTOR * num_samples):
             break
-    return requests
+    num_image = min(len(image), max(num_samples // 2, num_samples - len(text)))
+    return sorted([*image[:num_image], *text[:num_samples - num_image]],
+                  key=lambda r: r.sample_id)
 
 
 def _parity_report(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,6 +19,8 @@ class CaptureRequest:
     sample_id: int
     input_ids: np.ndarray
     """[T] int32 token ids, sent as ids (never re-tokenized text)."""
+    model_inputs: Mapping[str, Any] | None = None
+    """An image row's extra forward inputs (``pixel_values``, ...); None for a text row."""
 
 
 @dataclass(frozen=True, kw_only=True)

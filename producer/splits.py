@@ -9,6 +9,7 @@ from typing import Any
 
 import fsspec
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.records import Split
 
 
@@ -23,8 +24,8 @@ def load_eval_ids(uri: str, storage_options: Mapping[str, Any] | None = None) ->
         for number, line in enumerate(f, 1):
             if line.strip():
                 if not line.strip().isdigit():
-                    raise ValueError(f"--eval_ids {uri} line {number}: expected a row index, "
-                                     f"got {line.strip()!r}")
+                    raise SparkforgeError(f"--eval_ids {uri} line {number}: expected a row index, "
+                                          f"got {line.strip()!r}")
                 ids.add(int(line))
     return frozenset(ids)
 

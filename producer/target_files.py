@@ -20,6 +20,7 @@ from safetensors.torch import save as save_safetensors
 
 from sparkforge.producer.dequant import FP8, dequantize, is_quantized
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.header import TargetInfo
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import family_of_config
@@ -115,13 +116,13 @@ def load_tensor(locations: dict[str, Path], name: str,
         return tensor.float()
     scale_name = _scale_name(locations, name)
     if scale_name is None:
-        raise ValueError(f"target: {name} is {tensor.dtype} without a scale tensor")
+        raise SparkforgeError(f"target: {name} is {tensor.dtype} without a scale tensor")
     with safe_open(str(locations[scale_name]), framework="pt") as f:
         scale: torch.Tensor = f.get_tensor(scale_name)
     try:
         return dequantize(tensor, scale, block if tensor.dtype in FP8 else None)
     except ValueError as exc:
-        raise ValueError(f"target: {name} with {scale_name}: {exc}") from exc
+        raise SparkforgeError(f"target: {name} with {scale_name}: {exc}") from exc
 
 
 def _is_top_level(name: str) -> bool:
@@ -156,8 +157,8 @@ def locate_pieces(model_dir: Path, locations: dict[str, Path]) -> dict[str, str]
     if missing:
         wanted = "; ".join(f"{key.removesuffix('.weight')} (a name ending in "
                            f"{' or '.join(endings)})" for key, endings in missing.items())
-        raise ValueError(f"target: checkpoint {model_dir} ({family.name} family) has no "
-                         f"{wanted}")
+        raise SparkforgeError(f"target: checkpoint {model_dir} ({family.name} family) has no "
+                              f"{wanted}")
     return {key: str(name) for key, name in found.items()}
 
 

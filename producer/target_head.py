@@ -22,6 +22,7 @@ from sparkforge.producer.target_files import (
     locate_pieces,
     tensor_locations,
 )
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import family_of
 
@@ -34,7 +35,7 @@ CHECK_ROWS = 64
 CHECK_WARN = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
 
 
-class FinalStateMismatch(ValueError):
+class FinalStateMismatch(SparkforgeError):
     """Raised when logits recomputed from the captured final state contradict the engine's."""
 
 
@@ -113,7 +114,7 @@ def load_target_head(model_dir: str | Path, *, with_lm_head: bool,
     target = read_target_config(model_dir)
     config, family = target.text, family_of(target.model_type)
     if with_norm and not family.final_from_residual:
-        raise ValueError(
+        raise SparkforgeError(
             f"model_type {target.model_type!r} ({family.name} family): the final state is not "
             "RMSNorm(h_L) * w and cannot be finished offline; capture the lm_head input instead"
         )

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from sparkforge.shared.errors import SparkforgeError
+
 # (index variable, count variable, offset variable) in order of precedence.
 _SCHEDULER_VARS = (
     ("SPARKFORGE_WORKER_INDEX", "SPARKFORGE_NUM_WORKERS", None),
@@ -80,13 +82,13 @@ def resolve_share(
     """
     if worker_index is not None or num_workers is not None:
         if worker_index is None or num_workers is None:
-            raise ValueError("--worker_index and --num_workers must be given together")
+            raise SparkforgeError("--worker_index and --num_workers must be given together")
         return _checked(worker_index, num_workers, "--worker_index/--num_workers")
     for index_var, count_var, offset_var in _SCHEDULER_VARS:
         if index_var not in env:
             continue
         if count_var not in env:
-            raise ValueError(
+            raise SparkforgeError(
                 f"{index_var} is set but {count_var} is not: set {count_var} to the number of "
                 "workers, or pass --worker_index/--num_workers"
             )
@@ -95,12 +97,13 @@ def resolve_share(
             count = int(env[count_var])
         except ValueError as exc:
             values = {v: env[v] for v in (index_var, count_var, offset_var) if v and v in env}
-            raise ValueError(f"{index_var}/{count_var}: expected integers, got {values}") from exc
+            raise SparkforgeError(
+                f"{index_var}/{count_var}: expected integers, got {values}") from exc
         return _checked(index, count, f"{index_var}/{count_var}")
     return WorkerShare(0, 1, "default")
 
 
 def _checked(index: int, count: int, origin: str) -> WorkerShare:
     if count < 1 or not 0 <= index < count:
-        raise ValueError(f"{origin}: worker index {index} is not in [0, {count})")
+        raise SparkforgeError(f"{origin}: worker index {index} is not in [0, {count})")
     return WorkerShare(index, count, origin)

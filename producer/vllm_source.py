@@ -47,6 +47,7 @@ from sparkforge.producer.payload import (
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import load_target_head
 from sparkforge.producer.vllm_memory import cpu_engine_kwargs
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.layer_ids import check_hf_ids, vllm_aux_ids
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import family_of
@@ -84,7 +85,7 @@ def engine_kwargs(engine: EngineOptions) -> dict[str, Any]:
     return cpu_engine_kwargs(kwargs | engine.extra)
 
 
-class EngineStopped(RuntimeError):
+class EngineStopped(SparkforgeError, RuntimeError):
     """The vLLM engine died mid-capture (a kernel or worker error): the run stops with exit 1."""
 
 
@@ -378,7 +379,7 @@ def _check_plugin_allowed() -> None:
     would not load it, and the extractor would find one aux state fewer than it has slots)."""
     allowed = os.environ.get("VLLM_PLUGINS")
     if allowed is not None and PLUGIN not in allowed.split(","):
-        raise ValueError(
+        raise SparkforgeError(
             f"this target's final state is captured by the vLLM plugin {PLUGIN!r}, which "
             f"VLLM_PLUGINS={allowed!r} does not allow; add it to the list or unset VLLM_PLUGINS")
 
@@ -464,7 +465,7 @@ def generate_responses(
     """
     per_prompt = list(seeds) if seeds is not None else [seed + i for i in range(len(prompts))]
     if len(per_prompt) != len(prompts):
-        raise ValueError(f"seeds has {len(per_prompt)} entries for {len(prompts)} prompts")
+        raise SparkforgeError(f"seeds has {len(per_prompt)} entries for {len(prompts)} prompts")
     llm = LLM(**engine_kwargs(engine))
     try:
         params = [

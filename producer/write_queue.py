@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import CacheWriter, UnitAlreadyCommitted
 
@@ -61,8 +62,9 @@ class UnitWriteQueue:
 
     def __init__(self, writer: CacheWriter, *, queue_units: int, num_threads: int) -> None:
         if queue_units < 1 or num_threads < 1:
-            raise ValueError(f"queue_units and num_threads must be >= 1, got {queue_units} and "
-                             f"{num_threads}")
+            raise SparkforgeError(
+                f"queue_units and num_threads must be >= 1, got {queue_units} and "
+                f"{num_threads}")
         self._writer = writer
         self._queue: queue.Queue[CapturedUnit | None] = queue.Queue(maxsize=queue_units)
         self._committed: queue.SimpleQueue[CapturedUnit] = queue.SimpleQueue()

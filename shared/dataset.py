@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from sparkforge.shared import hf_dataset
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.io_errors import storage_errors
+from sparkforge.shared.storage import check_regular
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ _HASH_BLOCK_BYTES = 8 << 20
 HF_DATASET_KEY = "sparkforge.hf_dataset"
 
 
-class DatasetError(ValueError):
+class DatasetError(SparkforgeError):
     """Raised when a data source cannot be found or its format is unknown."""
 
 
@@ -83,6 +86,9 @@ def _expand(uri: str, storage_options: Mapping[str, Any]) -> list[str]:
         paths = [p for p in fs.find(paths[0]) if not p.rsplit("/", 1)[-1].startswith(("_", "."))]
     if not paths or not all(fs.exists(p) for p in paths):
         raise DatasetError(f"data: no file matches {uri!r}")
+    if isinstance(fs, LocalFileSystem):  # a FIFO would block the first read forever
+        for path in paths:
+            check_regular(path, f"data {path}")
     return [fs.unstrip_protocol(p) for p in sorted(paths)]
 
 

@@ -7,6 +7,8 @@ from typing import Final, Literal
 import numpy as np
 import numpy.typing as npt
 
+from sparkforge.shared.errors import SparkforgeError
+
 HiddenDtype = Literal["bfloat16", "float16", "float32"]
 STORAGE_DTYPES: Final[dict[str, np.dtype[np.generic]]] = {
     "bfloat16": np.dtype(np.uint16),
@@ -28,7 +30,8 @@ def float_to_storage(x: npt.NDArray[np.floating], hidden_dtype: str) -> npt.NDAr
         return out
     if hidden_dtype in STORAGE_DTYPES:
         return np.asarray(x, dtype=STORAGE_DTYPES[hidden_dtype])
-    raise ValueError(f"hidden_dtype must be one of {sorted(STORAGE_DTYPES)}, got {hidden_dtype!r}")
+    raise SparkforgeError(
+        f"hidden_dtype must be one of {sorted(STORAGE_DTYPES)}, got {hidden_dtype!r}")
 
 
 def non_finite(x: npt.NDArray[np.generic], hidden_dtype: str) -> npt.NDArray[np.bool_]:

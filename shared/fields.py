@@ -7,6 +7,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
+from sparkforge.shared.errors import SparkforgeError
+
 MAX_COUNT: Final = 1 << 48
 """Upper bound for counts (rows, samples, tokens, bytes): anything larger is corrupt input."""
 MAX_DEPTH: Final = 32
@@ -19,7 +21,7 @@ _HEX = re.compile(r"^[0-9a-f]+$")
 T = TypeVar("T")
 
 
-class ManifestError(ValueError):
+class ManifestError(SparkforgeError):
     """Raised when a manifest, run header or commit record is malformed or inconsistent."""
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from sparkforge.shared.errors import SparkforgeError
+
 HF_SCHEME: Final = "hf://"
 DEFAULT_SPLIT: Final = "train"
 CONVERSATION_COLUMNS: Final = ("messages", "conversations")
@@ -30,7 +32,7 @@ _DISK_MARKERS: Final = ("dataset_dict.json", "state.json")
 _BATCH_ROWS: Final = 1024
 
 
-class HfDatasetError(ValueError):
+class HfDatasetError(SparkforgeError):
     """Raised when a Hugging Face dataset cannot be found, opened or split as asked."""
 
 

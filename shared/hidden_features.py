@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.target_families import TargetFamily
 
 
@@ -26,9 +27,10 @@ def layer_feature(hidden: torch.Tensor, family: TargetFamily) -> torch.Tensor:
     """
     want = 4 if family.features == "hc_mean" else 3
     if hidden.dim() != want:
-        raise ValueError(f"{family.name} target: a hidden_states entry has shape "
-                         f"{tuple(hidden.shape)}, expected {want} dims for {family.features!r} "
-                         "features")
+        raise SparkforgeError(
+            f"{family.name} target: a hidden_states entry has shape "
+            f"{tuple(hidden.shape)}, expected {want} dims for {family.features!r} "
+            "features")
     return hidden.mean(dim=2) if family.features == "hc_mean" else hidden
 
 
@@ -49,8 +51,9 @@ def served_hidden_states(
     """
     layers = getattr(model.get_decoder(), "layers", None)
     if layers is None:
-        raise ValueError(f"{type(model).__name__}: no decoder layers (get_decoder().layers) to "
-                         "read the last layer's output from")
+        raise SparkforgeError(
+            f"{type(model).__name__}: no decoder layers (get_decoder().layers) to "
+            "read the last layer's output from")
     last: list[torch.Tensor] = []
 
     def keep(_module: Any, _args: Any, output: Any) -> None:
@@ -58,8 +61,9 @@ def served_hidden_states(
 
     def served(hidden_states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if len(hidden_states) != len(layers) + 1 or not last:
-            raise ValueError(f"{len(hidden_states)} hidden_states for {len(layers)} decoder "
-                             "layers (expected one per layer plus the embeddings, after a forward)")
+            raise SparkforgeError(
+                f"{len(hidden_states)} hidden_states for {len(layers)} decoder "
+                "layers (expected one per layer plus the embeddings, after a forward)")
         return [*hidden_states[:-1], last[0]]
 
     handle = layers[-1].register_forward_hook(keep)

@@ -8,6 +8,8 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from sparkforge.shared.errors import SparkforgeError
+
 # Errors raised by the stores' clients that are not OSError subclasses, matched by module so that
 # shared/ needs neither botocore nor google-auth installed.
 _CLIENT_ERROR_MODULES = ("botocore.", "aiobotocore.", "google.", "gcsfs.", "aiohttp.", "pyarrow.")
@@ -26,7 +28,7 @@ _ERRNO_HINTS = {
 }
 
 
-class StorageError(RuntimeError):
+class StorageError(SparkforgeError, RuntimeError):
     """Raised when a file or object store cannot be read or written; the message is one line."""
 
 

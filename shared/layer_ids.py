@@ -28,13 +28,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NewType
 
+from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.fields import shorten
+
 FeatureIds = NewType("FeatureIds", tuple[int, ...])
 """DSpark feature ids: id ``l`` is the output of 0-based decoder layer ``l``."""
 HfIndices = NewType("HfIndices", tuple[int, ...])
 """HF ``hidden_states`` indices (= vLLM aux ids): index ``k`` follows ``k`` decoder layers."""
 
 
-class LayerIdError(ValueError):
+class LayerIdError(SparkforgeError):
     """Raised when layer ids are out of range, unsorted, duplicated or empty."""
 
 
@@ -77,9 +80,9 @@ def range_problems(ids: Sequence[int], bounds: tuple[int, int], *, name: str) ->
     problems = []
     bad = [i for i in ids if not lo <= i <= hi]
     if bad:
-        problems.append(f"{name}: ids {bad} are outside [{lo}, {hi}]")
+        problems.append(f"{name}: ids {shorten(str(bad))} are outside [{lo}, {hi}]")
     if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
-        problems.append(f"{name}={ids} must be strictly increasing")
+        problems.append(f"{name}={shorten(str(ids))} must be strictly increasing")
     return problems
 
 

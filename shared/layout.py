@@ -14,6 +14,7 @@ from zarr.codecs import BloscCodec, ZstdCodec
 
 from sparkforge.shared import fields as f
 from sparkforge.shared.dtypes import STORAGE_DTYPES, HiddenDtype
+from sparkforge.shared.errors import SparkforgeError
 
 FORMAT_VERSION: Final = 2
 """The layout new caches get. 1: ``aux_hidden`` (and fp8 ``aux_scale``) hold every captured layer
@@ -100,7 +101,7 @@ class CacheSpec:
             problems.append(f"rows_per_unit * shard_rows = {self.rows_per_unit * self.shard_rows} "
                             f"is too large for the slot address space")
         if problems:
-            raise ValueError("invalid CacheSpec: " + "; ".join(problems))
+            raise SparkforgeError("invalid CacheSpec: " + "; ".join(problems))
 
     def to_json(self) -> dict[str, Any]:
         """The spec as a JSON object (without ``format_version``, stored beside it)."""
@@ -287,7 +288,8 @@ def open_arrays(group: zarr.Group, spec: CacheSpec,
     for name in array_layouts(spec) if names is None else names:
         arr = group.get(name)
         if not isinstance(arr, zarr.Array):
-            raise ValueError(f"cache store has no array {name!r}; was it created with this spec?")
+            raise SparkforgeError(
+                f"cache store has no array {name!r}; was it created with this spec?")
         out[name] = arr
     return out
 

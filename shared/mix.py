@@ -27,6 +27,7 @@ from sparkforge.shared.dataset import (
     describe_sources,
     iter_rows,
 )
+from sparkforge.shared.errors import SparkforgeError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,9 +48,9 @@ class MixSource:
 
     def __post_init__(self) -> None:
         if not self.data:
-            raise ValueError("mix: every entry needs data")
+            raise SparkforgeError("mix: every entry needs data")
         if not self.weight > 0:
-            raise ValueError(f"mix: {self.data}: weight must be > 0, got {self.weight}")
+            raise SparkforgeError(f"mix: {self.data}: weight must be > 0, got {self.weight}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,7 @@ import zarr
 from sparkforge.shared import storage
 from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo, checksum
 from sparkforge.shared.dtypes import dequantize_e4m3, float_to_storage
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.layout import (
     LAYERED,
     TARGET_PREFIX,
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 M = TypeVar("M")
 
 
-class CacheDataError(ValueError):
+class CacheDataError(SparkforgeError):
     """Raised when committed data cannot be used: missing, undecodable or out-of-range values."""
 
 
@@ -81,7 +82,10 @@ def read_arrays(loc: storage.Location, spec: CacheSpec,
 
     Raises:
         CacheDataError: the group or an array is missing, or its metadata cannot be read.
+        IrregularObjectError, UnsafeKeyError: a metadata file is no regular file inside the root.
     """
+    names = list(array_layouts(spec) if names is None else names)
+    storage.check_zarr_metadata(loc, names)
     try:
         group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
         return open_arrays(group, spec, names)
@@ -205,7 +209,7 @@ class CacheReader(Generic[M]):
             key = slot_key(name, arr, slot.slot)
             try:
                 storage.inside_root(self.loc, key)
-            except storage.UnsafeKeyError as exc:
+            except (storage.UnsafeKeyError, storage.IrregularObjectError) as exc:
                 raise CacheDataError(f"{where}: array {name}: {exc}") from exc
             if not storage.exists(self.loc, key):
                 raise CacheDataError(f"{where}: array {name}: object {key} is missing (it would "
@@ -226,20 +230,25 @@ class CacheReader(Generic[M]):
 
     def _check_token_ids(self, where: str, data: dict[str, np.ndarray], start: int,
                          samples: Sequence[SampleRow]) -> None:
-        """Token ids (and top-k ids) inside ``[0, vocab_size)``: one min/max per array."""
-        for name in ("input_ids", "topk_ids"):
+        """Token ids (and top-k ids) inside ``[0, vocab_size)`` and ``loss_mask`` 0 or 1 (the
+        loss reads the mask as a weight): one min/max per array."""
+        allowed = {"input_ids": (self.vocab_size, f"outside [0, target.vocab_size="
+                                                  f"{self.vocab_size})"),
+                   "topk_ids": (self.vocab_size, f"outside [0, target.vocab_size="
+                                                 f"{self.vocab_size})"),
+                   "loss_mask": (2, "not 0 or 1")}
+        for name, (end, what) in allowed.items():
             values = data.get(name)
             if values is None or not values.size:
                 continue
-            if int(values.min()) >= 0 and int(values.max()) < self.vocab_size:
+            if int(values.min()) >= 0 and int(values.max()) < end:
                 continue
-            bad = (values < 0) | (values >= self.vocab_size)
+            bad = (values < 0) | (values >= end)
             row = start + int(np.argmax(bad.reshape(len(values), -1).any(axis=1)))
             sample = next((s.sample_id for s in samples
                            if s.row_offset <= row < s.row_offset + s.length), None)
             raise CacheDataError(
-                f"{where}, sample {sample}: {name} outside [0, target.vocab_size="
-                f"{self.vocab_size}): min {values.min()}, max {values.max()}")
+                f"{where}, sample {sample}: {name} {what}: min {values.min()}, max {values.max()}")
 
     def _sample(self, row: SampleRow, data: dict[str, np.ndarray], start: int) -> CachedSample:
         rows = slice(start, start + row.length)

@@ -7,6 +7,8 @@ from typing import Literal
 
 import numpy as np
 
+from sparkforge.shared.errors import SparkforgeError
+
 Split = Literal["train", "eval"]
 
 
@@ -19,7 +21,8 @@ class SampleRecord:
     source_row: int
     """Row index in the input dataset."""
     source_hash: str
-    """Hex digest of the raw input row, so a changed dataset is detected on resume."""
+    """Hex digest of the raw input row (for an image row: of the row and its image bytes), so a
+    changed dataset, or a changed image behind an unchanged path, is detected."""
     split: Split
     input_ids: np.ndarray
     """[T] int32 token ids."""
@@ -57,7 +60,7 @@ class UnitAccounting:
     def __post_init__(self) -> None:
         total = self.written + sum(self.skipped.values()) + self.failed
         if total != self.input_rows:
-            raise ValueError(
+            raise SparkforgeError(
                 f"unit accounting does not add up: written {self.written} + skipped "
                 f"{sum(self.skipped.values())} + failed {self.failed} "
                 f"!= input_rows {self.input_rows}"

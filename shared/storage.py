@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,16 +19,23 @@ from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
+from sparkforge.shared.errors import SparkforgeError
+
 logger = logging.getLogger(__name__)
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
 
 
-class UnsafeKeyError(ValueError):
+class UnsafeKeyError(SparkforgeError):
     """Raised when a key read from untrusted data would escape the cache root."""
 
 
-class ObjectTooLargeError(ValueError):
+class IrregularObjectError(SparkforgeError):
+    """Raised when a local cache object is a FIFO, device, socket or folder: opening one can block
+    forever or stream without end, so it is named and never opened."""
+
+
+class ObjectTooLargeError(SparkforgeError):
     """Raised when an object is larger than its reader allows (a corrupt or hostile cache)."""
 
 
@@ -140,16 +148,47 @@ def read_bytes(loc: Location, key: str, *, max_bytes: int | None = None) -> byte
 
 
 def inside_root(loc: Location, key: str) -> str:
-    """The path of ``key``; on local disk it must not resolve (through links) outside the root.
+    """The path of ``key``, checked before any local read: on local disk it must not resolve
+    (through links) outside the root, and if it exists it must be a regular file.
 
     Raises:
         UnsafeKeyError: the path resolves outside the cache root.
+        IrregularObjectError: the path is a FIFO, device, socket or folder.
     """
     path = loc.path(key)
-    if loc.is_local and not resolves_inside(path, loc.root):
-        raise UnsafeKeyError(f"{key}: a link to {os.path.realpath(path)}, outside the cache root "
-                             f"{loc.root}; refusing to read it")
+    if loc.is_local:
+        if not resolves_inside(path, loc.root):
+            raise UnsafeKeyError(f"{key}: a link to {os.path.realpath(path)}, outside the cache "
+                                 f"root {loc.root}; refusing to read it")
+        check_regular(path, key)
     return path
+
+
+def check_regular(path: str | Path, name: object) -> None:
+    """Refuse a local ``path`` that exists but is no regular file (``stat`` never blocks, where
+    ``open`` on a FIFO waits for a writer forever); a missing one is left to the caller."""
+    try:
+        mode = Path(path).stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(mode):
+        raise IrregularObjectError(f"{name}: {file_kind(mode)}, not a regular file; refusing to "
+                                   "open it (replace it with the real file)")
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISDIR, "a folder"))
+    return next((kind for test, kind in kinds if test(mode)), "a special file")
+
+
+def check_zarr_metadata(loc: Location, names: Iterable[str]) -> None:
+    """Check the group's and each named array's ``zarr.json`` as :func:`inside_root` does, before
+    zarr opens them."""
+    for key in ("zarr.json", *(f"{name}/zarr.json" for name in names)):
+        inside_root(loc, key)
 
 
 def resolves_inside(path: str, root: str) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.fields import MAX_DEPTH, json_depth, shorten
 from sparkforge.shared.target_families import family_of
 
@@ -108,8 +109,8 @@ class TargetConfig:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"{self.source}: config field final_logit_softcapping must be a "
-                             f"positive number or null, got {value!r}")
+            raise SparkforgeError(f"{self.source}: config field final_logit_softcapping must be a "
+                                  f"positive number or null, got {value!r}")
         return float(value)
 
     def positive_int(self, name: str) -> int:
@@ -123,8 +124,8 @@ class TargetConfig:
 
 def _positive(value: object, name: str, source: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{source}: config field {name} must be a positive integer, "
-                         f"got {value!r}")
+        raise SparkforgeError(f"{source}: config field {name} must be a positive integer, "
+                              f"got {value!r}")
     return value
 
 
@@ -138,13 +139,13 @@ def parse_target_config(data: bytes | str, source: str) -> TargetConfig:
     try:
         raw = json.loads(data)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{source}: not valid JSON ({shorten(str(exc))})") from exc
+        raise SparkforgeError(f"{source}: not valid JSON ({shorten(str(exc))})") from exc
     except RecursionError as exc:
-        raise ValueError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels") from exc
+        raise SparkforgeError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels") from exc
     if json_depth(raw) > MAX_DEPTH:
-        raise ValueError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels")
+        raise SparkforgeError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels")
     if not isinstance(raw, dict):
-        raise ValueError(f"{source}: expected a JSON object")
+        raise SparkforgeError(f"{source}: expected a JSON object")
     return TargetConfig(raw=raw, source=source)
 
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sparkforge.shared.errors import SparkforgeError
+
 FeatureSemantics = Literal["residual", "hc_mean"]
 """``residual``: the residual stream after a layer. ``hc_mean``: the mean over hyper-connection
 streams of a layer's output (HF ``hidden_states[l + 1]`` is ``[B, S, hc_mult, H]``)."""
@@ -89,13 +91,13 @@ class TargetFamily:
         scale = 1.0
         if self.embedding_scale_sqrt_hidden:
             if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
-                raise ValueError(f"{self.name} target: hidden_size must be a positive integer "
-                                 f"(its embedding scale is sqrt(hidden_size)), got {hidden!r}")
+                raise SparkforgeError(f"{self.name} target: hidden_size must be a positive integer "
+                                      f"(its embedding scale is sqrt(hidden_size)), got {hidden!r}")
             scale = math.sqrt(hidden)
         if softcap is not None and (isinstance(softcap, bool) or not isinstance(
                 softcap, int | float) or not softcap > 0):
-            raise ValueError(f"{self.name} target: final_logit_softcapping must be a positive "
-                             f"number or null, got {softcap!r}")
+            raise SparkforgeError(f"{self.name} target: final_logit_softcapping must be a positive "
+                                  f"number or null, got {softcap!r}")
         return TargetScaling(embedding_scale=scale, final_logit_softcapping=(
             None if softcap is None else float(softcap)))
 

@@ -19,6 +19,7 @@ from sparkforge.shared.dtypes import (
     quantize_e4m3,
     storage_to_float32,
 )
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.fields import load_json
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
@@ -42,11 +43,11 @@ __all__ = ["CacheMismatchError", "CacheSpec", "CacheWriter", "UnitAlreadyCommitt
 logger = logging.getLogger(__name__)
 
 
-class CacheMismatchError(ValueError):
+class CacheMismatchError(SparkforgeError):
     """Raised when a reopened store was created with a different spec or header."""
 
 
-class UnitAlreadyCommitted(ValueError):
+class UnitAlreadyCommitted(SparkforgeError):
     """Raised when a unit is written whose commit record already exists."""
 
 
@@ -90,7 +91,7 @@ class CacheWriter:
             wanted = json.loads(json.dumps({"format_version": spec.format_version,
                                             "spec": spec.to_json(), "header": header.to_json()}))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"header must be JSON-serialisable: {exc}") from exc
+            raise SparkforgeError(f"header must be JSON-serialisable: {exc}") from exc
         RunHeader.from_json(wanted["header"])
         loc = storage.open_location(uri, storage_options)
         group = zarr.open_group(storage.zarr_store(loc, read_only=False), mode="a")
@@ -168,7 +169,7 @@ class CacheWriter:
                 return attempt
             except FileExistsError:
                 continue
-        raise ValueError(f"unit {unit} has used all {MAX_ATTEMPTS} write attempts")
+        raise SparkforgeError(f"unit {unit} has used all {MAX_ATTEMPTS} write attempts")
 
     def _write_slot(self, slot: int, members: Sequence[SampleRecord]) -> SlotRecord:
         """One setitem per array covering the whole shard, so each shard object lands whole.
@@ -223,19 +224,19 @@ class CacheWriter:
                     accounting: UnitAccounting) -> None:
         spec = self.spec
         if not 0 <= unit < MAX_UNITS:
-            raise ValueError(f"unit must be in [0, {MAX_UNITS}), got {unit}")
+            raise SparkforgeError(f"unit must be in [0, {MAX_UNITS}), got {unit}")
         if accounting.input_rows > spec.rows_per_unit or accounting.written != len(samples):
-            raise ValueError(f"unit {unit}: accounting {accounting} does not match "
-                             f"{len(samples)} samples and rows_per_unit {spec.rows_per_unit}")
+            raise SparkforgeError(f"unit {unit}: accounting {accounting} does not match "
+                                  f"{len(samples)} samples and rows_per_unit {spec.rows_per_unit}")
         lo, hi = unit * spec.rows_per_unit, (unit + 1) * spec.rows_per_unit
         if len({s.sample_id for s in samples}) != len(samples):
-            raise ValueError(f"unit {unit}: duplicate sample_id")
+            raise SparkforgeError(f"unit {unit}: duplicate sample_id")
         for s in samples:
             problems = self._sample_problems(s)
             if not lo <= s.source_row < hi:
                 problems.append(f"source_row {s.source_row} outside the unit's rows [{lo}, {hi})")
             if problems:
-                raise ValueError(f"unit {unit}, sample {s.sample_id}: " + "; ".join(problems))
+                raise SparkforgeError(f"unit {unit}, sample {s.sample_id}: " + "; ".join(problems))
 
     def _sample_problems(self, s: SampleRecord) -> list[str]:
         spec, t = self.spec, s.num_tokens

@@ -170,7 +170,10 @@ def write_tiny_cache(uri: str, target_dir: Path, *, hidden_dtype: str = "bfloat1
                      hidden_dtype=hidden_dtype, max_seq_len=max_seq_len,  # type: ignore[arg-type]
                      shard_rows=max(256, max_seq_len), rows_per_unit=rows_per_unit)
     header = {
-        "producer_config": {"builder": "tests/conftest.py::write_tiny_cache", "seed": seed},
+        "producer_config": {"builder": "tests/conftest.py::write_tiny_cache", "seed": seed,
+                            # the producer's promise, which validate and train hold a cache to
+                            "resolved": {"num_units": num_rows // rows_per_unit,
+                                         "num_rows": num_rows}},
         "target": {"name_or_path": str(target_dir), "revision": None, "content_hash": "ab" * 32,
                    "model_type": "qwen3", "architecture": "Qwen3ForCausalLM",
                    "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,

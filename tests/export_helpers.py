@@ -45,3 +45,25 @@ def eval_report(draft: Path, target: Path, cache: Path | str, out_dir: Path) -> 
                  "--temperature", "0.0"]) == 0
     report: dict[str, Any] = json.loads((out_dir / "eval_report.json").read_text())
     return report
+
+
+class _RunsCode:
+    """A pickle that would create ``marker`` when loaded (a foreign checkpoint running code)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (Path.touch, (self.marker,))
+
+
+def foreign_checkpoint(kind: str, path: Path) -> Path:
+    """Random bytes or a code-running pickle at ``path``; the marker beside it must never appear."""
+    import numpy as np
+    import torch
+
+    if kind == "random_bytes":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    else:
+        torch.save({"draft_config": {}, "x": _RunsCode(path.with_suffix(".ran"))}, path)
+    return path

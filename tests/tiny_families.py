@@ -78,24 +78,41 @@ def text_config(model_type: str) -> Any:
     return config
 
 
-def build_tiny_family(out_dir: Path, model_type: str, *, seed: int = 0) -> Path:
+MINIMAX_IMAGE_TOKENS = ("]<]start of image[>[", "]<]end of image[>[", "]<]image[>[")
+"""MiniMax-M3 VL's begin-of-image, end-of-image and image tokens (``MiniMaxM3VLProcessor``)."""
+MINIMAX_PIXELS = {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2,
+                  "min_pixels": 16 * 16, "max_pixels": 48 * 48}
+"""The tiny MiniMax-M3 VL's ``preprocessor_config.json`` (matching its vision tower)."""
+
+
+def build_tiny_family(out_dir: Path, model_type: str, *, seed: int = 0,
+                      images: bool = False) -> Path:
     """Write a tiny random ``model_type`` target (fp32, eager attention) + tokenizer to ``out_dir``.
 
     ``model_type`` is a key of :data:`FAMILY_SETTINGS` or of :data:`COMPOSITES` (then the
-    multimodal top level around the tiny text model, built with a one-layer vision tower).
+    multimodal top level around the tiny text model, built with a one-layer vision tower; with
+    ``images``, MiniMax-M3 VL also gets its image tokens, a template that renders image parts and
+    a ``preprocessor_config.json``, so image rows are captured with their pixels).
     """
+    import json
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from sparkforge.app.tiny_target import build_tokenizer
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(out_dir, vocab_size=BASE["vocab_size"])
+    build_tokenizer(out_dir, vocab_size=BASE["vocab_size"],
+                    image_tokens=MINIMAX_IMAGE_TOKENS if images else ())
     torch.manual_seed(seed)
     if model_type in COMPOSITES:
         text = text_config(COMPOSITES[model_type])
+        extra = {"image_token_index": 6} if images else {}
+        if images:
+            (out_dir / "preprocessor_config.json").write_text(json.dumps(
+                {"image_processor_type": "MiniMaxM3VLImageProcessor", **MINIMAX_PIXELS}))
         config = AutoConfig.for_model(model_type, text_config=text.to_dict(),
-                                      vision_config=_VISION, tie_word_embeddings=False)
+                                      vision_config=_VISION, tie_word_embeddings=False, **extra)
         config._attn_implementation = "eager"
         model = AutoModelForImageTextToText.from_config(config)
     else:

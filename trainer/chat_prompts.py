@@ -2,6 +2,9 @@
 
 A row's prompt is its conversation up to (not including) its last assistant turn, rendered with
 ``add_generation_prompt``: exactly the tokens a serving engine would prefill before the reply.
+For a vision-language target (``images``), a prompt's images are loaded and its image tokens
+expanded by the target's own image processing; the prompt carries the pixel values the target is
+given at every verification step. A text-only target skips image prompts (``image_content``).
 """
 
 from __future__ import annotations
@@ -9,11 +12,15 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sparkforge.shared.dataset import describe_sources, iter_rows
+from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.image_inputs import TargetImages
+from sparkforge.shared.images import ImageProblem, load_images, row_has_images, template_parts
 
 logger = logging.getLogger(__name__)
 
@@ -33,16 +40,48 @@ def prompt_messages(row: Mapping[str, Any] | None) -> tuple[list[dict[str, Any]]
     return prompt, ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Prompt:
+    """One prompt: its ids and, for an image prompt, the target's extra forward inputs."""
+
+    input_ids: np.ndarray
+    """[T] int64."""
+    model_inputs: Mapping[str, Any] | None = None
+    """``pixel_values``, ``image_position_ids``, ``mm_token_type_ids`` (None: a text prompt)."""
+
+
+def _image_prompt(messages: list[dict[str, Any]], tokenizer: Any, images: TargetImages | None,
+                  storage_options: Mapping[str, Any] | None) -> Prompt | str:
+    """An image prompt rendered and expanded, or the reason it is skipped."""
+    if images is None:
+        return "image_content"
+    loaded = load_images(messages, storage_options=storage_options)
+    if isinstance(loaded, ImageProblem):
+        return loaded.value
+    parts = [{**m, "content": template_parts(m["content"])} if isinstance(m.get("content"), list)
+             else m for m in messages]
+    if any(m["content"] is None for m in parts):
+        return "non_string_content"
+    ids = np.asarray(tokenizer.apply_chat_template(parts, add_generation_prompt=True,
+                                                   tokenize=True, return_dict=True)["input_ids"],
+                     dtype=np.int32)
+    row = images.expand(ids, np.zeros_like(ids, dtype=np.uint8), loaded)
+    if isinstance(row, ImageProblem):
+        return row.value
+    return Prompt(input_ids=row.input_ids.astype(np.int64), model_inputs=row.model_inputs)
+
+
 def chat_prompts(uri: str, tokenizer: Any, num: int, *,
-                 storage_options: Mapping[str, Any] | None = None) -> list[np.ndarray]:
-    """The first ``num`` usable prompts of a chat JSONL/Parquet source as token-id arrays.
+                 storage_options: Mapping[str, Any] | None = None,
+                 images: TargetImages | None = None) -> list[Prompt]:
+    """The first ``num`` usable prompts of a chat JSONL/Parquet source.
 
     Rows without a usable prompt are skipped and counted by reason (logged).
 
     Raises:
         ValueError: No row of ``uri`` gives a prompt.
     """
-    prompts: list[np.ndarray] = []
+    prompts: list[Prompt] = []
     skipped: Counter[str] = Counter()
     for raw in iter_rows(describe_sources(uri, storage_options=storage_options),
                          storage_options=storage_options):
@@ -50,15 +89,22 @@ def chat_prompts(uri: str, tokenizer: Any, num: int, *,
         if messages is None:
             skipped[why] += 1
             continue
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)["input_ids"]
-        prompts.append(np.asarray(ids, dtype=np.int64))
+        if row_has_images({"messages": messages}):
+            prompt = _image_prompt(messages, tokenizer, images, storage_options)
+            if isinstance(prompt, str):
+                skipped[prompt] += 1
+                continue
+        else:
+            prompt = Prompt(input_ids=np.asarray(tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True,
+                return_dict=True)["input_ids"], dtype=np.int64))
+        prompts.append(prompt)
         if len(prompts) == num:
             break
     if skipped:
         logger.warning("%s: skipped rows without a prompt: %s", uri,
                        ", ".join(f"{why} {n}" for why, n in sorted(skipped.items())))
     if not prompts:
-        raise ValueError(f"--prompts {uri}: no row has a conversation with a user turn "
-                         f"(skipped: {dict(skipped)})")
+        raise SparkforgeError(f"--prompts {uri}: no row has a conversation with a user turn "
+                              f"(skipped: {dict(skipped)})")
     return prompts

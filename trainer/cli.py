@@ -9,12 +9,14 @@ and output folder as positionals. Torch, Lightning and the models load only insi
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from jsonargparse import ArgumentParser
 
+from sparkforge.shared.config_yaml import use_bounded_yaml
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
 
 
@@ -45,6 +47,18 @@ def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
             parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
             parser.set_defaults({"checkpoint.save_last": True})
 
+        def instantiate_trainer(self, **kwargs: Any) -> Any:
+            """The trainer, without the ``checkpoint`` callback when
+            ``trainer.enable_checkpointing`` is false (Lightning refuses the two together)."""
+            config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+            keys = self._parser(self.subcommand).callback_keys
+            if config.get("enable_checkpointing") is False:
+                logging.getLogger(__name__).warning(
+                    "trainer.enable_checkpointing is false: this run writes no checkpoint")
+                keys = [key for key in keys if key != "checkpoint"]
+            return self._instantiate_trainer(config, [self._get(self.config_init, k) for k in keys])
+
+    use_bounded_yaml()  # also when called from the Python API, not the console script
     cuda = torch.cuda.is_available()
     # main(argv) is the entry point, so argv legitimately differs from sys.argv (tests, dispatch).
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")

@@ -19,6 +19,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.reader import CachedSample
 from sparkforge.trainer.data_plan import (
     Batching,
@@ -256,8 +257,9 @@ class ResumableLoader:
             if state.get(key, now) != now
         ]
         if problems:
-            raise ValueError("cannot resume the data position exactly (the epoch plan depends on "
-                             "these):\n  " + "\n  ".join(problems))
+            raise SparkforgeError(
+                "cannot resume the data position exactly (the epoch plan depends on "
+                "these):\n  " + "\n  ".join(problems))
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
         if self.consumed >= len(self):
             self.epoch, self.consumed = self.epoch + 1, 0

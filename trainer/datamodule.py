@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared import storage
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.layout import MANIFEST_KEY
 from sparkforge.shared.reader import CacheReader
 from sparkforge.shared.target_config import parse_target_config
@@ -78,7 +79,7 @@ class CacheDataModule(L.LightningDataModule):
         if batching not in ("pad", "bucket"):
             problems.append(f"data.batching={batching!r} must be 'pad' or 'bucket'")
         if problems:
-            raise ValueError("invalid data config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid data config:\n  " + "\n  ".join(problems))
         # storage_options may hold credentials: kept out of the hparams that loggers publish.
         self.save_hyperparameters(ignore=["storage_options"])
         self.uri, self.storage_options = uri, storage_options

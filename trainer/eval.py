@@ -24,6 +24,8 @@ import torch
 from tqdm import tqdm
 
 from sparkforge.manifests.open import open_cache
+from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.image_inputs import TargetImages, target_images
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import loads_as_image_text
 from sparkforge.trainer.bootstrap import ratio_ci
@@ -33,16 +35,16 @@ from sparkforge.trainer.calibration import (
     expected_calibration_error,
     policy_table,
 )
-from sparkforge.trainer.chat_prompts import chat_prompts
+from sparkforge.trainer.chat_prompts import Prompt, chat_prompts
 from sparkforge.trainer.data import CacheStream, load_split_index
 from sparkforge.trainer.export import load_draft, training_loss_settings
 from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.matched_eval import FORCED_TEMPERATURE, matched_report, split_sampling
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
-from sparkforge.trainer.report import reliability_bins, write_report
+from sparkforge.trainer.report import reliability_bins, tau_interval, write_report
 from sparkforge.trainer.run_config import LossSpec
-from sparkforge.trainer.speculative import speculative_generate
+from sparkforge.trainer.speculative import SpecDecodeResult, speculative_generate
 
 logger = logging.getLogger(__name__)
 
@@ -134,14 +136,23 @@ def _calibration(confidence: Any, outcome: Any, *, events: bool) -> dict[str, An
     return report
 
 
-def _held_out_prompts(reader: Any, num: int) -> list[np.ndarray]:
-    prompts = []
+def _held_out_prompts(reader: Any, num: int, images: TargetImages | None) -> list[Prompt]:
+    """The prompt part of the first ``num`` eval samples. A cache holds no pixels, so a prompt
+    with image tokens is left out (counted in the log; image prompts come from ``--prompts``)."""
+    prompts, without_pixels = [], 0
     index = load_split_index(reader, "eval")
     for sid in index.sample_id.tolist()[:num]:
         sample = reader.read_sample(sid)
         first = int(np.argmax(sample.loss_mask > 0))
-        if first > 0:
-            prompts.append(np.asarray(sample.input_ids[:first], dtype=np.int64))
+        ids = np.asarray(sample.input_ids[:first], dtype=np.int64)
+        if images is not None and (ids == images.image_token_id).any():
+            without_pixels += 1
+        elif first > 0:
+            prompts.append(Prompt(input_ids=ids))
+    if without_pixels:
+        logger.warning("left out %d held-out image prompts of the cache (it stores no pixels; "
+                       "pass --prompts with the chat file to decode image prompts)",
+                       without_pixels)
     return prompts
 
 
@@ -170,8 +181,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         ("vocab_size", dc.vocab_size, tc.vocab_size),
         ("num_target_layers", dc.num_target_layers, tc.num_hidden_layers)) if a != b]
     if mismatch:
-        raise ValueError(f"draft {cfg.draft} does not fit target {cfg.target}: "
-                         + "; ".join(mismatch))
+        raise SparkforgeError(f"draft {cfg.draft} does not fit target {cfg.target}: "
+                              + "; ".join(mismatch))
     frozen = target.get_output_embeddings()
     if frozen is not None and not _same_head(frozen.weight, draft.lm_head.weight):
         logger.warning("%s's lm_head differs from the one the draft was trained with: the draft's "
@@ -183,13 +194,15 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
               open_cache(cfg.cache, storage_options=cfg.storage_options or None, verify=False,
                          features=dc.target_layer_ids))
     forced = {} if reader is None else _teacher_forced(draft, reader, cfg, loss, device)
+    images = target_images(cfg.target, read_target_config(cfg.target).raw)
     if cfg.prompts is not None:
         from transformers import AutoTokenizer
 
         prompts = chat_prompts(cfg.prompts, AutoTokenizer.from_pretrained(cfg.target),
-                               cfg.num_prompts, storage_options=cfg.storage_options)
+                               cfg.num_prompts, storage_options=cfg.storage_options,
+                               images=images)
     else:
-        prompts = _held_out_prompts(reader, cfg.num_prompts)
+        prompts = _held_out_prompts(reader, cfg.num_prompts, images)
     speculative = _decode(target, draft, prompts, cfg, device)
     report = {
         "config": asdict(cfg),
@@ -206,44 +219,54 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     return report
 
 
-def _decode(target: Any, draft: Any, prompts: list[np.ndarray], cfg: EvalConfig,
+def _decode(target: Any, draft: Any, prompts: list[Prompt], cfg: EvalConfig,
             device: torch.device) -> dict[str, Any]:
-    """Speculative decoding of every prompt: tau, acceptance by position, calibration."""
-    k = draft.num_draft_tokens
+    """Speculative decoding of every prompt: tau (with its interval), acceptance by position,
+    calibration; with image prompts, the same for image and for text prompts apart
+    (``by_prompt_kind``)."""
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    rounds: list[int] = []
-    prompt_tokens: list[int] = []
-    prompt_rounds: list[int] = []
-    verified: list[int] = []
-    accepted, trials = np.zeros(k), np.zeros(k)
-    conf: list[float] = []
-    events: list[bool] = []
     eos = getattr(target.config, "eos_token_id", None)
+    runs: list[tuple[str, SpecDecodeResult]] = []   # (prompt kind, run), in prompt order
     for prompt in tqdm(prompts, desc="speculative decoding", unit="prompt"):
-        res = speculative_generate(target, draft, torch.from_numpy(prompt).to(device),
+        inputs = (None if prompt.model_inputs is None else
+                  {name: value.to(device) for name, value in prompt.model_inputs.items()})
+        res = speculative_generate(target, draft, torch.from_numpy(prompt.input_ids).to(device),
                                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                    confidence_threshold=cfg.confidence_threshold,
                                    eos_token_id=eos if isinstance(eos, int) else None,
-                                   generator=gen)
-        rounds += res.tokens_per_round
-        prompt_tokens.append(sum(res.tokens_per_round))
-        prompt_rounds.append(len(res.tokens_per_round))
-        verified += res.verified_per_round
-        accepted += res.position_accepted
-        trials += res.position_trials
-        conf += res.trial_confidence
-        events += res.trial_accepted
+                                   generator=gen, target_inputs=inputs)
+        runs.append(("text" if inputs is None else "image", res))
+    k, seed = draft.num_draft_tokens, cfg.seed
+    report = _acceptance([run for _, run in runs], k, seed, cfg.temperature)
+    if any(kind == "image" for kind, _ in runs):
+        report["by_prompt_kind"] = {
+            kind: _acceptance([run for of, run in runs if of == kind], k, seed, cfg.temperature)
+            for kind in ("image", "text")}
+    return report
+
+
+def _acceptance(runs: list[SpecDecodeResult], k: int, seed: int,
+                temperature: float) -> dict[str, Any]:
+    """tau, its 95% interval over prompts (with each prompt's tokens and rounds), acceptance and
+    trials by position and calibration (at ``temperature``) over speculative generations."""
+    rounds = [n for r in runs for n in r.tokens_per_round]
+    verified = [m for r in runs for m in r.verified_per_round]
+    accepted = np.sum([r.position_accepted for r in runs], axis=0) if runs else np.zeros(k)
+    trials = np.sum([r.position_trials for r in runs], axis=0) if runs else np.zeros(k)
+    conf = [c for r in runs for c in r.trial_confidence]
+    events = [e for r in runs for e in r.trial_accepted]
     report: dict[str, Any] = {
         "tau": float(np.mean(rounds)) if rounds else 0.0, "rounds": len(rounds),
-        "tau_ci95": list(ratio_ci(prompt_tokens, prompt_rounds, seed=cfg.seed)) if rounds
-        else [0.0, 0.0],
-        "prompts": len(prompts),
-        "prompt_tokens": prompt_tokens, "prompt_rounds": prompt_rounds,
+        "tau_ci95": tau_interval([list(r.tokens_per_round) for r in runs], seed=seed),
+        "prompts": len(runs),
+        "prompt_tokens": [sum(r.tokens_per_round) for r in runs],
+        "prompt_rounds": [len(r.tokens_per_round) for r in runs],
         "verified_per_round": float(np.mean(verified)) if verified else 0.0,
         "acceptance_by_position": [float(a / t) if t else 0.0
                                    for a, t in zip(accepted, trials, strict=True)],
-        "position_trials": trials.tolist(), "position_accepted": accepted.tolist()}
+        "position_trials": [float(t) for t in trials],
+        "position_accepted": [float(a) for a in accepted]}
     if conf:
-        report["calibration"] = {"temperature": cfg.temperature,
+        report["calibration"] = {"temperature": temperature,
                                  **_calibration(conf, events, events=True)}
     return report

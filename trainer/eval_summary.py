@@ -45,9 +45,12 @@ def summary_lines(report: Mapping[str, Any]) -> str:
     teacher-forced, whether the two agree, and the confidence head's calibration."""
     spec, forced = report["speculative"], report["teacher_forced"]
     temperature = report["config"]["temperature"]
+    kinds = spec.get("by_prompt_kind", {})   # image and text prompts apart, when there are images
     lines = [
         _tau(f"measured tau (T={temperature:g}, {spec['prompts']} prompts):", spec["tau"],
              spec.get("tau_ci95")),
+        *(_row(f"  on {kind} prompts:", f"{kinds[kind]['tau']:.3f} ({kinds[kind]['prompts']} "
+                                         "prompts)") for kind in sorted(kinds)),
         _row("  acceptance by position:", _values(spec["acceptance_by_position"])),
         _row("  trials by position:", _values(spec["position_trials"], ".0f")),
     ]

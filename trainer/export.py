@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -21,8 +20,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.provenance import package_version
 from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of
+from sparkforge.trainer.checkpoint import load_checkpoint
 from sparkforge.trainer.draft.config import DSparkDraftConfig
 from sparkforge.trainer.job_config import ExportConfig
 from sparkforge.trainer.model_card import CARD_FILE, model_card
@@ -34,7 +35,7 @@ OPTIONAL_KEYS = ("embed_tokens.weight", "lm_head.weight")
 TRAINING_ONLY = ("rotary_emb.", "t2d", "mask_embedding")
 
 
-class ExportError(ValueError):
+class ExportError(SparkforgeError):
     """Raised when a checkpoint cannot be exported as a servable draft; lists every reason."""
 
 
@@ -119,15 +120,7 @@ def read_checkpoint(
     ckpt_path: str | Path,
 ) -> tuple[DSparkDraftConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """The draft config, bare draft tensors and provenance of a ``sparkforge train`` checkpoint."""
-    # weights_only: a checkpoint is a pickle, and a foreign one could run code on load; ours holds
-    # only tensors and plain containers (lit_module saves hyperparameters as dicts).
-    try:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise ExportError(f"{ckpt_path} holds objects other than tensors and plain containers: "
-                          "not a sparkforge train checkpoint") from exc
-    if "draft_config" not in ckpt:
-        raise ExportError(f"{ckpt_path} has no draft_config: not a sparkforge train checkpoint")
+    ckpt = load_checkpoint(ckpt_path)
     provenance = {"checkpoint": str(ckpt_path), "global_step": ckpt.get("global_step"),
                   "epoch": ckpt.get("epoch"), **ckpt.get("sparkforge_provenance", {})}
     hparams = ckpt.get("hyper_parameters", {})

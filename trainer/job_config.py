@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sparkforge.shared.errors import SparkforgeError
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExportConfig:
@@ -75,4 +77,4 @@ class EvalConfig:
         problems += [f"eval.policy_thresholds: {t} is outside [0, 1]"
                      for t in self.policy_thresholds if not 0.0 <= t <= 1.0]
         if problems:
-            raise ValueError("invalid eval config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid eval config:\n  " + "\n  ".join(problems))

@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.draft.config import DSparkDraftConfig
 from sparkforge.trainer.draft.model import DSparkDraftModel, DSparkOutput
@@ -37,7 +38,7 @@ LOSS_TERMS = ("loss", "ce_loss", "l1_loss", "confidence_loss")
 RESUME_FIELDS = ("mask_token_id", "block_size", "target_layer_ids")
 
 
-class NonFiniteLossError(ValueError):
+class NonFiniteLossError(SparkforgeError):
     """Raised when a training loss is NaN or infinite; names the samples of the batch."""
 
 
@@ -95,7 +96,7 @@ class DSparkLitModule(L.LightningModule):
         loss = loss.with_objective(RECIPES[recipe].objective)
         assert loss.confidence_head_alpha is not None
         if draft.enable_confidence_head != (loss.confidence_head_alpha > 0):
-            raise ValueError(
+            raise SparkforgeError(
                 f"model.draft.enable_confidence_head={draft.enable_confidence_head} needs "
                 "model.loss.confidence_head_alpha "
                 f"{'> 0' if draft.enable_confidence_head else '= 0'}"
@@ -165,7 +166,7 @@ class DSparkLitModule(L.LightningModule):
         problems = [f"model.draft.{name}: checkpoint has {saved[name]!r}, this run {now[name]!r}"
                     for name in RESUME_FIELDS if name in saved and saved[name] != now[name]]
         if problems:
-            raise ValueError("cannot resume: " + "; ".join(problems))
+            raise SparkforgeError("cannot resume: " + "; ".join(problems))
 
     def _anchor_generator(self, stage: int, batch_idx: int) -> torch.Generator:
         return anchor_generator(self.seed, self.global_rank, stage, self.current_epoch, batch_idx,

@@ -63,7 +63,7 @@ def matched_report(sampling: list[dict[str, Any]], temperature: float,
                           f"at T={temperature}, so the two need not agree")
     forced_ci = forced.get("tau_ci95")
     at_forced = abs(temperature - FORCED_TEMPERATURE) <= 1e-6
-    if matched and at_forced and forced_ci is not None and speculative.get("rounds"):
+    if matched and at_forced and forced_ci is not None and speculative.get("tau_ci95"):
         report["agreement"] = agreement(speculative["tau"], speculative["tau_ci95"],
                                         forced["metrics"]["tau"], forced_ci)
     return report

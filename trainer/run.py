@@ -9,11 +9,17 @@ from typing import Any
 import lightning as L
 
 from sparkforge.manifests.contract import RunContract, check_contract
+from sparkforge.manifests.promises import check_promises
+from sparkforge.shared.errors import SparkforgeError
+from sparkforge.trainer.checkpoint import load_checkpoint
+from sparkforge.trainer.ckpt_folder import CheckpointFolderLock
 from sparkforge.trainer.datamodule import CacheDataModule
 from sparkforge.trainer.lit_module import DSparkLitModule
 from sparkforge.trainer.run_config import validation_on
 
 logger = logging.getLogger(__name__)
+LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
+"""``--ckpt_path`` values Lightning resolves to a file itself."""
 
 
 def run_contract(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer,
@@ -25,13 +31,15 @@ def run_contract(model: DSparkLitModule, data: CacheDataModule, trainer: L.Train
 
 
 def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> None:
-    """Refuse a cache that cannot feed this run, listing every mismatch (before any training).
+    """Refuse a cache that cannot feed this run, listing every mismatch, or that holds fewer units
+    than its run header promised (before any training).
 
     A cache may hold more features than the draft uses; the data module then streams only the
     draft's, in its order.
     """
     contract = run_contract(model, data, trainer, data.target_config())
     check_contract(data.reader.manifest, contract, split_counts=data.split_counts(), uri=data.uri)
+    check_promises(data.uri, data.reader.manifest, data.storage_options)
     data.use_features(contract.target_layer_ids)
     logger.info("cache %s fits the run: %d train / %d eval samples", data.uri,
                 len(data.split_index("train")), len(data.split_index("eval")))
@@ -46,7 +54,7 @@ def check_resume_target(trainer: L.Trainer, ckpt_path: str | None) -> None:
     """
     callback = trainer.checkpoint_callback
     if ckpt_path == "last" and getattr(callback, "dirpath", None) is None:
-        raise ValueError(
+        raise SparkforgeError(
             "--ckpt_path last needs a fixed --checkpoint.dirpath (each run otherwise writes to a "
             "new version folder, so 'last' never finds the previous run); set it, or pass the "
             "checkpoint file's path"
@@ -73,7 +81,11 @@ def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
             find a checkpoint (each run logs into a new version folder).
     """
     check_resume_target(trainer, ckpt_path)
+    if ckpt_path is not None and ckpt_path not in LIGHTNING_CKPT_NAMES:
+        load_checkpoint(ckpt_path, mmap=True)  # one line for a foreign file, not a traceback
     check_cache(model, data, trainer)
+    # Trainer builds its callback list at init (LightningCLI's); a run-time one is appended.
+    trainer.callbacks.append(CheckpointFolderLock(ckpt_path))  # type: ignore[attr-defined]
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     finish_wandb_runs(trainer)
     callback = trainer.checkpoint_callback

@@ -15,6 +15,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from sparkforge.manifests.contract import RunContract
+from sparkforge.shared.config_yaml import load_yaml_file
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.layer_ids import default_feature_ids
 from sparkforge.shared.target_config import TargetConfig
 from sparkforge.shared.target_families import (
@@ -121,7 +123,7 @@ class DraftSpec:
                     f"{value!r} (leave it unset)" for name, value in rec.draft_defaults.items()
                     if name in rec.fixed and getattr(self, name) not in (None, value)]
         if problems:
-            raise ValueError("; ".join(problems))
+            raise SparkforgeError("; ".join(problems))
         return dataclasses.replace(self, **{name: value for name, value in
                                             rec.draft_defaults.items()
                                             if getattr(self, name) is None})
@@ -222,7 +224,7 @@ class LossSpec:
                          for name in ("l1_loss_alpha", "confidence_head_alpha")
                          if getattr(self, name)]
         if problems:
-            raise ValueError("invalid loss config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid loss config:\n  " + "\n  ".join(problems))
         if self.objective is not None:  # the objective's weights in the unset fields
             for name, value in OBJECTIVE_ALPHAS[self.objective].items():
                 if getattr(self, name) is None:
@@ -235,8 +237,9 @@ class LossSpec:
             ValueError: the spec names another objective.
         """
         if self.objective not in (None, objective):
-            raise ValueError(f"model.loss.objective={self.objective!r}: the run's recipe trains "
-                             f"with {objective!r} (leave it unset)")
+            raise SparkforgeError(
+                f"model.loss.objective={self.objective!r}: the run's recipe trains "
+                f"with {objective!r} (leave it unset)")
         return dataclasses.replace(self, objective=objective)
 
 
@@ -249,7 +252,7 @@ DEFAULT_LIMIT_VAL_BATCHES = 1.0
 T = TypeVar("T")
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(ConfigError):
     """Raised when a training config lacks or mistypes a field the contract needs."""
 
 
@@ -334,9 +337,8 @@ def _choice(section: Mapping[str, Any], name: str, options: tuple[T, ...],
 
 
 def _load_yaml(path: str | Path) -> Mapping[str, Any]:
-    text = Path(path).read_text()
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_file(path)
     except yaml.YAMLError as exc:
         raise TrainConfigError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from sparkforge.shared.errors import SparkforgeError
+
 logger = logging.getLogger(__name__)
 
 MIN_WARMUP_STEPS = 20
@@ -57,7 +59,7 @@ class SchedulerConfig:
         if self.total_steps is not None and self.total_steps < 1:
             problems.append(f"model.scheduler.total_steps={self.total_steps} must be >= 1")
         if problems:
-            raise ValueError("invalid scheduler config:\n  " + "\n  ".join(problems))
+            raise SparkforgeError("invalid scheduler config:\n  " + "\n  ".join(problems))
 
     def resolve_warmup(self, total_steps: int) -> int:
         """Warmup steps: explicit value, else ratio x total floored at 20 (never past the run)."""
@@ -81,9 +83,10 @@ def optimizer_class(class_path: str) -> type[torch.optim.Optimizer]:
     try:
         cls = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"model.optimizer.class_path={class_path!r} cannot be imported") from exc
+        raise SparkforgeError(
+            f"model.optimizer.class_path={class_path!r} cannot be imported") from exc
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
-        raise ValueError(
+        raise SparkforgeError(
             f"model.optimizer.class_path={class_path!r} is not a torch.optim.Optimizer"
         )
     return cls

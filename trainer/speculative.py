@@ -7,7 +7,7 @@ Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +124,7 @@ def speculative_generate(
     confidence_threshold: float | None = None,
     eos_token_id: int | None = None,
     generator: torch.Generator | None = None,
+    target_inputs: Mapping[str, torch.Tensor] | None = None,
 ) -> SpecDecodeResult:
     """Prefill, then draft / verify / accept rounds until ``max_new_tokens`` (or eos).
 
@@ -138,6 +139,10 @@ def speculative_generate(
         confidence_threshold: Verify only the slots before the first confidence < threshold.
         eos_token_id: Stop after this token.
         generator: RNG for draft sampling and acceptance tests.
+        target_inputs: An image prompt's extra target inputs (``pixel_values``, ...; see
+            ``sparkforge.shared.image_inputs``), given with the prefill and, on a target that
+            re-runs the whole sequence, at every verification step; ``mm_token_type_ids`` is
+            extended with text (0) over the generated tokens.
     """
     t0 = time.perf_counter()
     ids = prompt_ids.view(1, -1)
@@ -149,7 +154,8 @@ def speculative_generate(
     # sequence each round instead of cropping the rejected tokens' K/V.
     rewindable = not getattr(target, "_is_stateful", False) and not _has_sliding_layers(target)
     res = SpecDecodeResult(tokens=[], position_accepted=[0] * k, position_trials=[0] * k)
-    out, states = _forward(target, ids, use_cache=rewindable)
+    out, states = _forward(target, ids, use_cache=rewindable,
+                           **_with_images(target_inputs, ids.shape[1]))
     cache_t = out.past_key_values
     cache_d = draft.extend_context(draft.empty_cache(), target_features(states, layer_ids, family))
     x0 = int(sample_token(out.logits[0, -1], temperature, generator))
@@ -169,7 +175,9 @@ def speculative_generate(
             ver, states = _forward(target, block, past_key_values=cache_t, use_cache=True)
             logits = ver.logits
         else:
-            ver, states = _forward(target, torch.cat([context, block], dim=1), use_cache=False)
+            full = torch.cat([context, block], dim=1)
+            ver, states = _forward(target, full, use_cache=False,
+                                   **_with_images(target_inputs, full.shape[1]))
             logits = ver.logits[:, -(m + 1):]
             states = [h[:, -(m + 1):] for h in states]
         p = logits_to_probs(logits[0], temperature)
@@ -195,6 +203,18 @@ def speculative_generate(
     res.tokens = _cut(res.tokens, max_new_tokens, eos_token_id)
     res.wall_time_s = time.perf_counter() - t0
     return res
+
+
+def _with_images(inputs: Mapping[str, torch.Tensor] | None, length: int) -> dict[str, Any]:
+    """Extra target kwargs of an image prompt for a forward over ``length`` tokens from the
+    prompt's start: the token types padded with text (0) past the prompt."""
+    if not inputs:
+        return {}
+    out = dict(inputs)
+    types = out.get("mm_token_type_ids")
+    if types is not None and types.shape[-1] < length:
+        out["mm_token_type_ids"] = torch.nn.functional.pad(types, (0, length - types.shape[-1]))
+    return out
 
 
 def _cut(tokens: list[int], max_new_tokens: int, eos_token_id: int | None) -> list[int]:

@@ -27,6 +27,7 @@ from sparkforge.manifests.summary import summarize_cache
 from sparkforge.manifests.validate import ValidationReport, validate_cache
 from sparkforge.producer.config import ProducerConfig, RegenerateConfig
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.mix import MixSource
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
 from sparkforge.trainer.run_config import DraftSpec, LossSpec
@@ -54,7 +55,7 @@ def load_config(config: type[ConfigT], path: str | Path, *overrides: str) -> Con
         parsed: ConfigT = parse_dataclass(config.__name__, "", config,
                                           ["--config", str(path), *overrides])
     except SystemExit as exc:  # the parser's own exit on a bad option
-        raise ValueError(f"cannot parse {path} into {config.__name__}") from exc
+        raise SparkforgeError(f"cannot parse {path} into {config.__name__}") from exc
     return parsed
 
 
@@ -108,7 +109,7 @@ def train(config: Mapping[str, Any] | str | Path, *overrides: str) -> dict[str, 
         try:
             cli = train_cli(["--config", str(path), *overrides])
         except SystemExit as exc:  # the parser's own exit on a bad option
-            raise ValueError(f"sparkforge train rejected the config {config!r}") from exc
+            raise SparkforgeError(f"sparkforge train rejected the config {config!r}") from exc
     return fit(cli.model, cli.datamodule, cli.trainer, ckpt_path=cli.config["ckpt_path"])
 
 

@@ -7,7 +7,8 @@ imports vLLM.
 
 Exit codes, for every command: 0 done, 1 the job or its data failed (an invalid cache, a cache that
 does not fit the run, a failed capture), 2 a usage or config error (a bad option or value, a path
-that names nothing).
+that names nothing). A refusal (``SparkforgeError``; ``ConfigError`` for exit 2) or a storage
+failure is one line on stderr; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -23,20 +24,24 @@ from jsonargparse import ArgumentError, ArgumentParser, set_parsing_settings
 
 from sparkforge.app.demo import DemoConfig, run_demo_command
 from sparkforge.manifests import cli as manifests_cli
-from sparkforge.manifests.cli import FinalizeConfig, UsageError, ValidateConfig
+from sparkforge.manifests.cli import FinalizeConfig, ValidateConfig
 from sparkforge.producer import cli as producer_cli
 from sparkforge.producer.config import ProducerConfig, RegenerateConfig
+from sparkforge.shared.config_yaml import use_bounded_yaml
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.io_errors import describe
 from sparkforge.trainer import cli as trainer_cli
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
-from sparkforge.trainer.run_config import TrainConfigError, contract_from_train_config
+from sparkforge.trainer.run_config import contract_from_train_config
 
 # Attribute docstrings of the config dataclasses become the --help text.
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
+# Every YAML the parsers read (--config files, train's included, and YAML values) is bounded.
+use_bounded_yaml()
 
 USAGE: Final = 2
 # Raised by a job when its command line or config names nothing usable (exit 2, not 1).
-CONFIG_ERRORS: Final = (UsageError, TrainConfigError, FileNotFoundError)
+CONFIG_ERRORS: Final = (ConfigError, FileNotFoundError)
 
 
 def parse_dataclass(prog: str, description: str, config: type, argv: Sequence[str]) -> Any:
@@ -150,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CONFIG_ERRORS as exc:
         print(f"sparkforge {name}: error: {error_message(exc)}", file=sys.stderr)
         return USAGE
-    except (ValueError, RuntimeError) as exc:  # data and job failures
+    except SparkforgeError as exc:  # data and job failures
         print(f"sparkforge {name}: error: {error_message(exc)}", file=sys.stderr)
         return 1
     except OSError as exc:  # a storage failure outside the boundaries that name their location

@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from sparkforge.app.tiny_target import write_chats
+from sparkforge.shared.errors import SparkforgeError
 
 USER_PROMPT = "Continue this code:\n"
 HELD_OUT_BUCKETS = 10
@@ -49,7 +50,7 @@ def source_files(split: str, root: Path | None = None) -> list[Path]:
     Test suites and vendored packages are left out: they are large and unlike ordinary code.
     """
     if split not in ("train", "held_out"):
-        raise ValueError(f"split={split!r}: expected 'train' or 'held_out'")
+        raise SparkforgeError(f"split={split!r}: expected 'train' or 'held_out'")
     root = root or stdlib_root()
     files = []
     for path in sorted(root.rglob("*.py")):
@@ -110,8 +111,8 @@ def held_out_chats(num_rows: int, *, seed: int = 0) -> list[dict[str, object]]:
     """``num_rows`` chat rows from held-out files, drawn evenly across them (seeded)."""
     rows = list(code_chats(source_files("held_out"), seed=seed))
     if len(rows) < num_rows:
-        raise ValueError(f"rows={num_rows}: the held-out standard-library files give only "
-                         f"{len(rows)} chat rows")
+        raise SparkforgeError(f"rows={num_rows}: the held-out standard-library files give only "
+                              f"{len(rows)} chat rows")
     picked = sorted(random.Random(seed).sample(range(len(rows)), num_rows))
     return [{**rows[i], "id": n} for n, i in enumerate(picked)]
 

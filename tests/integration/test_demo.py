@@ -46,3 +46,26 @@ def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
     assert report["matched"]["matched"] is True
     assert "agreement" in report["matched"]
     assert summary.count("95% CI") == 3
+
+
+@pytest.mark.slow
+def test_demo_on_the_tiny_vl_target_decodes_image_prompts(tmp_path: Path) -> None:
+    """`sparkforge demo --target tiny-vl` captures image rows with the HF backend, trains on the
+    mixed cache and reports image and text prompts apart."""
+    out = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "sparkforge.app.cli", "demo", "--target", "tiny-vl",
+         "--out_dir", str(out), "--rows", "16", "--train_steps", "5"],
+        capture_output=True, text=True, check=False, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    manifest = json.loads((out / "cache" / "manifest.json").read_text())
+    assert manifest["accounting"]["written"] == 16
+    assert manifest["producer_config"]["resolved"]["images"]["processor"] == (
+        "Gemma4ImageProcessorPil")
+    assert manifest["parity"]["num_image_samples"] == 2
+    kinds = json.loads((out / "eval" / "eval_report.json").read_text())["speculative"][
+        "by_prompt_kind"]
+    assert kinds["image"]["prompts"] == kinds["text"]["prompts"] == 4
+    assert "on image prompts:" in result.stdout
+    assert not (out / "regenerated").exists()

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from cache_helpers import forge_rows
-from export_helpers import load_in_vllm
+from export_helpers import foreign_checkpoint, load_in_vllm
 
 from sparkforge.app.cli import main
 
@@ -253,3 +253,83 @@ def test_index_row_count_mismatch_exits_1_not_abort(tiny_cache: str, tmp_path: P
         assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
         assert "15 rows != manifest storage.totals.samples 16" in proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_a_unit_dropped_from_manifest_index_and_commits_is_refused(
+        tiny_cache: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A consistent cache that lost a whole unit after the run: the run header still counts it,
+    so train refuses before the first step instead of training on what is left."""
+    from sparkforge.manifests.finalize import finalize_cache
+
+    cache = _copy(tiny_cache, tmp_path)
+    commits = sorted((cache / "_commits").glob("unit_*.json"))
+    commits[-1].unlink()
+    (cache / "manifest.json").unlink()
+    finalize_cache(str(cache), expected_units=len(commits) - 1)
+    out = tmp_path / "run"
+    assert main(_train_args(str(cache), out, "--trainer.max_steps", "2")) == 1
+    err = capsys.readouterr().err
+    assert (f"promises producer_config.resolved.num_units = {len(commits)} units, but the "
+            f"manifest has {len(commits) - 1}") in err, err[-2000:]
+    assert not list(out.rglob("*.ckpt")), "refused before the first step"
+
+
+@pytest.mark.parametrize("kind", ["random_bytes", "code_running_pickle"])
+def test_a_foreign_ckpt_path_is_refused_in_one_line(tiny_cache: str, tmp_path: Path, kind: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """--ckpt_path on random bytes or a code-running pickle: exit 1, the line export gives, no
+    code run, no training."""
+    ckpt = foreign_checkpoint(kind, tmp_path / "foreign.ckpt")
+    out = tmp_path / "run"
+    assert main(_train_args(tiny_cache, out, "--trainer.max_steps", "2",
+                            "--ckpt_path", str(ckpt))) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"sparkforge train: error: {ckpt}: not a sparkforge train "
+                              "checkpoint"), err[-5:]
+    assert not ckpt.with_suffix(".ran").exists()
+    assert not list(out.rglob("*.ckpt"))
+
+
+def test_a_folder_holding_another_runs_checkpoints_is_refused_unless_resumed(
+        tiny_cache: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A second run into a fixed --checkpoint.dirpath that holds the first run's checkpoints is
+    refused (they used to mix silently); resuming that run with --ckpt_path last is allowed."""
+    folder = tmp_path / "ckpt"
+    fixed = ("--checkpoint.dirpath", str(folder))
+    assert main(_train_args(tiny_cache, tmp_path / "a", "--trainer.max_steps", "2", *fixed)) == 0
+    before = sorted(p.name for p in folder.glob("*.ckpt"))
+    capsys.readouterr()
+    assert main(_train_args(tiny_cache, tmp_path / "b", "--trainer.max_steps", "2", *fixed)) == 1
+    assert f"checkpoint folder {folder} holds another run's checkpoints" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.glob("*.ckpt")) == before, "nothing of run b written"
+    assert main(_train_args(tiny_cache, tmp_path / "c", "--trainer.max_steps", "3", *fixed,
+                            "--ckpt_path", "last")) == 0
+
+
+def test_a_folder_another_live_run_holds_is_refused(
+        tiny_cache: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """While a run holds the folder's lock (taken here as that run does), a run started into the
+    same folder is refused before writing anything."""
+    import fcntl
+
+    from sparkforge.trainer.ckpt_folder import LOCK_NAME
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    with (folder / LOCK_NAME).open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert main(_train_args(tiny_cache, tmp_path / "b", "--trainer.max_steps", "2",
+                                "--checkpoint.dirpath", str(folder))) == 1
+    assert "another sparkforge train run is writing there" in capsys.readouterr().err
+    assert not list(folder.glob("*.ckpt"))
+
+
+def test_enable_checkpointing_false_trains_and_writes_no_checkpoint(
+        tiny_cache: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The standard Lightning setting is honoured (it died with MisconfigurationException because
+    the trainer always added its checkpoint callback), and the run says it writes none."""
+    out = tmp_path / "run"
+    assert main(_train_args(tiny_cache, out, "--trainer.max_steps", "2",
+                            "--trainer.enable_checkpointing", "false")) == 0
+    assert not list(out.rglob("*.ckpt"))
+    assert "trainer.enable_checkpointing is false: this run writes no checkpoint" in caplog.text

@@ -68,3 +68,9 @@ def test_a_kv_ask_beyond_free_memory_is_refused_in_one_line(tmp_path: Path,
     assert "EngineCore" not in run.stderr, "the refusal comes before any engine starts"
     assert not (tmp_path / "cache" / "manifest.json").exists()
 
+
+
+def test_a_malformed_kv_space_is_a_config_error(tmp_path: Path, tiny_target: Path) -> None:
+    run = produce(tmp_path, tiny_target, {**ENV, "VLLM_CPU_KVCACHE_SPACE": "lots"})
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "VLLM_CPU_KVCACHE_SPACE='lots' must be a whole number of GiB" in error_line(run)

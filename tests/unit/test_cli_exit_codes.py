@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from sparkforge.app.cli import COMMANDS, main
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 
 # (command, arguments, expected exit code, what the row shows). {tmp} is an existing empty folder,
 # {missing} a path that names nothing.
@@ -25,6 +28,8 @@ CASES = [
     ("finalize", ["--output", "{tmp}"], 1, "a folder that holds no run"),
     ("produce", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--window", "0"], 2,
      "a value the config refuses"),
+    ("produce", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--rows_per_unit",
+                 str(10**12)], 2, "units past the cache's slot address space"),
     ("regenerate", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--top_p", "5"],
      2, "a value the config refuses"),
     ("parity", ["--data", "d.jsonl", "--output", "o", "--engine.model", "m", "--backend", "hf",
@@ -70,3 +75,71 @@ def test_no_command_or_an_unknown_one_is_a_usage_error() -> None:
     assert main([]) == 2
     assert main(["bogus"]) == 2
     assert main(["--help"]) == 0
+
+
+PLAN = ["--hidden_size", "8", "--num_aux_layers", "1", "--num_tokens", "1"]
+
+
+def _job_raising(exc: BaseException):
+    def job(_cfg: object) -> int:
+        raise exc
+    return job
+
+
+@pytest.mark.parametrize(("exc", "code"), [(SparkforgeError("bad row 3: expected an int"), 1),
+                                           (ConfigError("--x: expected a path"), 2)])
+def test_a_refusal_is_one_line_with_its_exit_code(exc: SparkforgeError, code: int,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The exit rule keys on the project's error root: its message, one line, and no traceback."""
+    monkeypatch.setitem(COMMANDS, "plan", replace(COMMANDS["plan"], job=_job_raising(exc)))
+    assert main(["plan", *PLAN]) == code
+    err = capsys.readouterr().err
+    assert err == f"sparkforge plan: error: {exc}\n"
+
+
+@pytest.mark.parametrize("exc", [ValueError("math domain error"), RuntimeError("bug"),
+                                 KeyError("k")])
+def test_an_unexpected_exception_keeps_its_traceback(exc: Exception,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ValueError from a library (not a refusal of ours) is a bug: it propagates unchanged."""
+    monkeypatch.setitem(COMMANDS, "plan", replace(COMMANDS["plan"], job=_job_raising(exc)))
+    with pytest.raises(type(exc)) as raised:
+        main(["plan", *PLAN])
+    assert raised.value is exc
+
+
+_BUILTIN_ERRORS = {"Exception", "ValueError", "RuntimeError", "TypeError", "KeyError",
+                   "OSError", "FileNotFoundError", "IOError"}
+
+
+def test_every_project_error_class_has_the_error_root() -> None:
+    """A class deriving from a built-in exception also derives from a project error (whose root is
+    SparkforgeError): no refusal of ours escapes the exit rule as a bug."""
+    root = Path(__file__).resolve().parents[2]
+    orphans = []
+    for path in sorted(p for d in ("shared", "manifests", "producer", "trainer")
+                       for p in (root / d).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                if bases and set(bases) <= _BUILTIN_ERRORS and node.name != "SparkforgeError":
+                    orphans.append(f"{path.relative_to(root)}: {node.name}({', '.join(bases)})")
+    assert orphans == []
+    assert issubclass(SparkforgeError, ValueError)
+    assert issubclass(ConfigError, SparkforgeError)
+
+
+def test_ten_thousand_layer_ids_are_a_short_config_error(
+        tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ids the target does not have are a config error (2), and the echoed list is cut."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    ids = "[" + ",".join(str(i) for i in range(1, 10_001)) + "]"
+    assert main(["produce", "--backend", "hf", "--data", str(data), "--output",
+                 str(tmp_path / "out"), "--engine.model", str(tiny_target),
+                 "--layer_ids", ids]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert len(err) < 500, len(err)
+    assert "ids [4, 5, 6" in err

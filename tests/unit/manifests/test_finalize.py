@@ -120,7 +120,8 @@ def test_parity_report_reaches_the_manifest_only_when_written(tmp_path: Path) ->
     """target/parity.json, when the producer wrote one, is copied into the manifest verbatim."""
     report = {"num_samples": 2, "num_tokens": 40, "dtype": "float32",
               "layers": [{"name": "final", "max_abs": 1e-6, "rel": 2e-7, "dtype_noise": None}],
-              "top1_agreement": 1.0, "kl_topk": 0.0, "max_abs_logprob": 1e-6, "passed": True}
+              "top1_agreement": 1.0, "kl_topk": 0.0, "max_abs_logprob": 1e-6, "passed": True,
+              "num_image_samples": 1}
     _cache(tmp_path / "with", [0]).write_target_files({"parity.json": json.dumps(report).encode()})
     _cache(tmp_path / "without", [0])
     assert finalize_cache(str(tmp_path / "with"), expected_units=1).to_json()["parity"] == report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -101,11 +102,25 @@ def _deep_manifest(c: Path) -> None:
     (c / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
 
 
+def _shard_links_out(c: Path) -> None:
+    shard = next(p for p in sorted((c / "aux_hidden.0/c").rglob("*")) if p.is_file())
+    shard.unlink()
+    shard.symlink_to("/etc/passwd")
+
+
+def _fifo_shard(c: Path) -> None:
+    shard = next(p for p in sorted((c / "aux_hidden.0/c").rglob("*")) if p.is_file())
+    shard.unlink()
+    os.mkfifo(shard)
+
+
 @pytest.mark.parametrize(("corrupt", "message"), [
     (_no_array_metadata, r"zarr metadata cannot be read .*final_hidden"),
     (_no_index, r"index.parquet is missing \(manifest storage.index_key\)"),
     (_deep_manifest, r"manifest.json: JSON nested deeper than 32 levels"),
-], ids=["array_metadata", "index", "deep_manifest"])
+    (_shard_links_out, r"aux_hidden.0/c/.*: a link to /etc/passwd, outside the cache root"),
+    (_fifo_shard, r"aux_hidden.0/c/.*: a FIFO \(named pipe\), not a regular file"),
+], ids=["array_metadata", "index", "deep_manifest", "shard_links_out", "fifo_shard"])
 def test_damaged_cache_is_one_line_and_exit_1(tmp_path: Path, corrupt: object, message: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """inspect on a cache missing array metadata or its index, or with a hostile manifest,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -201,6 +202,27 @@ def _shard_links_out(c: Path) -> None:
     shard.symlink_to("/etc/passwd")
 
 
+def _fifo_shard(c: Path) -> None:
+    shard = c / f"aux_hidden.1/c/{_first_slot(c, 1)}/0"
+    shard.unlink()
+    os.mkfifo(shard)
+
+
+def _fifo_commit(c: Path) -> None:
+    (c / "_commits/unit_00000001.json").unlink()
+    os.mkfifo(c / "_commits/unit_00000001.json")
+
+
+def _fifo_array_metadata(c: Path) -> None:
+    (c / "final_hidden/zarr.json").unlink()
+    os.mkfifo(c / "final_hidden/zarr.json")
+
+
+def _device_manifest(c: Path) -> None:
+    (c / "manifest.json").unlink()
+    (c / "manifest.json").symlink_to("/dev/zero")
+
+
 CORRUPTIONS = [
     (_delete_commit, r"^unit 1: commit record _commits/unit_00000001.json is missing$"),
     (_delete_shard, r"^unit 2, slot \d+: object aux_hidden.1/c/\d+/0 is missing \(it would read"),
@@ -247,7 +269,12 @@ CORRUPTIONS = [
     (_commit_links_out, r"^unit 1: _commits/unit_00000001.json: a link to .*elsewhere.json, "
                         r"outside the cache root .*; refusing to read it$"),
     (_shard_links_out, r"^aux_hidden.1/c/\d+/0: a link to /etc/passwd, outside the cache root"),
-    (_shard_links_out, r"^unit 1, slot \d+: object aux_hidden.1/c/\d+/0 is missing"),
+    # special files: named, never opened (open() on a FIFO blocks forever)
+    (_fifo_shard, r"^aux_hidden.1/c/\d+/0: a FIFO \(named pipe\), not a regular file \(never "
+                  r"opened; replace it with the real file\)$"),
+    (_fifo_commit, r"^_commits/unit_00000001.json: a FIFO \(named pipe\), not a regular file"),
+    (_fifo_array_metadata, r"^final_hidden/zarr.json: a FIFO \(named pipe\), not a regular"),
+    (_device_manifest, r"^manifest.json: a character device, not a regular file"),
 ]
 
 
@@ -386,6 +413,17 @@ def test_links_out_of_the_root_are_never_read(cache: Path,
     out = capsys.readouterr().out
     assert "root:" not in out
     assert "(deep)" in out
+
+
+@pytest.mark.parametrize("corrupt", [_shard_links_out, _fifo_shard])
+def test_a_reported_object_is_not_also_called_missing(cache: Path,
+                                                      corrupt: Callable[[Path], None]) -> None:
+    """A shard linked out of the root or replaced by a FIFO gets its own line only, not a wrong
+    'missing (it would read back as zeros)' beside it; --deep does not open it."""
+    corrupt(cache)
+    problems = validate_cache(str(cache), deep=True).problems
+    assert len(problems) == 1, problems
+    assert "is missing" not in problems[0]
 
 
 def test_directory_link_inside_the_root_is_followed_like_zarr_does(cache: Path) -> None:

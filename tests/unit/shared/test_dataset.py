@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ from producer_helpers import write_jsonl
 
 from sparkforge.shared.dataset import DatasetError, describe_sources, iter_rows
 from sparkforge.shared.io_errors import StorageError
+from sparkforge.shared.storage import IrregularObjectError
 
 ROWS = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(7)]
 
@@ -72,6 +74,18 @@ def test_unknown_format_and_missing_file_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="data"):
         describe_sources(str(tmp_path / "missing.jsonl"))
     assert describe_sources(str(tmp_path / "d.txt"), data_format="jsonl")[0].num_rows == 1
+
+
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_a_fifo_as_data_is_named_not_read(tmp_path: Path, where: str) -> None:
+    """--data on a FIFO, or on a folder holding one, is refused in one line (reading it would
+    wait for a writer forever)."""
+    write_jsonl(tmp_path / "a.jsonl", [json.dumps(ROWS[0])])
+    os.mkfifo(tmp_path / "b.jsonl")
+    uri = tmp_path if where == "folder" else tmp_path / "b.jsonl"
+    with pytest.raises(IrregularObjectError, match=rf"^data {tmp_path / 'b.jsonl'}: a FIFO "
+                                                   r"\(named pipe\), not a regular file"):
+        describe_sources(str(uri))
 
 
 def test_json_nested_past_the_recursion_limit_is_a_bad_row(tmp_path: Path) -> None:

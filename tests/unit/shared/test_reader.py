@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ from sparkforge.manifests.open import IndexMismatchError, open_cache
 from sparkforge.shared.layer_ids import LayerIdError
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.reader import CacheDataError, ChecksumError
+from sparkforge.shared.storage import IrregularObjectError
 from sparkforge.shared.writer import CacheWriter
 
 SPEC = CacheSpec(hidden_size=32, num_aux_layers=2, hidden_dtype="bfloat16", max_seq_len=24,
@@ -152,9 +155,18 @@ def _delete_shard(cache: Path, unit: int) -> str:
     return "aux_hidden.1"
 
 
+def _fifo_shard(cache: Path, unit: int) -> str:
+    """A FIFO where a shard was: open() on it would block until a writer comes, forever."""
+    shard = cache / f"aux_hidden.1/c/{_slot(cache, unit)}/0"
+    shard.unlink()
+    os.mkfifo(shard)
+    return "aux_hidden.1"
+
+
 @pytest.mark.parametrize("verify", [True, False], ids=["verify", "no_verify"])
-@pytest.mark.parametrize("corrupt", [_break_zstd_chunk, _break_blosc_shard, _delete_shard],
-                         ids=["zstd_chunk", "blosc_shard", "deleted_shard"])
+@pytest.mark.parametrize("corrupt", [_break_zstd_chunk, _break_blosc_shard, _delete_shard,
+                                     _fifo_shard],
+                         ids=["zstd_chunk", "blosc_shard", "deleted_shard", "fifo_shard"])
 def test_damaged_slot_is_refused_naming_unit_slot_and_array(cache: Path, corrupt: object,
                                                             verify: bool) -> None:
     """Missing or undecodable objects are refused, crc check or not, naming unit/slot/array."""
@@ -182,6 +194,16 @@ def test_token_id_outside_the_vocabulary_names_the_sample(cache: Path) -> None:
         reader.read_unit(1)
     with pytest.raises(CacheDataError, match=f"sample {row.sample_id}: input_ids outside"):
         reader.read_sample(row.sample_id)
+
+
+def test_loss_mask_value_other_than_0_or_1_names_the_sample(cache: Path) -> None:
+    """A 2 in loss_mask (with a matching crc; --deep flags it too) is refused, not read as a
+    double weight or ignored at a prompt position."""
+    row = open_cache(str(cache)).units()[1].samples[1]
+    forge_rows(cache, "loss_mask", row.row_offset, np.array([2], dtype=np.uint8))
+    with pytest.raises(CacheDataError, match=rf"^unit 1, slot {row.slot}, sample {row.sample_id}: "
+                                             r"loss_mask not 0 or 1: min 0, max 2$"):
+        open_cache(str(cache)).read_unit(1)
 
 
 def test_index_boundaries_must_match_the_commit_record(cache: Path) -> None:
@@ -212,6 +234,18 @@ def test_index_boundaries_must_match_the_commit_record(cache: Path) -> None:
     with pytest.raises(IndexMismatchError, match=rf"^unit 1: .* sample {first['sample_id']}: "
                                                  r"index.parquet has length = \d+, commit record"):
         reader.read_unit(1)
+
+
+@pytest.mark.parametrize("key", ["zarr.json", "input_ids/zarr.json", "manifest.json",
+                                 "_commits/unit_00000000.json"])
+def test_special_file_as_a_cache_document_is_named_not_opened(cache: Path, key: str) -> None:
+    """A FIFO as a metadata file, the manifest or a commit record: one line naming it (opening
+    it would hang the reader)."""
+    (cache / key).unlink()
+    os.mkfifo(cache / key)
+    with pytest.raises(IrregularObjectError, match=rf"^{re.escape(key)}: a FIFO \(named pipe\), "
+                                                   r"not a regular file"):
+        open_cache(str(cache)).read_unit(0)
 
 
 def test_link_out_of_the_root_is_not_read(cache: Path, tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def test_prompt_ids_end_where_the_assistant_mask_starts(tiny_target: Path, tmp_p
                                        return_assistant_tokens_mask=True)
         mask = full["assistant_masks"]
         last_start = max(i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1]))
-        assert prompt.tolist() == full["input_ids"][:last_start]
+        assert prompt.input_ids.tolist() == full["input_ids"][:last_start]
 
 
 def test_a_file_without_prompts_is_an_error(tiny_target: Path, tmp_path: Path) -> None:

@@ -25,7 +25,10 @@ from sparkforge.trainer.run import check_cache, run_contract
 from sparkforge.trainer.run_config import DraftSpec, contract_from_train_config
 
 ROOT = Path(__file__).resolve().parents[3]
-EXAMPLES = sorted((ROOT / "trainer" / "examples").glob("*.yaml"))
+ALL_EXAMPLES = sorted((ROOT / "trainer" / "examples").glob("*.yaml"))
+# Overlays (the logger examples) hold no model: they are added after a run's own config.
+OVERLAYS = [p for p in ALL_EXAMPLES if "model" not in yaml.safe_load(p.read_text())]
+EXAMPLES = [p for p in ALL_EXAMPLES if p not in OVERLAYS]
 # Hardware settings only: they let a GPU config build its Trainer on CPU and never reach the
 # contract, which reads the draft, data.max_seq_len and the validation schedule.
 ON_CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1",
@@ -60,6 +63,20 @@ def test_validate_and_train_build_the_same_contract(source: Path | str, tmp_path
         from_train = run_contract(cli.model, cli.datamodule, cli.trainer, target)
         assert contract_from_train_config(path, target_config=target) == from_train
         assert from_train.scaling is not None
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_overlays_add_their_logger_to_a_full_config(overlay: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A logger overlay after a full config sets its logger and leaves the contract unchanged."""
+    monkeypatch.chdir(tmp_path)
+    base = EXAMPLES[-1]
+    cli = train_cli(["--config", str(base), "--config", str(overlay), *ON_CPU])
+    wanted = yaml.safe_load(overlay.read_text())["trainer"]["logger"]["class_path"]
+    assert type(cli.trainer.logger).__name__ == wanted.rsplit(".", 1)[-1]
+    plain = train_cli(["--config", str(base), *ON_CPU])
+    assert (run_contract(cli.model, cli.datamodule, cli.trainer, QWEN3_CONFIG)
+            == run_contract(plain.model, plain.datamodule, plain.trainer, QWEN3_CONFIG))
 
 
 def test_building_the_contract_imports_no_torch() -> None:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from export_helpers import foreign_checkpoint
 from safetensors.torch import load_file
 
+from sparkforge.trainer.checkpoint import CheckpointError, load_checkpoint
 from sparkforge.trainer.draft.config import DSparkDraftConfig, draft_tiny
 from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.export import (
@@ -152,11 +154,20 @@ class _Payload:
 
 
 def test_checkpoint_with_arbitrary_pickled_objects_is_refused(tmp_path: Path) -> None:
-    """Export loads checkpoints weights-only: a pickled object is an ExportError, never run."""
+    """Export loads checkpoints weights-only: a pickled object is a CheckpointError, never run."""
     path = tmp_path / "foreign.ckpt"
     torch.save({"draft_config": draft_tiny().to_dict(), "state_dict": {}, "x": _Payload()}, path)
-    with pytest.raises(ExportError, match="foreign.ckpt"):
+    with pytest.raises(CheckpointError, match="foreign.ckpt"):
         read_checkpoint(path)
+
+
+@pytest.mark.parametrize("kind", ["random_bytes", "code_running_pickle"])
+def test_a_foreign_file_is_one_line_and_runs_nothing(tmp_path: Path, kind: str) -> None:
+    """The check export and train --ckpt_path share: one line naming the file, no code run."""
+    path = foreign_checkpoint(kind, tmp_path / "foreign.ckpt")
+    with pytest.raises(CheckpointError, match=r"foreign.ckpt: not a sparkforge train checkpoint"):
+        load_checkpoint(path)
+    assert not path.with_suffix(".ran").exists()
 
 
 def test_every_config_architecture_has_a_table_entry() -> None:

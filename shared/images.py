@@ -1,0 +1,193 @@
+"""Image parts of chat rows: find them, read their bytes, decode them, hash them.
+
+A message's ``content`` may be a list of parts. Image parts come in the OpenAI form
+``{"type": "image_url", "image_url": {"url": ...}}`` (``input_image`` with ``image_url`` too) and
+the Hugging Face form ``{"type": "image", "url" | "path" | "image": ...}``. The source is a data
+URI (``data:image/png;base64,...``), a local path or an fsspec URI (``s3://...``), read with the
+run's storage options. Every failure is a typed reason, so a run counts bad images and carries on.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import fsspec
+
+IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+"""Largest ``width * height`` decoded by default: larger images are skipped (a decompression
+bomb guard; PIL's own guard warns only above 89 M pixels)."""
+
+
+class ImageProblem(StrEnum):
+    """Why a row's images cannot be used; the values are skip reasons in the accounting."""
+
+    MISSING = "image_missing"
+    """An image part without a source, or a path/object that does not exist."""
+    UNREADABLE = "image_unreadable"
+    """The source exists but its bytes cannot be read (a malformed data URI, an I/O error)."""
+    UNDECODABLE = "image_undecodable"
+    """The bytes are no image PIL can decode."""
+    TOO_LARGE = "image_too_large"
+    """More pixels than ``max_image_pixels``."""
+    TOO_MANY = "too_many_images"
+    """The image placeholders do not fit in ``max_seq_len`` (or the template dropped some)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadedImages:
+    """A row's decoded images, in the order their parts appear, and their identity."""
+
+    images: tuple[Any, ...]
+    """RGB ``PIL.Image.Image`` objects."""
+    sha256: str
+    """sha256 over every image's bytes (each prefixed by its length), in order."""
+
+
+def is_image_part(part: object) -> bool:
+    """A content part holding an image (``image_url``, ``input_image`` or ``image``)."""
+    return isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES
+
+
+def row_has_images(row: Mapping[str, Any] | None) -> bool:
+    """Whether any message of a chat row carries an image part."""
+    messages = None if row is None else row.get("messages")
+    if not isinstance(messages, list):
+        return False
+    return any(isinstance(m, Mapping) and isinstance(m.get("content"), list)
+               and any(is_image_part(p) for p in m["content"]) for m in messages)
+
+
+def image_sources(messages: Sequence[Mapping[str, Any]]) -> list[str | bytes] | ImageProblem:
+    """The source of each image part (a URI/path string or raw bytes), in message order."""
+    sources: list[str | bytes] = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if not is_image_part(part):
+                continue
+            source = _part_source(part)
+            if source is None:
+                return ImageProblem.MISSING
+            sources.append(source)
+    return sources
+
+
+def _part_source(part: Mapping[str, Any]) -> str | bytes | None:
+    if part.get("type") in ("image_url", "input_image"):
+        inner = part.get("image_url")
+        url = inner.get("url") if isinstance(inner, Mapping) else inner
+        return url if isinstance(url, str) and url else None
+    for key in ("url", "path", "image"):
+        value = part.get(key)
+        if isinstance(value, str) and value or isinstance(value, bytes) and value:
+            return value
+    return None
+
+
+def read_image_bytes(
+    source: str | bytes, storage_options: Mapping[str, Any] | None = None
+) -> bytes | ImageProblem:
+    """The encoded bytes of one image source."""
+    if isinstance(source, bytes):
+        return source
+    if source.startswith("data:"):
+        header, sep, payload = source.partition(",")
+        if not sep or not header.endswith(";base64"):
+            return ImageProblem.UNREADABLE
+        try:
+            return base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            return ImageProblem.UNREADABLE
+    try:
+        with fsspec.open(source, "rb", **dict(storage_options or {})) as f:
+            data: bytes = f.read()
+    except FileNotFoundError:
+        return ImageProblem.MISSING
+    except (OSError, ValueError):  # permissions, a folder, an unknown protocol
+        return ImageProblem.UNREADABLE
+    return data
+
+
+def decode_image(data: bytes, max_pixels: int) -> Any:
+    """An RGB PIL image of ``data``, or the problem (the pixel limit checked before decoding)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(data))
+        if image.width * image.height > max_pixels:
+            return ImageProblem.TOO_LARGE
+        image.load()
+        return image.convert("RGB")
+    except Image.DecompressionBombError:
+        return ImageProblem.TOO_LARGE
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        return ImageProblem.UNDECODABLE
+
+
+def read_images(
+    messages: Sequence[Mapping[str, Any]], storage_options: Mapping[str, Any] | None = None
+) -> list[bytes] | ImageProblem:
+    """The encoded bytes of every image of ``messages``, in order; the first problem wins."""
+    sources = image_sources(messages)
+    if isinstance(sources, ImageProblem):
+        return sources
+    return _each(sources, lambda source: read_image_bytes(source, storage_options))
+
+
+def _each(items: Sequence[Any], step: Any) -> list[Any] | ImageProblem:
+    """``step`` of every item, or the first problem it returns."""
+    out = []
+    for item in items:
+        got = step(item)
+        if isinstance(got, ImageProblem):
+            return got
+        out.append(got)
+    return out
+
+
+def images_sha256(encoded: Sequence[bytes]) -> str:
+    """sha256 over the images' bytes, each prefixed by its length, in order."""
+    digest = hashlib.sha256()
+    for data in encoded:
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def load_images(
+    messages: Sequence[Mapping[str, Any]], *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    storage_options: Mapping[str, Any] | None = None,
+) -> LoadedImages | ImageProblem:
+    """Read, check and decode every image of ``messages``; the first problem wins."""
+    encoded = read_images(messages, storage_options)
+    if isinstance(encoded, ImageProblem):
+        return encoded
+    images = _each(encoded, lambda data: decode_image(data, max_pixels))
+    if isinstance(images, ImageProblem):
+        return images
+    return LoadedImages(images=tuple(images), sha256=images_sha256(encoded))
+
+
+def template_parts(content: Sequence[Any]) -> list[dict[str, Any]] | None:
+    """A content list as chat templates read it: ``{"type": "text", "text": ...}`` and
+    ``{"type": "image"}`` parts (sources left out); None if a part is neither."""
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        if is_image_part(part):
+            parts.append({"type": "image"})
+        elif (isinstance(part, Mapping) and part.get("type") == "text"
+              and isinstance(part.get("text"), str)):
+            parts.append({"type": "text", "text": part["text"]})
+        else:
+            return None
+    return parts

@@ -1,0 +1,277 @@
+"""Image rows of a VL target (the tiny multimodal Gemma4): encoded as its processor does,
+captured as its one-row VL forward gives, and every bad image skipped with its own reason."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+from sparkforge.app.tiny_target import IMAGE_TOKENS
+from sparkforge.app.tiny_vl import data_uri, image_conversations, png_bytes, tiny_image
+from sparkforge.producer.chat import ChatEncoder, SkipReason
+from sparkforge.producer.hf_source import HfSource
+from sparkforge.producer.image_rows import ImageChatEncoder
+from sparkforge.producer.source import CaptureRequest
+from sparkforge.shared.image_inputs import target_images
+from sparkforge.shared.target_config import read_target_config
+
+LAYER_IDS = (1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def vl_target(tiny_family: Callable[[str], Path]) -> Path:
+    return tiny_family("gemma4")
+
+
+@pytest.fixture(scope="module")
+def vl_targets(vl_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny Gemma4 and MiniMax-M3 VL top levels, both with image tokens and processors."""
+    from tiny_families import build_tiny_family
+
+    return {"gemma4": vl_target, "minimax_m3_vl": build_tiny_family(
+        tmp_path_factory.mktemp("minimax_vl"), "minimax_m3_vl", images=True)}
+
+
+def _encoder(target: Path, **kwargs: Any) -> ImageChatEncoder:
+    images = target_images(target, read_target_config(target).raw)
+    assert images is not None
+    return ImageChatEncoder(AutoTokenizer.from_pretrained(target), images=images,
+                            **{"max_seq_len": 512, **kwargs})
+
+
+def _image_row(image: Any, text: str = "Describe the picture.") -> dict[str, Any]:
+    return {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": text},
+                                     {"type": "image_url", "image_url": {"url": data_uri(image)}},
+                                     {"type": "text", "text": "Be short."}]},
+        {"role": "assistant", "content": "A bright square on a gradient."}]}
+
+
+def _reference_pixels(target: Path, images: list[Any]) -> tuple[dict[str, torch.Tensor],
+                                                                list[int], tuple[str, ...]]:
+    """The family's image processor outputs, tokens per image and (boi, eoi, image) tokens:
+    transformers' Gemma4 PIL processor, or for MiniMax-M3 VL the torch port that
+    ``test_minimax_vl_pixels.py`` proves equal to transformers' torchvision processor."""
+    if read_target_config(target).model_type == "gemma4":
+        from transformers.models.gemma4.image_processing_pil_gemma4 import (
+            Gemma4ImageProcessorPil,
+        )
+
+        out = Gemma4ImageProcessorPil.from_pretrained(target)(images=images, return_tensors="pt")
+        return ({"pixel_values": out["pixel_values"],
+                 "image_position_ids": out["image_position_ids"]},
+                out["num_soft_tokens_per_image"].tolist(), IMAGE_TOKENS)
+    from tiny_families import MINIMAX_IMAGE_TOKENS
+
+    from sparkforge.shared.minimax_vl_pixels import MiniMaxM3VLPixels
+
+    pixels = MiniMaxM3VLPixels.from_pretrained(target)
+    out = pixels(images)
+    counts = [int(g.prod()) // pixels.merge_size ** 2 for g in out["image_grid_thw"]]
+    return out, counts, MINIMAX_IMAGE_TOKENS
+
+
+def _reference_inputs(target: Path, row: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """What the target's processor gives for a row, built here from its parts: the template's
+    rendering with ``{"type": "image"}`` parts, each image token replaced by begin-of-image,
+    one image token per image feature and end-of-image, and the image processor's pixels."""
+    tok = AutoTokenizer.from_pretrained(target)
+    images, messages = [], []
+    for m in row["messages"]:
+        if isinstance(m["content"], list):
+            parts = []
+            for p in m["content"]:
+                if p["type"] == "text":
+                    parts.append(p)
+                else:
+                    data = base64.b64decode(p["image_url"]["url"].split(",")[1])
+                    images.append(Image.open(io.BytesIO(data)).convert("RGB"))
+                    parts.append({"type": "image"})
+            m = {**m, "content": parts}
+        messages.append(m)
+    ids = tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+    pixels, counts, tokens = _reference_pixels(target, images)
+    boi, eoi, image_token = tok.convert_tokens_to_ids(list(tokens))
+    per_image = iter(counts)
+    expanded: list[int] = []
+    for t in ids:
+        expanded += [boi, *[image_token] * next(per_image), eoi] if t == image_token else [t]
+    ids_t = torch.tensor([expanded])
+    types = ({"mm_token_type_ids": (ids_t == image_token).long()}
+             if tokens == IMAGE_TOKENS else {})
+    return {"input_ids": ids_t, **pixels, **types}
+
+
+def test_image_rows_are_encoded_as_the_processor_does(vl_target: Path) -> None:
+    """Ids and pixels equal the processor's; image spans are context, never supervised (Gemma4,
+    whose PIL processor transformers runs here)."""
+    encoder = _encoder(vl_target)
+    row = _image_row(tiny_image(1))
+    got = encoder.encode(row)
+    assert not isinstance(got, SkipReason)
+    assert got.model_inputs is not None
+    ref = _reference_inputs(vl_target, row)
+    assert got.input_ids.tolist() == ref["input_ids"][0].tolist()
+    for name in ("pixel_values", "image_position_ids", "mm_token_type_ids"):
+        assert torch.equal(got.model_inputs[name], ref[name]), name
+    boi, eoi = (int(np.flatnonzero(got.input_ids == t)[0]) for t in
+                (encoder.target_images.boi_token_id, encoder.target_images.eoi_token_id))
+    assert eoi - boi - 1 == int(ref["mm_token_type_ids"].sum()) > 0
+    assert not got.loss_mask[boi:eoi + 1].any()
+    tok = AutoTokenizer.from_pretrained(vl_target)
+    assert "A bright square on a gradient." in tok.decode(got.input_ids[got.loss_mask == 1])
+    text_only = encoder.encode({"messages": [row["messages"][0] | {"content": "Hi."},
+                                             row["messages"][1]]})
+    assert not isinstance(text_only, SkipReason)
+    assert text_only.model_inputs is None
+
+
+@pytest.mark.parametrize("family", ["gemma4", "minimax_m3_vl"])
+def test_image_rows_equal_the_one_row_vl_forward(vl_targets: dict[str, Path], family: str,
+                                                 tmp_path: Path) -> None:
+    """Mixed text and image rows, batched by the HF backend, equal each row's own fp32 VL forward
+    with the processor's pixel values (within 1e-5)."""
+    vl_target = vl_targets[family]
+    encoder = _encoder(vl_target)
+    rows = image_conversations(6, tmp_path)
+    encoded = [encoder.encode(r) for r in rows]
+    assert all(not isinstance(e, SkipReason) for e in encoded)
+    requests = [CaptureRequest(sample_id=i, input_ids=e.input_ids, model_inputs=e.model_inputs)
+                for i, e in enumerate(encoded)]  # type: ignore[union-attr]
+    assert sum(r.model_inputs is not None for r in requests) == 3
+    source = HfSource(str(vl_target), layer_ids=LAYER_IDS, max_batch_tokens=4096)
+    got = {r.sample_id: r for r in source.capture(requests)}
+    model = AutoModelForImageTextToText.from_pretrained(vl_target, dtype=torch.float32).eval()
+    for i, request in enumerate(requests):
+        inputs = ({"input_ids": torch.from_numpy(request.input_ids.astype(np.int64))[None]}
+                  if request.model_inputs is None else
+                  _reference_inputs(vl_target, {"messages": [
+                      {**m, "content": m["content"]} for m in _as_data_uris(rows[i])["messages"]]}))
+        assert inputs["input_ids"][0].tolist() == request.input_ids.tolist()
+        with torch.no_grad():
+            states = model(**inputs, output_hidden_states=True).hidden_states
+        aux = torch.stack([states[k][0] for k in LAYER_IDS], dim=1)
+        for a, b in ((got[i].aux_hidden, aux), (got[i].final_hidden, states[-1][0])):
+            assert float((a - b).abs().max() / b.abs().max()) < 1e-5, i
+
+
+def _as_data_uris(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with every path-form image part turned into the data-URI form."""
+    row = copy.deepcopy(row)
+    for m in row["messages"]:
+        if isinstance(m["content"], list):
+            m["content"] = [
+                {"type": "image_url", "image_url": {"url": data_uri(Image.open(p["path"]))}}
+                if p["type"] == "image" else p for p in m["content"]]
+    return row
+
+
+@pytest.mark.parametrize("family", ["gemma4", "minimax_m3_vl"])
+def test_the_image_reaches_the_target(vl_targets: dict[str, Path], family: str) -> None:
+    """The same text with two different images: identical features before the image span,
+    different ones from it on."""
+    vl_target = vl_targets[family]
+    encoder = _encoder(vl_target)
+    a, b = (encoder.encode(_image_row(tiny_image(seed))) for seed in (1, 2))
+    assert not isinstance(a, SkipReason)
+    assert not isinstance(b, SkipReason)
+    assert a.input_ids.tolist() == b.input_ids.tolist()
+    source = HfSource(str(vl_target), layer_ids=LAYER_IDS)
+    got = list(source.capture([CaptureRequest(sample_id=i, input_ids=e.input_ids,
+                                              model_inputs=e.model_inputs)
+                               for i, e in enumerate((a, b))]))
+    boi = int(np.flatnonzero(a.input_ids == encoder.target_images.boi_token_id)[0])
+    eoi = int(np.flatnonzero(a.input_ids == encoder.target_images.eoi_token_id)[0])
+    before = (got[0].aux_hidden[:boi + 1] - got[1].aux_hidden[:boi + 1]).abs().max()
+    assert float(before) == 0.0
+    for t in (boi + 1, eoi, eoi + 1, a.input_ids.shape[0] - 1):   # image tokens and the text after
+        assert float((got[0].aux_hidden[t] - got[1].aux_hidden[t]).abs().max()) > 1e-4, t
+
+
+def _row_with(part: dict[str, Any]) -> dict[str, Any]:
+    row = _image_row(tiny_image(0))
+    row["messages"][0]["content"].append(part)
+    return row
+
+
+@pytest.mark.parametrize(("part", "reason"), [
+    ({"type": "image", "path": "/nonexistent/a.png"}, "image_missing"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,%%"}}, "image_unreadable"),
+    ({"type": "image", "image": b"GIF89a broken"}, "image_undecodable"),
+    ({"type": "image", "image": png_bytes(Image.new("RGB", (300, 300)))}, "image_too_large"),
+])
+def test_each_bad_image_is_its_own_skip_reason(vl_target: Path, part: dict[str, Any],
+                                               reason: str) -> None:
+    """A row with one bad image (after a good one) is skipped with that image's reason."""
+    encoder = _encoder(vl_target, max_image_pixels=256 * 256)
+    assert encoder.encode(_row_with(part)) == SkipReason(reason)
+
+
+def test_images_that_do_not_fit_the_context_are_too_many(vl_target: Path) -> None:
+    """Image spans past max_seq_len skip the row as too_many_images, even under truncation;
+    a cut after the last image span keeps the row."""
+    row = _image_row(tiny_image(0))
+    full = _encoder(vl_target).encode(row)
+    assert not isinstance(full, SkipReason)
+    eoi = int(np.flatnonzero(full.input_ids == 5)[-1])
+    short = _encoder(vl_target, max_seq_len=eoi, overlong="truncate")
+    assert short.encode(row) == SkipReason.TOO_MANY_IMAGES
+    cut = _encoder(vl_target, max_seq_len=full.input_ids.shape[0] - 2, overlong="truncate")
+    kept = cut.encode(row)
+    assert not isinstance(kept, SkipReason)
+    assert kept.model_inputs is not None
+    assert kept.model_inputs["mm_token_type_ids"].shape[-1] == kept.input_ids.shape[0]
+
+
+def test_a_template_that_drops_images_is_refused_per_row(vl_target: Path) -> None:
+    """A template rendering no image token for an image part cannot place the image."""
+    template = AutoTokenizer.from_pretrained(vl_target).chat_template.replace(
+        "'<|image|>'", "''")
+    assert _encoder(vl_target, chat_template=template).encode(
+        _image_row(tiny_image(0))) == SkipReason.TOO_MANY_IMAGES
+
+
+def test_a_text_only_target_still_skips_image_content(tiny_target: Path) -> None:
+    """A text target (no image processing) skips image rows as image_content."""
+    encoder = ChatEncoder(AutoTokenizer.from_pretrained(tiny_target), max_seq_len=512)
+    assert target_images(tiny_target, read_target_config(tiny_target).raw) is None
+    assert encoder.encode(_image_row(tiny_image(0))) == SkipReason.IMAGE_CONTENT
+
+
+def test_a_rerun_detects_a_changed_image_behind_an_unchanged_path(vl_target: Path,
+                                                                  tmp_path: Path) -> None:
+    """Each image row's source_hash covers its image bytes; a re-run over a cache whose path-form
+    image changed (the dataset file did not) stops naming the sample; restored, it passes."""
+    from producer_helpers import producer_config, write_jsonl
+
+    from sparkforge.producer.engine_options import EngineOptions
+    from sparkforge.producer.run import run
+    from sparkforge.shared.writer import CacheMismatchError
+
+    rows = image_conversations(8, tmp_path / "images")
+    path_row = next(i for i, r in enumerate(rows) if any(
+        isinstance(m["content"], list) and any("path" in p for p in m["content"])
+        for m in r["messages"]))
+    image_path = Path(next(p["path"] for m in rows[path_row]["messages"]
+                           if isinstance(m["content"], list) for p in m["content"] if "path" in p))
+    data = write_jsonl(tmp_path / "chat.jsonl", rows)
+    cfg = producer_config(vl_target, data, str(tmp_path / "cache"), shard_rows=1024,
+                          engine=EngineOptions(model=str(vl_target), max_model_len=512,
+                                               dtype="float32"))
+    assert run(cfg).accounting().written == 8
+    original = image_path.read_bytes()
+    image_path.write_bytes(png_bytes(tiny_image(999)))
+    with pytest.raises(CacheMismatchError, match=rf"samples \[{path_row}\]"):
+        run(cfg)
+    image_path.write_bytes(original)
+    assert run(cfg).units_todo == 0
