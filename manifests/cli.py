@@ -76,6 +76,7 @@ class PlanConfig:
     shard_rows: int = 8192
     rows_per_unit: int = 64
     tokens_per_s: float | None = None
+    against: str | None = None
     json: bool = False
 
 
@@ -147,6 +148,10 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
         p.add_argument("--tokens_per_s", type=float,
                        help="capture speed of one producer (e.g. a GPU's prefill tokens/s): "
                             "also print the writer cores needed to keep up")
+        p.add_argument("--against", metavar="TRAIN_CONFIG",
+                       help="a `sparkforge train` YAML config: also estimate its kept-anchor "
+                            "ratio and padding with and without packing (chat-like lengths "
+                            "around --mean_seq_len)")
         p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -175,22 +180,29 @@ def _storage_options(text: str) -> dict[str, Any]:
     return options
 
 
+Extra = Callable[[], tuple[dict[str, Any], str]]
+"""More for a command to report, computed by the app layer (the trainer's anchor budget of an
+``--against`` config): a JSON object, added under ``anchor_budget``, and its text."""
+
 ContractBuilder = Callable[[Mapping[str, Any] | None], RunContract]
 """Builds the contract of ``--against`` from the cache's target ``config.json`` (None when
 unreadable), as ``train`` builds it."""
 
 
-def run_validate(cfg: ValidateConfig, contract: ContractBuilder | None = None) -> int:
+def run_validate(cfg: ValidateConfig, contract: ContractBuilder | None = None,
+                 extra: Extra | None = None) -> int:
     """Validate the cache (against the run ``contract`` builds for ``cfg.against``); 1 if
-    invalid."""
+    invalid. ``extra`` is reported too when the cache is valid."""
     options = _storage_options(cfg.storage_options)
     run = None if contract is None else contract(cache_target_config(cfg.cache, options))
     report = validate_cache(cfg.cache, deep=cfg.deep, against=run, storage_options=options,
                             progress=True)
     report.against = cfg.against
     against = f", against {cfg.against}" if cfg.against else ""
+    more = extra() if extra is not None and report.valid else None
     if cfg.json:
-        print(json.dumps(report.to_json(), indent=1))
+        print(json.dumps(report.to_json() | ({"anchor_budget": more[0]} if more else {}),
+                         indent=1))
     else:
         for problem in report.problems:
             print(problem)
@@ -198,6 +210,8 @@ def run_validate(cfg: ValidateConfig, contract: ContractBuilder | None = None) -
         verdict = "valid" if report.valid else f"INVALID ({len(report.problems)} problems)"
         print(f"{cfg.cache}: {verdict}; checked {checked or 'nothing'}"
               + (" (deep)" if cfg.deep else "") + against)
+        if more:
+            print(more[1])
     return 0 if report.valid else 1
 
 
@@ -216,8 +230,8 @@ def run_inspect(cfg: InspectConfig) -> int:
     return 0
 
 
-def run_plan(cfg: PlanConfig) -> int:
-    """Print the estimated cache size."""
+def run_plan(cfg: PlanConfig, extra: Extra | None = None) -> int:
+    """Print the estimated cache size (and ``extra``)."""
     hidden: int | None
     if cfg.target_config:
         try:
@@ -249,7 +263,11 @@ def run_plan(cfg: PlanConfig) -> int:
                       tokens_per_s=cfg.tokens_per_s)
     if ids:
         plan["layer_ids"] = ids
-    print(json.dumps(plan, indent=1) if cfg.json else plan_table(plan))
+    more = extra() if extra is not None else None
+    if more:
+        plan["anchor_budget"] = more[0]
+    print(json.dumps(plan, indent=1) if cfg.json else
+          plan_table(plan) + (f"\n\n{more[1]}" if more else ""))
     return 0
 
 

@@ -104,7 +104,7 @@ class ProducerConfig:
     data_format: Literal["auto", "jsonl", "parquet"] = "auto"
     """Input format; auto reads it from the file suffix."""
     worker_index: int | None = None
-    """This worker's index; default from JOB_COMPLETION_INDEX / SLURM_* (see README)."""
+    """This worker's index; default from JOB_COMPLETION_INDEX / SLURM_* (see producer/README.md)."""
     num_workers: int | None = None
     """How many workers share the units; default from the environment, else 1."""
     window: int = 64

@@ -48,7 +48,7 @@ class TargetFamily:
     """One family of target architectures."""
 
     name: str
-    """Short name shown in errors and the README's family table."""
+    """Short name shown in errors."""
     model_types: tuple[str, ...]
     """HF ``model_type`` values of the family (the top-level one for multimodal checkpoints)."""
     pieces: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {

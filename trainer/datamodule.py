@@ -34,10 +34,14 @@ class CacheDataModule(L.LightningDataModule):
         uri: Cache root: a local path or any fsspec URI (``s3://bucket/cache``, ``gs://...``).
         storage_options: fsspec options for the store (e.g. ``{"endpoint_url": ...}`` for S3).
         max_seq_len: Longest sample the run is sized for; a cache captured with a longer
-            ``max_seq_len`` is refused before training.
+            ``max_seq_len`` is refused before training. With ``pack`` also the tokens of one
+            packed row (it may exceed the cache's ``capture.max_seq_len``).
         batch_size: Samples per micro-batch (per rank).
-        batching: ``bucket`` groups samples of similar length (least padding the draft supports;
-            see benchmarks/bench_trainer_data.py); ``pad`` keeps the shuffled order.
+        batching: ``bucket`` groups samples of similar length (least padding of one sample per
+            row; see benchmarks/bench_trainer_data.py); ``pad`` keeps the shuffled order;
+            ``pack`` fills each training row with whole samples up to ``max_seq_len`` tokens,
+            each keeping its own positions and attention (see trainer/README.md, Packing).
+            Validation always runs one sample per row.
         shuffle_buffer: Samples held by the streaming shuffle buffer (bounds memory).
         pool_batches: Batches per length-sorting pool with ``bucket``.
         num_workers: DataLoader worker processes per rank; each reads its own disjoint share.
@@ -76,8 +80,8 @@ class CacheDataModule(L.LightningDataModule):
             ("num_workers", num_workers, 0), ("prefetch_factor", prefetch_factor, 1),
             ("read_ahead_units", read_ahead_units, 1), ("min_loss_tokens", min_loss_tokens, 0),
             ("val_batch_size", val_batch_size or 1, 1)) if value < low]
-        if batching not in ("pad", "bucket"):
-            problems.append(f"data.batching={batching!r} must be 'pad' or 'bucket'")
+        if batching not in ("pad", "bucket", "pack"):
+            problems.append(f"data.batching={batching!r} must be 'pad', 'bucket' or 'pack'")
         if problems:
             raise SparkforgeError("invalid data config:\n  " + "\n  ".join(problems))
         # storage_options may hold credentials: kept out of the hparams that loggers publish.
@@ -153,7 +157,7 @@ class CacheDataModule(L.LightningDataModule):
             self.open_reader, self.split_index(split), rank=rank, world_size=world,
             num_workers=self.num_workers, batch_size=batch_size, batching=self.batching,
             shuffle=shuffle, shuffle_buffer=self.shuffle_buffer, pool_batches=self.pool_batches,
-            seed=self.seed, read_ahead_units=self.read_ahead_units,
+            seed=self.seed, read_ahead_units=self.read_ahead_units, row_tokens=self.max_seq_len,
         )
 
     def _pin(self) -> bool:
@@ -163,8 +167,9 @@ class CacheDataModule(L.LightningDataModule):
     def train_dataloader(self) -> ResumableLoader:
         """The resumable training stream of this rank."""
         stream = self._stream("train", shuffle=True, batch_size=self.batch_size)
-        logger.info("train: %d samples, %d micro-batches per rank per epoch, %d shares",
-                    len(stream.index), len(stream), stream.num_shares)
+        logger.info("train: %d samples, %d micro-batches per rank per epoch, %d shares%s",
+                    len(stream.index), len(stream), stream.num_shares,
+                    f", rows packed to {self.max_seq_len} tokens" if stream.packed else "")
         return ResumableLoader(stream, prefetch_factor=self.prefetch_factor, pin_memory=self._pin())
 
     def val_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:

@@ -49,10 +49,14 @@ def nonfinite_message(batch: dict[str, torch.Tensor], loss: torch.Tensor, *, ste
         return (f"non-finite training loss on another rank at step {step} (that rank names the "
                 "samples); stopped before the optimizer step, no checkpoint holds it")
     ids = batch["sample_ids"].tolist()
-    bad = torch.zeros(len(ids), dtype=torch.bool, device=batch["sample_ids"].device)
-    for key in ("target_hidden_states", "target_last_hidden_states"):
-        bad |= ~torch.isfinite(batch[key].float()).flatten(1).all(dim=1)
-    culprits = [i for i, b in zip(ids, bad.tolist(), strict=True) if b]
+    bad_BS = ~torch.isfinite(batch["target_hidden_states"].float()).all(dim=-1)
+    bad_BS |= ~torch.isfinite(batch["target_last_hidden_states"].float()).all(dim=-1)
+    # Each token's sample: its row, or in a packed row its document.
+    doc_BS = batch.get("document_ids")
+    if doc_BS is None:
+        doc_BS = torch.arange(len(ids), device=bad_BS.device)[:, None].expand_as(bad_BS)
+    bad_docs = set(doc_BS[bad_BS & (doc_BS >= 0)].tolist())
+    culprits = [i for d, i in enumerate(ids) if d in bad_docs]
     cause = (f"samples {culprits} hold non-finite hidden states (check the cache with "
              "`sparkforge validate --deep`)" if culprits else
              "the inputs are finite, so the model diverged (lower the learning rate, or resume "
@@ -178,7 +182,9 @@ class DSparkLitModule(L.LightningModule):
         assert self.model is not None
         out = self.model(batch["input_ids"], batch["loss_mask"], batch["target_hidden_states"],
                          batch["target_last_hidden_states"],
-                         attention_mask=batch.get("attention_mask"), generator=generator,
+                         attention_mask=batch.get("attention_mask"),
+                         position_ids=batch.get("position_ids"),
+                         document_ids=batch.get("document_ids"), generator=generator,
                          **fixed_anchors)
         return out, compute_dspark_loss(out, self.loss_spec)
 
@@ -191,6 +197,8 @@ class DSparkLitModule(L.LightningModule):
         sums |= {name: v.detach().double() for name, v in zip(LOSS_TERMS, values, strict=True)}
         sums["micro_batches"] = one
         sums["tokens"] = batch["attention_mask"].sum().double()
+        sums["row_tokens"] = torch.tensor(float(batch["attention_mask"].numel()),
+                                          dtype=torch.float64, device=self.device)
         return sums
 
     def on_train_epoch_start(self) -> None:
@@ -319,6 +327,8 @@ def window_metrics(sums: MetricSums, *, elapsed_s: float, world_size: int) -> di
     metrics = metric_ratios(sums)
     count = float(sums["micro_batches"])
     metrics |= {name: float(sums[name]) / count for name in LOSS_TERMS}
+    if float(sums.get("row_tokens", 0.0)) > 0:
+        metrics["fill_ratio"] = float(sums["tokens"]) / float(sums["row_tokens"])
     if elapsed_s > 0:
         metrics["tokens_per_s"] = float(sums["tokens"]) / elapsed_s
     if "data_wait_s" in sums and elapsed_s > 0:

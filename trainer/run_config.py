@@ -281,7 +281,7 @@ def contract_from_train_config(config: str | Path | Mapping[str, Any], *,
         TrainConfigError: naming every missing or mistyped field.
         FileNotFoundError: if the config file does not exist.
     """
-    data = _load_yaml(config) if isinstance(config, str | Path) else config
+    data = load_train_yaml(config) if isinstance(config, str | Path) else config
     draft = _section(data, "model", "draft")
     train = _section(data, "data")
     trainer = _section(data, "trainer")
@@ -336,7 +336,13 @@ def _choice(section: Mapping[str, Any], name: str, options: tuple[T, ...],
     return found
 
 
-def _load_yaml(path: str | Path) -> Mapping[str, Any]:
+def load_train_yaml(path: str | Path) -> Mapping[str, Any]:
+    """A train config file as a mapping.
+
+    Raises:
+        TrainConfigError: the file is not YAML or not a mapping.
+        FileNotFoundError: if the file does not exist.
+    """
     try:
         data = load_yaml_file(path)
     except yaml.YAMLError as exc:

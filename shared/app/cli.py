@@ -13,6 +13,7 @@ failure is one line on stderr; any other exception is a bug and keeps its traceb
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -25,14 +26,27 @@ from jsonargparse import ArgumentError, ArgumentParser, set_parsing_settings
 from sparkforge.app.demo import DemoConfig, run_demo_command
 from sparkforge.manifests import cli as manifests_cli
 from sparkforge.manifests.cli import FinalizeConfig, ValidateConfig
+from sparkforge.manifests.open import open_cache
 from sparkforge.producer import cli as producer_cli
 from sparkforge.producer.config import ProducerConfig, RegenerateConfig
 from sparkforge.shared.config_yaml import use_bounded_yaml
 from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.io_errors import describe
 from sparkforge.trainer import cli as trainer_cli
+from sparkforge.trainer.anchor_budget import (
+    AnchorSetting,
+    anchor_budget,
+    budget_table,
+    chat_like_index,
+    setting_from_train_config,
+)
+from sparkforge.trainer.data_plan import SplitIndex
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
-from sparkforge.trainer.run_config import contract_from_train_config
+from sparkforge.trainer.run_config import (
+    TrainConfigError,
+    contract_from_train_config,
+    load_train_yaml,
+)
 
 # Attribute docstrings of the config dataclasses become the --help text.
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -83,12 +97,47 @@ def _manifests_parser(command: str) -> Callable[[str, str, Sequence[str]], Any]:
 
 def _validate(cfg: ValidateConfig) -> int:
     """``validate``; with ``--against``, the trainer builds the contract the cache must meet
-    (from the cache's target config, as ``train`` does)."""
+    (from the cache's target config, as ``train`` does) and estimates the config's anchor use
+    on the cache's train split."""
     if not cfg.against:
         return manifests_cli.run_validate(cfg)
     against = cfg.against
+
+    def budget() -> tuple[dict[str, Any], str]:
+        from sparkforge.trainer.data import load_split_index  # torch, only when asked
+
+        reader = open_cache(cfg.cache, storage_options=json.loads(cfg.storage_options))
+        return _budget(against, load_split_index(reader, "train"))
+
     return manifests_cli.run_validate(cfg, lambda target: contract_from_train_config(
-        against, target_config=target))
+        against, target_config=target), budget)
+
+
+def _plan(cfg: manifests_cli.PlanConfig) -> int:
+    """``plan``; with ``--against``, the anchor use of that train config on chat-like samples
+    of ``--mean_seq_len`` mean length."""
+    against = cfg.against
+    if not against:
+        return manifests_cli.run_plan(cfg)
+
+    def budget() -> tuple[dict[str, Any], str]:
+        row = setting_of(against).row_tokens
+        return _budget(against, chat_like_index(4000, mean_len=cfg.mean_seq_len, max_len=row))
+
+    return manifests_cli.run_plan(cfg, budget)
+
+
+def setting_of(config: str) -> AnchorSetting:
+    """The anchor setting of a train config file (a bad field is a config error)."""
+    try:
+        return setting_from_train_config(load_train_yaml(config))
+    except ValueError as exc:
+        raise TrainConfigError(f"{config}: {exc}") from exc
+
+
+def _budget(config: str, index: SplitIndex) -> tuple[dict[str, Any], str]:
+    result = anchor_budget(index, setting_of(config))
+    return result, budget_table(result)
 
 
 # A literal table, not a registry: every command, its config, its job and its one-line help.
@@ -98,7 +147,7 @@ COMMANDS: Final[dict[str, Command]] = {
     "inspect": Command("summarise a cache", manifests_cli.InspectConfig,
                        manifests_cli.run_inspect, _manifests_parser("inspect")),
     "plan": Command("estimate cache size before spending GPU hours", manifests_cli.PlanConfig,
-                    manifests_cli.run_plan, _manifests_parser("plan")),
+                    _plan, _manifests_parser("plan")),
     "finalize": Command("build the manifest once every unit is committed", FinalizeConfig,
                         manifests_cli.run_finalize),
     "status": Command("progress of a cache being produced (or finished)",

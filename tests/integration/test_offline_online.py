@@ -33,30 +33,34 @@ V4_SPEC = DraftSpec(mask_token_id=3, hidden_size=64, vocab_size=1024, num_target
 
 
 class _Record(L.Callback):
-    """Loss and sample ids of every training step."""
+    """Loss, sample ids and (packed batches) the row of each sample, of every training step."""
 
     def __init__(self) -> None:
         self.losses: list[float] = []
         self.batches: list[list[int]] = []
+        self.rows: list[list[int] | None] = []
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         self.losses.append(float(outputs["loss"]))
         self.batches.append(batch["sample_ids"].tolist())
+        doc = batch.get("document_ids")
+        self.rows.append(None if doc is None else [
+            int((doc == d).any(1).nonzero()[0]) for d in range(len(self.batches[-1]))])
 
 
 class _OnlineData(L.LightningDataModule):
     """Batches of the same samples whose hidden states a transformers target computes live."""
 
     def __init__(self, target_dir: Path, reader: Any, batches: list[list[int]],
-                 spec: DraftSpec) -> None:
+                 rows: list[list[int] | None], spec: DraftSpec) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM
 
         self.target = AutoModelForCausalLM.from_pretrained(str(target_dir),
                                                            dtype=torch.float32).eval()
         self.family = family_of(self.target.config.model_type)
-        self.reader, self.batches, self.spec = reader, batches, spec
+        self.reader, self.batches, self.rows, self.spec = reader, batches, rows, spec
         # Feature id L-1 is the last layer's raw output (as vLLM serves it), not HF's post-norm
         # hidden_states[L]: read it from the layer itself.
         self.last: list[torch.Tensor] = []
@@ -82,7 +86,8 @@ class _OnlineData(L.LightningDataModule):
             final_hidden=hs[-1][0].numpy())
 
     def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
-        batches = [collate([self._sample(i) for i in ids], ids) for ids in self.batches]
+        batches = [collate([self._sample(i) for i in ids], ids, rows)
+                   for ids, rows in zip(self.batches, self.rows, strict=True)]
         return DataLoader(batches, batch_size=None)  # type: ignore[arg-type]
 
 
@@ -98,17 +103,18 @@ def _fit(data: Any, steps: int, spec: DraftSpec) -> _Record:
     return record
 
 
-def _offline_equals_online(uri: str, target: Path, spec: DraftSpec) -> None:
-    offline_data = CacheDataModule(uri, batch_size=2, num_workers=0)
+def _offline_equals_online(uri: str, target: Path, spec: DraftSpec, **data: Any) -> _Record:
+    offline_data = CacheDataModule(uri, **{"batch_size": 2, "num_workers": 0} | data)
     offline = _fit(offline_data, 4, spec)
     weights = load_safetensors(offline_data.reader.target_file("weights.safetensors"))
-    online_data = _OnlineData(target, offline_data.reader, offline.batches, spec)
+    online_data = _OnlineData(target, offline_data.reader, offline.batches, offline.rows, spec)
     assert torch.equal(online_data.target_weights()["lm_head.weight"], weights["lm_head.weight"])
     online = _fit(online_data, 4, spec)
     assert online.batches == offline.batches
     assert len(offline.losses) == 4
     assert online.losses == pytest.approx(offline.losses, rel=1e-5, abs=1e-6)
     assert offline.losses[0] != offline.losses[-1]   # the steps really trained
+    return offline
 
 
 @pytest.mark.slow
@@ -116,6 +122,19 @@ def test_cache_training_equals_live_target_training(tiny_target: Path, tmp_path:
     """Same samples, anchors and init: cache-fed and live-fed losses agree to fp32 tolerance."""
     uri = write_tiny_cache(str(tmp_path / "cache"), tiny_target, hidden_dtype="float32")
     _offline_equals_online(uri, tiny_target, SPEC)
+
+
+@pytest.mark.slow
+def test_packed_cache_training_equals_live_target_training(tiny_target: Path,
+                                                           tmp_path: Path) -> None:
+    """Packed rows of 192 tokens (twice the capture length, longer than any sample) train from
+    the cache as from live hidden states packed the same way (one row per step, so the 4 steps
+    are one epoch, as the live side replays them)."""
+    uri = write_tiny_cache(str(tmp_path / "cache"), tiny_target, hidden_dtype="float32")
+    offline = _offline_equals_online(uri, tiny_target, SPEC, batching="pack", max_seq_len=192,
+                                     batch_size=1)
+    assert all(rows is not None for rows in offline.rows)
+    assert all(len(rows or []) > 1 for rows in offline.rows)  # each row holds several samples
 
 
 @pytest.mark.slow

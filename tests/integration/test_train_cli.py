@@ -34,9 +34,13 @@ def _train_args(cache: str, out: Path, *extra: str) -> list[str]:
 
 def _losses(run_dir: Path) -> dict[int, float]:
     """train/loss by step from the CSV logger (one window per step)."""
+    return _metric(run_dir, "train/loss")
+
+
+def _metric(run_dir: Path, name: str) -> dict[int, float]:
+    """One logged column by step."""
     with (run_dir / "metrics.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
-    return {int(r["step"]): float(r["train/loss"]) for r in rows}
+        return {int(r["step"]): float(r[name]) for r in csv.DictReader(f) if r.get(name)}
 
 
 def _run_dir(out: Path) -> Path:
@@ -91,14 +95,20 @@ def test_resume_from_last_needs_a_fixed_checkpoint_folder(
     assert not list(tmp_path.glob("dspark/version_*/checkpoints/*.ckpt"))
 
 
+PACKED = ("--data.batching", "pack", "--data.max_seq_len", "96")
+"""Packed rows of 96 tokens (the tiny cache's capture length): 3 micro-batches an epoch."""
+
+
 @pytest.mark.slow
-def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("data", [(), PACKED], ids=["bucket", "pack"])
+def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_path: Path,
+                                                          data: tuple[str, ...]) -> None:
     """SIGKILL after the step-4 checkpoint, resume from it: steps 5..9 match an unkilled run."""
     ref = tmp_path / "ref"
-    assert main(_train_args(tiny_cache, ref, "--trainer.max_steps", "9")) == 0
+    assert main(_train_args(tiny_cache, ref, "--trainer.max_steps", "9", *data)) == 0
     killed = tmp_path / "killed"
     cmd = [sys.executable, "-P", "-m", "sparkforge.app.cli",
-           *_train_args(tiny_cache, killed, "--trainer.max_steps", "60",
+           *_train_args(tiny_cache, killed, "--trainer.max_steps", "60", *data,
                         "--checkpoint.every_n_train_steps", "4", "--checkpoint.save_top_k", "-1")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -115,10 +125,15 @@ def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_p
     assert set(_losses(_run_dir(killed))) >= set(range(1, 9))
     ckpt = next(killed.glob("dspark/version_*/checkpoints/*step=4.ckpt"))
     resumed = tmp_path / "resumed"
-    assert main(_train_args(tiny_cache, resumed, "--trainer.max_steps", "9",
+    assert main(_train_args(tiny_cache, resumed, "--trainer.max_steps", "9", *data,
                             "--ckpt_path", str(ckpt))) == 0
     want, got = _losses(_run_dir(ref)), _losses(_run_dir(resumed))
     assert sorted(got) == [5, 6, 7, 8, 9]
+    if data:
+        fill = _metric(_run_dir(resumed), "train/fill_ratio")
+        assert all(0.5 < f <= 1.0 for f in fill.values()), fill
+        # A packed run's checkpoint exports like any other (rows never reach the draft config).
+        assert main(["export", str(ckpt), str(tmp_path / "draft")]) == 0
     assert got == pytest.approx({s: want[s] for s in got}, rel=1e-6, abs=1e-7)
 
 

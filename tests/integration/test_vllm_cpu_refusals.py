@@ -2,9 +2,9 @@
 top level (they use the HF backend).
 
 Each tiny target (``tiny_families``; Gemma4: ``build_tiny_gemma4``) goes through ``sparkforge
-produce --backend vllm``; the engine must fail with the recorded error, raised where the README
-says. When a vLLM upgrade starts one of them, this test fails: move the family to the vLLM backend
-(``test_family_pipelines.py``, or ``test_gemma4_vllm.py``).
+produce --backend vllm``; the engine must fail with the recorded error, raised where
+producer/README.md says. When a vLLM upgrade starts one of them, this test fails: move the family
+to the vLLM backend (``test_family_pipelines.py``, or ``test_gemma4_vllm.py``).
 """
 
 from __future__ import annotations

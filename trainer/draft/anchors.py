@@ -38,32 +38,54 @@ DSPARK_LAYOUT = BlockLayout(first_draft_slot=0, full_block=False, prefix_mask=Tr
 DFLASH_LAYOUT = BlockLayout(first_draft_slot=1, full_block=True, prefix_mask=False)
 
 
+def document_bounds(document_ids_BS: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First position and exclusive end of the document holding each position of a packed row.
+
+    Args:
+        document_ids_BS: [B, S] int, equal on the positions of one document (contiguous runs;
+            padding is its own run).
+
+    Returns:
+        start_BS, end_BS [B, S] int64; ``[7,7,7,9,9] -> start [0,0,0,3,3], end [3,3,3,5,5]``.
+    """
+    batch, seq_len = document_ids_BS.shape
+    pos_S = torch.arange(seq_len, device=document_ids_BS.device).expand(batch, seq_len)
+    new = torch.ones_like(document_ids_BS, dtype=torch.bool)
+    new[:, 1:] = document_ids_BS[:, 1:] != document_ids_BS[:, :-1]
+    start_BS = torch.cummax(torch.where(new, pos_S, torch.zeros_like(pos_S)), dim=1).values
+    last = torch.ones_like(new)
+    last[:, :-1] = new[:, 1:]
+    ends_rev = torch.where(last, pos_S + 1, torch.full_like(pos_S, seq_len)).flip(1)
+    return start_BS, torch.cummin(ends_rev, dim=1).values.flip(1)
+
+
 def anchor_candidates(
     loss_mask_BS: torch.Tensor, layout: BlockLayout = DSPARK_LAYOUT, *, block_size: int = 1,
-    lengths_B: torch.Tensor | None = None,
+    ends_BS: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Valid anchors among positions ``0..S-2``.
 
-    DSpark: the anchor token and its first target are both supervised. DFlash: the anchor token
-    is supervised and its whole block ``anchor .. anchor+block_size-1`` lies inside the row.
+    DSpark: the anchor token and its first target are both supervised and in one document.
+    DFlash: the anchor token is supervised and its whole block ``anchor .. anchor+block_size-1``
+    lies inside its document.
 
     Args:
         loss_mask_BS: [B, S] 0/1 mask (padding must already be 0).
         layout: The block layout.
         block_size: K (read by the full-block rule).
-        lengths_B: [B] real row lengths (right padding excluded); default S.
+        ends_BS: [B, S] exclusive end of each position's document (a packed row), or of the
+            row's real tokens (right padding excluded); default S.
 
     Returns:
         [B, S-1] bool; DSpark ``[1,1,0,1,1,1] -> [T,F,F,T,T]``.
     """
     sup = loss_mask_BS > 0.5
-    if not layout.full_block:
-        return sup[:, :-1] & sup[:, 1:]
-    batch, seq_len = loss_mask_BS.shape
-    if lengths_B is None:
-        lengths_B = torch.full((batch,), seq_len, device=loss_mask_BS.device)
-    last_C = torch.arange(seq_len - 1, device=loss_mask_BS.device) + block_size - 1
-    return sup[:, :-1] & (last_C[None, :] < lengths_B[:, None])
+    seq_len = sup.shape[1]
+    ok_BC = sup[:, :-1] if layout.full_block else sup[:, :-1] & sup[:, 1:]
+    reach = block_size - 1 if layout.full_block else 1
+    last_C = torch.arange(seq_len - 1, device=sup.device) + reach
+    ends: torch.Tensor | int = seq_len if ends_BS is None else ends_BS[:, :-1]
+    return ok_BC & (last_C < ends)
 
 
 def sample_anchors(
@@ -110,37 +132,49 @@ def sample_anchors(
 
 
 def label_indices(
-    anchors_BA: torch.Tensor, keep_BA: torch.Tensor, num_drafts: int, seq_len: int
+    anchors_BA: torch.Tensor, keep_BA: torch.Tensor, num_drafts: int, seq_len: int,
+    ends_BA: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draft position k predicts the token at anchor+k+1 (k < ``num_drafts``).
 
+    Args:
+        ends_BA: [B, A] exclusive end of each anchor's document (default S), so no index
+            reaches into the next document of a packed row.
+
     Returns:
-        label_idx [B, A, K] (may be >= S), safe_idx [B, A, K] clamped to S-1 and 0 for dummies.
+        label_idx [B, A, K] (may reach the end), safe_idx [B, A, K] clamped to the end - 1
+        and the anchor itself for dummies (position 0 as sampled).
     """
     offs_K = torch.arange(1, num_drafts + 1, device=anchors_BA.device)
     label_BAK = anchors_BA[..., None] + offs_K
-    safe_BAK = label_BAK.clamp(max=seq_len - 1)
-    safe_BAK = torch.where(keep_BA[..., None], safe_BAK, torch.zeros_like(safe_BAK))
+    if ends_BA is None:
+        safe_BAK = label_BAK.clamp(max=seq_len - 1)
+    else:
+        safe_BAK = torch.minimum(label_BAK, ends_BA[..., None] - 1)
+    safe_BAK = torch.where(keep_BA[..., None], safe_BAK, anchors_BA[..., None].expand_as(safe_BAK))
     return label_BAK, safe_BAK
 
 
 def build_eval_mask(
     loss_mask_BS: torch.Tensor, anchors_BA: torch.Tensor, keep_BA: torch.Tensor, num_drafts: int,
-    *, prefix: bool = True,
+    *, prefix: bool = True, ends_BA: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Supervised draft positions: in range, label supervised, block kept.
+    """Supervised draft positions: inside the anchor's document, label supervised, block kept.
 
     With ``prefix`` (DSpark) a position counts only if it and every earlier position of its
     block count (a cumulative product), so the mask is a contiguous prefix per block and
     position 0 of a kept DSpark anchor is always on. DFlash masks each position on its own.
 
+    ``ends_BA`` is each anchor's document end (default S, see ``label_indices``).
+
     Returns:
         [B, A, K] bool (K = ``num_drafts``).
     """
     seq_len = loss_mask_BS.shape[1]
-    label_BAK, safe_BAK = label_indices(anchors_BA, keep_BA, num_drafts, seq_len)
+    label_BAK, safe_BAK = label_indices(anchors_BA, keep_BA, num_drafts, seq_len, ends_BA)
     sup_BAK = torch.gather(loss_mask_BS, 1, safe_BAK.flatten(1)).view_as(safe_BAK) > 0.5
-    on_BAK = (label_BAK < seq_len) & sup_BAK & keep_BA[..., None]
+    end_BA1 = seq_len if ends_BA is None else ends_BA[..., None]
+    on_BAK = (label_BAK < end_BA1) & sup_BAK & keep_BA[..., None]
     if not prefix:
         return on_BAK
     return torch.cumprod(on_BAK.to(torch.int32), dim=-1).bool()

@@ -19,6 +19,7 @@ from sparkforge.trainer.draft.anchors import (
     BlockLayout,
     anchor_candidates,
     build_eval_mask,
+    document_bounds,
     label_indices,
     sample_anchors,
 )
@@ -225,6 +226,8 @@ def training_forward(
     target_last_hidden_states: torch.Tensor | None = None,
     *,
     attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
     anchor_positions: torch.Tensor | None = None,
     block_keep_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
@@ -240,7 +243,14 @@ def training_forward(
             term, the confidence label and the acceptance metrics.
         attention_mask: [B, S] 1 on real tokens, 0 on right padding. Padding is removed
             from the loss mask, so no anchor and no label lies in it, and context is
-            strictly before the anchor, so padding is never visible.
+            strictly before the anchor, so padding is never visible; labels and teacher
+            targets past the real tokens repeat the last one.
+        position_ids: [B, S] per-document positions of a packed row (default 0..S-1); the
+            context and block RoPE use them.
+        document_ids: [B, S] equal on each document of a packed row (contiguous runs). A block
+            then sees only its anchor's document, an anchor needs its first target (DSpark) or
+            its block (DFlash) inside it, and labels, teacher targets and the Markov head's
+            previous tokens stop at its end.
         anchor_positions: [B, A] fixed anchors (with block_keep_mask); sampled if None.
         block_keep_mask: [B, A] bool, required with anchor_positions.
         generator: RNG for anchor sampling (default: the global torch RNG).
@@ -249,38 +259,47 @@ def training_forward(
     if attention_mask is not None:
         loss_mask = loss_mask * attention_mask.to(loss_mask.dtype)
     batch, seq_len = input_ids.shape
-    lengths_B = None if attention_mask is None else attention_mask.sum(dim=1)
-    candidates_BC = anchor_candidates(loss_mask, layout, block_size=k, lengths_B=lengths_B)
+    dev = input_ids.device
+    starts_BS = ends_BS = None
+    if document_ids is not None:
+        starts_BS, ends_BS = document_bounds(document_ids)
+    elif attention_mask is not None:
+        ends_BS = attention_mask.long().sum(dim=1, keepdim=True).expand(batch, seq_len)
+    candidates_BC = anchor_candidates(loss_mask, layout, block_size=k, ends_BS=ends_BS)
     if anchor_positions is None:
         anchor_positions, block_keep_mask = sample_anchors(
             loss_mask, cfg.num_anchors, generator=generator, candidates_BC=candidates_BC)
     assert block_keep_mask is not None, "block_keep_mask is required with anchor_positions"
     anchors, keep = anchor_positions, block_keep_mask
     num_a = anchors.shape[1]
-    dev = input_ids.device
+    starts_BA = None if starts_BS is None else torch.gather(starts_BS, 1, anchors)
+    ends_BA = None if ends_BS is None else torch.gather(ends_BS, 1, anchors)
 
     anchor_tok_BA = torch.gather(input_ids, 1, anchors)
     block_ids = torch.full((batch, num_a, k), cfg.mask_token_id, dtype=input_ids.dtype,
                            device=dev)
     block_ids[..., 0] = torch.where(keep, anchor_tok_BA, block_ids[..., 0])
     x_BQH = embed(stack, block_ids.view(batch, -1))
-    pos_BQ = (anchors[..., None] + torch.arange(k, device=dev)).view(batch, -1)
-    pos_BS = torch.arange(seq_len, device=dev).expand(batch, seq_len)
+    pos_BS = position_ids if position_ids is not None else torch.arange(
+        seq_len, device=dev).expand(batch, seq_len)
+    pos_BQ = (torch.gather(pos_BS, 1, anchors)[..., None] + torch.arange(k, device=dev)).view(
+        batch, -1)
     ctx_BSH = stack.project_context(target_hidden_states)
     if stack.attn_implementation == "flex":
-        mask: Any = flex_block_mask(anchors, keep, seq_len, k)
+        mask: Any = flex_block_mask(anchors, keep, seq_len, k, starts_BA)
     else:
-        mask = dense_allowed(anchors, keep, seq_len, k)
+        mask = dense_allowed(anchors, keep, seq_len, k, starts_BA)
     h_BAKH = run_layers(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, None, mask).view(
         batch, num_a, k, -1)[:, :, layout.first_draft_slot:]
 
     num_drafts = layout.num_drafts(k)
-    _, safe_BAK = label_indices(anchors, keep, num_drafts, seq_len)
+    _, safe_BAK = label_indices(anchors, keep, num_drafts, seq_len, ends_BA)
     target_ids = torch.gather(input_ids, 1, safe_BAK.flatten(1)).view_as(safe_BAK)
     target_logits = None
     if target_last_hidden_states is not None:
         with torch.no_grad():
-            t_idx = (safe_BAK - 1).clamp(min=0).flatten(1)
+            # The hidden state before each label, never before the anchor's own document.
+            t_idx = torch.maximum(safe_BAK - 1, anchors[..., None]).flatten(1)
             t_hid = torch.gather(target_last_hidden_states, 1, t_idx[..., None].expand(
                 -1, -1, target_last_hidden_states.shape[-1]))
             target_logits = logits(stack, t_hid.to(stack.lm_head.weight.dtype)).view(
@@ -293,7 +312,7 @@ def training_forward(
         draft_logits=draft_logits,
         target_ids=target_ids,
         eval_mask=build_eval_mask(loss_mask, anchors, keep, num_drafts,
-                                  prefix=layout.prefix_mask),
+                                  prefix=layout.prefix_mask, ends_BA=ends_BA),
         block_keep_mask=keep,
         anchor_positions=anchors,
         prev_token_ids=prev_BAK,

@@ -30,7 +30,7 @@ K8S = ROOT / "docker" / "k8s"
 KUBERNETES_VERSION = "1.33.0"
 """The release the manifests target: backoffLimitPerIndex and podFailurePolicy are GA in it."""
 JOBSET_SCHEMA = Path(__file__).with_name("jobset-v1alpha2.schema.json")
-# The ConfigMap the README creates: kubectl create configmap sparkforge-config
+# The ConfigMap docker/README.md creates: kubectl create configmap sparkforge-config
 #   --from-file=producer.yaml=producer/examples/qwen3-8b.yaml
 #   --from-file=train.yaml=trainer/examples/qwen3_8b.yaml
 CONFIG_FILES = {"/etc/sparkforge/producer.yaml": ROOT / "producer" / "examples" / "qwen3-8b.yaml",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -111,9 +112,33 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_cache(tmp_path_factory.mktemp("contract") / "c")
 
 
-def test_matching_config_passes(cache: Path, tmp_path: Path) -> None:
-    """A train config that fits the cache adds no problem (exit 0)."""
+def test_matching_config_passes(cache: Path, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A train config that fits the cache adds no problem (exit 0) and reports its anchor
+    budget with and without packing, in text and in JSON."""
     assert main(["validate", str(cache), "--against", str(_write(tmp_path, FITS))]) == 0
+    out = capsys.readouterr().out
+    assert "anchor budget over" in out
+    assert re.search(r"^  pack +[01]\.\d\d", out, re.M)
+    assert main(["validate", str(cache), "--against", str(_write(tmp_path, FITS)),
+                 "--json"]) == 0
+    budget = json.loads(capsys.readouterr().out)["anchor_budget"]
+    assert budget["row_tokens"] == 256
+    assert budget["pack"]["kept_anchor_ratio"] >= budget["bucket"]["kept_anchor_ratio"]
+
+
+def test_plan_against_a_config_reports_its_anchor_budget(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """plan --against estimates the budget on chat-like lengths of --mean_seq_len."""
+    config = copy.deepcopy(FITS)
+    config["model"]["draft"]["num_anchors"] = 512
+    config["data"] |= {"max_seq_len": 4096, "batch_size": 8}
+    assert main(["plan", "--hidden_size", "16", "--num_aux_layers", "2", "--num_tokens", "1000",
+                 "--mean_seq_len", "500", "--against", str(_write(tmp_path, config)),
+                 "--json"]) == 0
+    budget = json.loads(capsys.readouterr().out)["anchor_budget"]
+    assert budget["bucket"]["kept_anchor_ratio"] < 0.6 < 0.95 < budget["pack"][
+        "kept_anchor_ratio"]
 
 
 @pytest.mark.parametrize(("name", "value", "message"), MISMATCHES, ids=[m[0] for m in MISMATCHES])

@@ -8,6 +8,8 @@ import pytest
 from sparkforge.trainer.data_plan import (
     SplitIndex,
     batches_per_share,
+    pack_rows,
+    packed_batches_per_share,
     packing_waste,
     padding_waste,
     plan_epoch,
@@ -101,3 +103,49 @@ def test_waste_measures_against_hand_computation() -> None:
     assert padding_waste(batches, lengths) == pytest.approx(1 - 10 / 14)
     assert packing_waste(lengths, row_tokens=5) == pytest.approx(0.0)
     assert packing_waste(np.array([3, 3]), row_tokens=4) == pytest.approx(1 - 6 / 8)
+
+
+def test_pack_rows_first_fit_from_the_buffer() -> None:
+    """Each row starts with the buffer's oldest sample and takes, in order, those that fit."""
+    lengths = np.array([5, 4, 3, 6, 2, 9])
+    rows = pack_rows(np.arange(6), lengths, row_tokens=10, buffer_size=3)
+    # buffer [0,1,2] -> row [0(5),1(4)]; buffer [2,3,4] -> [2(3),3(6)]; [4,5] -> [4]; [5].
+    assert [r.tolist() for r in rows] == [[0, 1], [2, 3], [4], [5]]
+    too_long = pack_rows(np.arange(2), np.array([12, 3]), row_tokens=10, buffer_size=4)
+    assert [r.tolist() for r in too_long] == [[0], [1]]
+
+
+def test_packed_plan_is_a_deterministic_cover_of_full_rows() -> None:
+    """Every share sample once, rows within row_tokens, same plan for the same (seed, epoch)."""
+    index = _index(num_units=12, per_unit=20)
+    kw = {"seed": 4, "epoch": 1, "num_shares": 2, "share": 1, "batch_size": 3,
+          "batching": "pack", "shuffle_buffer": 64, "row_tokens": 2048}
+    plan = plan_epoch(index, **kw)  # type: ignore[arg-type]
+    assert plan.rows is not None
+    again = plan_epoch(index, **kw)  # type: ignore[arg-type]
+    assert all(np.array_equal(a, b) for a, b in zip(plan.batches, again.batches, strict=True))
+    other = plan_epoch(index, **{**kw, "epoch": 2})  # type: ignore[arg-type]
+    assert not all(np.array_equal(a, b) for a, b in zip(plan.batches, other.batches,
+                                                        strict=False))
+    flat = np.concatenate(plan.batches)
+    assert len(set(flat.tolist())) == flat.size == len(index) // 2
+    fills = [np.bincount(r, weights=index.length[b]) for b, r in zip(plan.batches, plan.rows,
+                                                                     strict=True)]
+    assert max(f.max() for f in fills) <= 2048
+    fill = index.length[flat].sum() / (sum(f.size for f in fills) * 2048)
+    assert fill > 0.9
+
+
+def test_packed_plans_are_cut_to_the_same_batch_count() -> None:
+    """num_batches truncates a long share and repeats a short share's first batches."""
+    index = _index(num_units=10, per_unit=10)
+    kw = {"seed": 0, "epoch": 0, "num_shares": 3, "batch_size": 2, "batching": "pack",
+          "shuffle_buffer": 16, "row_tokens": 1024}
+    count = packed_batches_per_share(index, seed=0, num_shares=3, batch_size=2,
+                                     shuffle_buffer=16, row_tokens=1024)
+    plans = [plan_epoch(index, share=s, **kw) for s in range(3)]  # type: ignore[arg-type]
+    assert count == min(len(p.batches) for p in plans)
+    short = plan_epoch(index, share=0, num_batches=len(plans[0].batches) + 2,
+                       **kw)  # type: ignore[arg-type]
+    assert len(short.batches) == len(plans[0].batches) + 2
+    assert np.array_equal(short.batches[-2], plans[0].batches[0])

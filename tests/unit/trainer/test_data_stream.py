@@ -10,6 +10,7 @@ import torch
 from sparkforge.shared.dtypes import float_to_storage
 from sparkforge.shared.reader import CachedSample
 from sparkforge.trainer.data import CacheStream, ResumableLoader, collate, load_split_index
+from sparkforge.trainer.data_plan import Batching
 
 F, H = 2, 4
 
@@ -49,11 +50,12 @@ class _Reader:
 
 
 def _stream(reader: _Reader, *, rank: int = 0, world: int = 1, workers: int = 0,
-            split: str = "train") -> CacheStream:
+            split: str = "train", batching: Batching = "bucket") -> CacheStream:
     index = load_split_index(reader, split)
     return CacheStream(lambda: reader, index, rank=rank, world_size=world, num_workers=workers,
-                       batch_size=3, batching="bucket", shuffle=split == "train", shuffle_buffer=8,
-                       pool_batches=2, seed=3, read_ahead_units=2)
+                       batch_size=3 if batching != "pack" else 2, batching=batching,
+                       shuffle=split == "train", shuffle_buffer=8, pool_batches=2, seed=3,
+                       read_ahead_units=2, row_tokens=40)
 
 
 def _ids(batches: list[dict[str, torch.Tensor]]) -> list[list[int]]:
@@ -72,34 +74,61 @@ def test_collate_pads_right_with_masked_padding() -> None:
     assert batch["target_last_hidden_states"][0, 2].float().eq(-5).all()
 
 
+def test_collate_packs_rows_with_per_document_positions() -> None:
+    """Packed rows: samples end to end, positions restart, document ids index sample_ids."""
+    batch = collate([_sample(5, 3), _sample(7, 2), _sample(8, 4)], [5, 7, 8], rows=[0, 0, 1])
+    assert batch["input_ids"].tolist() == [[5, 5, 5, 7, 7], [8, 8, 8, 8, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1], [0, 1, 2, 3, 0]]
+    assert batch["document_ids"].tolist() == [[0, 0, 0, 1, 1], [2, 2, 2, 2, -1]]
+    assert batch["attention_mask"].tolist() == [[1] * 5, [1, 1, 1, 1, 0]]
+    assert batch["sample_ids"].tolist() == [5, 7, 8]
+    assert batch["target_hidden_states"][0, 3].float().eq(7).all()
+    assert batch["target_last_hidden_states"][1, 3].float().eq(-8).all()
+
+
+@pytest.mark.parametrize("batching", ["bucket", "pack"])
 @pytest.mark.parametrize(("world", "workers"), [(1, 0), (2, 0), (2, 2), (1, 3)])
-def test_ranks_and_workers_see_disjoint_equal_shares(world: int, workers: int) -> None:
-    """Across all (rank, worker) shares each train sample appears at most once; counts equal."""
+def test_ranks_and_workers_see_disjoint_equal_shares(world: int, workers: int,
+                                                     batching: Batching) -> None:
+    """Across all (rank, worker) shares each train sample appears at most once; counts equal.
+
+    ``pack``: every rank yields the same batch count; a share short of rows may repeat its
+    first batches, so samples are distinct within a share's first pass, and rows fit.
+    """
     reader = _Reader()
-    per_rank = []
+    per_rank, counts = [], []
     for rank in range(world):
-        loader = ResumableLoader(_stream(reader, rank=rank, world=world, workers=workers))
+        loader = ResumableLoader(_stream(reader, rank=rank, world=world, workers=workers,
+                                         batching=batching))
         batches = list(loader)
         assert len(batches) == len(loader)
+        counts.append(len(batches))
         per_rank.append([i for b in _ids(batches) for i in b])
+        if batching == "pack":
+            assert all(int(b["attention_mask"].sum(1).max()) <= 40 for b in batches)
+    assert len(set(counts)) == 1
     flat = [i for ids in per_rank for i in ids]
-    assert len(flat) == len(set(flat))
-    assert len({len(ids) for ids in per_rank}) == 1
     train = [s.sample_id for ss in reader.units.values() for s in ss if s.sample_id % 10 != 9]
     assert set(flat) <= set(train)
+    if batching == "pack":
+        assert len(set(flat)) > 0.8 * len(train)
+        return
+    assert len(flat) == len(set(flat))
+    assert len({len(ids) for ids in per_rank}) == 1
     assert len(train) - len(flat) < world * max(1, workers)
 
 
+@pytest.mark.parametrize("batching", ["bucket", "pack"])
 @pytest.mark.parametrize(("workers", "stop"), [(0, 0), (0, 4), (2, 3), (2, 4), (3, 5)])
-def test_resume_continues_at_the_exact_batch(workers: int, stop: int) -> None:
+def test_resume_continues_at_the_exact_batch(workers: int, stop: int, batching: Batching) -> None:
     """A loader restored from state_dict yields exactly the uninterrupted remaining batches."""
-    full = _ids(list(ResumableLoader(_stream(_Reader(), workers=workers))))
-    first = ResumableLoader(_stream(_Reader(), workers=workers))
+    full = _ids(list(ResumableLoader(_stream(_Reader(), workers=workers, batching=batching))))
+    first = ResumableLoader(_stream(_Reader(), workers=workers, batching=batching))
     batches = iter(first)
     seen = [next(batches)["sample_ids"].tolist() for _ in range(stop)]
     state = first.state_dict()
     assert state["consumed"] == stop
-    resumed = ResumableLoader(_stream(_Reader(), workers=workers))
+    resumed = ResumableLoader(_stream(_Reader(), workers=workers, batching=batching))
     resumed.load_state_dict(state)
     assert seen + _ids(list(resumed)) == full
 
@@ -135,6 +164,10 @@ def test_resume_with_another_layout_is_refused() -> None:
     other = ResumableLoader(_stream(_Reader(), world=2))
     with pytest.raises(ValueError, match="data.world_size"):
         other.load_state_dict(state)
+    packed = ResumableLoader(_stream(_Reader(), batching="pack"))
+    with pytest.raises(ValueError, match="checkpoint has one sample per row, this run has rows "
+                                         "packed to data.max_seq_len=40"):
+        packed.load_state_dict(state)
 
 
 def test_eval_stream_reads_the_eval_split_in_order() -> None:

@@ -99,7 +99,7 @@ def test_full_block_anchor_rule() -> None:
     """DFlash anchors: supervised token with the whole block inside the row's real length."""
     loss_mask = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
     got = anchor_candidates(loss_mask, DFLASH_LAYOUT, block_size=3,
-                            lengths_B=torch.tensor([6, 8]))
+                            ends_BS=torch.tensor([[6] * 8, [8] * 8]))
     # row 0: anchors 1..3 (anchor+2 <= 5); row 1: anchors 0..5 (anchor+2 <= 7)
     assert got.tolist() == [[False, True, True, True, False, False, False],
                             [True, True, True, True, True, True, False]]
