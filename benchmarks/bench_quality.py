@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -63,6 +64,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="train and evaluate only these (runs of the others can go in parallel "
                         "into the same --out_dir; a run with all of them reuses every output "
                         "and writes the results)")
+    p.add_argument("--study", choices=("temperature", "converged"), default=None,
+                   help="instead: the regeneration-temperature study (regenerate at each of "
+                        "--regen_temperatures, train dspark on each, eval at T=0 and T=1), or "
+                        "the converged dspark vs dflash comparison (--converge_steps each, on "
+                        "the T=1 cache of the temperature study)")
+    p.add_argument("--regen_temperatures", nargs="+", default=["0.0", "0.6", "1.0"])
+    p.add_argument("--eval_fraction", type=float, default=0.25,
+                   help="the studies' eval split (enough held-out prompts for an interval)")
+    p.add_argument("--converge_steps", type=int, default=1200)
+    p.add_argument("--collect", action="store_true",
+                   help="with --study temperature: run nothing, tabulate what is in --out_dir")
     p.add_argument("--sweep", nargs="*", type=int, default=None,
                    help="instead: train the dspark recipe with the SWEEP changes of these "
                         "indices (none given: all; 0 is the recipe unchanged, the main run's "
@@ -116,6 +128,190 @@ def _sweep(out: Path, ns: argparse.Namespace, results: Path) -> int:
     return 0
 
 
+def _regen_cache(out: Path, ns: argparse.Namespace, temp: str,
+                 timings: dict[str, float]) -> str:
+    """Regenerate the study's chats at ``temp`` and capture them (kept from an earlier run)."""
+    name = f"cache_T{temp}"
+    if (out / name / "manifest.json").is_file():
+        return name
+    if not (out / "target" / "chat.jsonl").is_file():
+        subprocess.run([sys.executable, "-P", "-m", "sparkforge.app.code_target",
+                        str(out / "target"), "--rows", str(ns.rows)], check=True)
+    regen = out / f"regenerated_T{temp}"
+    _run(["regenerate", "--data", str(out / "target" / "chat.jsonl"),
+          "--engine.model", str(out / "target"), "--engine.dtype", "float32",
+          "--engine.max_model_len", "512", "--engine.enforce_eager", "true",
+          "--engine.enable_chunked_prefill", "false", "--output", str(regen),
+          "--temperature", temp, "--top_p", "1.0", "--max_tokens", "96", "--seed", "0",
+          "--progress", "false"], timings, f"regenerate T={temp}")
+    _run(["produce", "--config", str(PRODUCER_EXAMPLE), "--data", str(regen),
+          "--output", str(out / name), "--engine.model", str(out / "target"),
+          "--eval_fraction", str(ns.eval_fraction), "--scratch_dir", str(out / "scratch"),
+          "--parity_samples", "0", "--progress", "false"], timings, f"produce {name}")
+    return name
+
+
+def _cell(report: dict[str, Any]) -> dict[str, Any]:
+    """One evaluation's speculative tau with its interval, the prompts a half-width of 5% of
+    tau would take (the half-width shrinks as 1/sqrt(prompts)), and its calibration."""
+    spec = report["speculative"]
+    half = (spec["tau_ci95"][1] - spec["tau_ci95"][0]) / 2
+    return {"tau": spec["tau"], "ci95": spec["tau_ci95"], "prompts": spec["prompts"],
+            "half_width_pct": 100 * half / spec["tau"],
+            "prompts_for_5pct": math.ceil(spec["prompts"] * (half / (0.05 * spec["tau"])) ** 2),
+            "ece": spec.get("calibration", {}).get("ece"),
+            "abs_error": spec.get("calibration", {}).get("abs_error")}
+
+
+def _collected(out: Path, name: str) -> dict[str, Any]:
+    """What earlier runs left of one draft's evaluations (for a partial table)."""
+    rec: dict[str, Any] = {"train_s": None}
+    for temp in ("0.0", "1.0"):
+        path = out / "eval" / f"{name}_T{temp}" / "eval_report.json"
+        if path.is_file():
+            rec[f"T{temp}"] = json.loads(path.read_text())
+    return rec
+
+
+def _temperature_row(temp: str, rec: dict[str, Any]) -> dict[str, Any]:
+    """One regeneration temperature's row; an evaluation that did not run is None."""
+    greedy, sampled = rec.get("T0.0"), rec.get("T1.0")
+    either = sampled or greedy   # teacher-forced metrics do not depend on eval's temperature
+    forced = None if either is None else either["teacher_forced"]
+    return {"regen_temperature": float(temp),
+            "T0": None if greedy is None else _cell(greedy),
+            "T1": None if sampled is None else _cell(sampled),
+            "teacher_forced": None if forced is None else {
+                "tau": forced["metrics"]["tau"], "ci95": forced.get("tau_ci95"),
+                "ece": forced.get("calibration", {}).get("ece")},
+            "matched_T1": None if sampled is None else sampled.get("matched", {}).get("agreement"),
+            "train_s": rec["train_s"]}
+
+
+def _temperature_study(out: Path, ns: argparse.Namespace, results: Path) -> int:
+    """Regenerate the same chats at each temperature, train dspark on each, eval at T=0 and 1
+    (``--collect``: only tabulate what earlier runs left in ``out``)."""
+    timings: dict[str, float] = {}
+    rows = []
+    for temp in ns.regen_temperatures:
+        name = f"regen_T{temp}"
+        if ns.collect:
+            rec = _collected(out, name)
+        else:
+            cache = _regen_cache(out, ns, temp, timings)
+            rec = _train_and_eval(out, ns, name, cache, [], timings, eval_cache=cache)
+        rows.append(_temperature_row(temp, rec))
+        rows.sort(key=lambda r: r["regen_temperature"])
+        (results / "regen_temperature.json").write_text(json.dumps(
+            {"command": _command(), "steps": ns.steps, "rows": ns.rows,
+             "eval_fraction": ns.eval_fraction, "num_prompts": ns.num_prompts,
+             "max_new_tokens": ns.max_new_tokens, "table": rows, "timings_s": timings},
+            indent=1) + "\n")
+    print(_temperature_table(rows))
+    return 0
+
+
+def _ci(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "not run"
+    lo, hi = cell["ci95"] or (float("nan"), float("nan"))
+    return f"{cell['tau']:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def _at(cell: dict[str, Any] | None, key: str) -> Any:
+    return None if cell is None else cell[key]
+
+
+def _temperature_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| regenerated at | spec. tau T=0 [95% CI] | spec. tau T=1 [95% CI] | "
+             "teacher-forced tau, own eval split [95% CI] | agree at T=1 | ECE T=1 | "
+             "prompts for +-5% at T=0 / T=1 |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        agree = r["matched_T1"]
+        verdict = "-" if agree is None else ("yes" if agree["agree"] else "no")
+        lines.append(f"| T={r['regen_temperature']:g} | {_ci(r['T0'])} | {_ci(r['T1'])} | "
+                     f"{_ci(r['teacher_forced'])} | {verdict} | {_fmt(_at(r['T1'], 'ece'))} | "
+                     f"{_at(r['T0'], 'prompts_for_5pct') or '-'} / "
+                     f"{_at(r['T1'], 'prompts_for_5pct') or '-'} |")
+    return "\n".join(lines)
+
+
+def _converged_gain(curve: list[dict[str, float]], window: int = 5) -> float | None:
+    """Relative gain of teacher-forced tau (running mean of ``window`` log points) over the
+    last fifth of the run; None for a curve too short to tell."""
+    taus = [c["tau"] for c in curve]
+    if len(taus) < 5 * window:
+        return None
+    start = int(len(taus) * 0.8)
+    before = sum(taus[start - window:start]) / window
+    end = sum(taus[-window:]) / window
+    return end / before - 1.0
+
+
+def _tau_at(curve: list[dict[str, float]], step: float, window: int = 3) -> float:
+    """Mean teacher-forced tau of the ``window`` log points up to ``step``."""
+    taus = [c["tau"] for c in curve if c["step"] <= step][-window:]
+    return sum(taus) / len(taus) if taus else float("nan")
+
+
+def _converged_study(out: Path, ns: argparse.Namespace, results: Path) -> int:
+    """dspark and dflash trained for --converge_steps on the T=1 cache: curves and ratios."""
+    timings: dict[str, float] = {}
+    cache = _regen_cache(out, ns, "1.0", timings)
+    records = {name: _train_and_eval(out, ns, f"converged_{name}", cache, DRAFTS[name][1],
+                                     timings, eval_cache=cache, steps=ns.converge_steps)
+               for name in ("dspark", "dflash")}
+    by = {name: {"T0": _cell(rec["T0.0"]), "T1": _cell(rec["T1.0"]),
+                 "teacher_forced_tau": rec["T1.0"]["teacher_forced"]["metrics"]["tau"],
+                 "gain_last_fifth": _converged_gain(rec["curve"]),
+                 "train_tau_at_short_run": _tau_at(rec["curve"], ns.steps),
+                 "train_tau_at_end": _tau_at(rec["curve"], ns.converge_steps),
+                 "train_s": rec["train_s"]} for name, rec in records.items()}
+    ratio = {f"{k}_converged": by["dspark"][k]["tau"] / by["dflash"][k]["tau"]
+             for k in ("T0", "T1")}
+    ratio["teacher_forced_converged"] = (by["dspark"]["teacher_forced_tau"]
+                                         / by["dflash"]["teacher_forced_tau"])
+    ratio["train_tau_short_run"] = (by["dspark"]["train_tau_at_short_run"]
+                                    / by["dflash"]["train_tau_at_short_run"])
+    ratio["train_tau_converged"] = (by["dspark"]["train_tau_at_end"]
+                                    / by["dflash"]["train_tau_at_end"])
+    (results / "converged.json").write_text(json.dumps(
+        {"command": _command(), "steps": ns.converge_steps, "short_run_steps": ns.steps,
+         "drafts": by, "ratios": ratio, "timings_s": timings,
+         "curves": {n: r["curve"] for n, r in records.items()}}, indent=1) + "\n")
+    _plot_converged(records, ns.steps, results)
+    for name, row in by.items():
+        gain = row["gain_last_fifth"]
+        print(f"{name}: spec. tau T=0 {_ci(row['T0'])}, T=1 {_ci(row['T1'])}, teacher-forced "
+              f"{row['teacher_forced_tau']:.3f}; tau gain over the last fifth "
+              f"{'-' if gain is None else f'{gain:+.1%}'}")
+    print("; ".join(f"dspark/dflash {k} {v:.3f}" for k, v in ratio.items()))
+    return 0
+
+
+def _plot_converged(records: dict[str, dict[str, Any]], short: int, results: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, rec in records.items():
+        ax.plot([c["step"] for c in rec["curve"]], [c["tau"] for c in rec["curve"]], label=name)
+    ax.axvline(short, color="k", linestyle=":", label=f"short run ({short} steps)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("teacher-forced tau (training batches)")
+    ax.set_title("DSpark vs DFlash recipe on the code target, trained to convergence")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(results / "converged_curves.png", dpi=90)
+    plt.close(fig)
+
+
+def _command() -> str:
+    return "nice -n 10 .venv/bin/python -P benchmarks/bench_quality.py " + " ".join(sys.argv[1:])
+
+
 def _run(args: list[str], timings: dict[str, float], stage: str) -> None:
     print(f"\n=== {stage}: sparkforge {' '.join(args)}", flush=True)
     start = time.perf_counter()
@@ -150,15 +346,18 @@ def _prepare(out: Path, ns: argparse.Namespace, timings: dict[str, float]) -> No
 
 def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
                     extra: list[str], timings: dict[str, float],
-                    temperatures: tuple[str, ...] = ("0.0", "1.0")) -> dict[str, Any]:
-    """Train one draft and evaluate it; a stage whose output an earlier run left is reused."""
+                    temperatures: tuple[str, ...] = ("0.0", "1.0"), eval_cache: str = "cache",
+                    steps: int | None = None) -> dict[str, Any]:
+    """Train one draft (``steps``, default ``--steps``) and evaluate it on ``eval_cache``'s eval
+    split; a stage whose output an earlier run left is reused."""
+    steps = ns.steps if steps is None else steps
     run_dir = out / "train" / name
     ckpt = run_dir / "ckpt" / "last.ckpt"
     # last.ckpt is also written at every epoch end: only the step-N checkpoint marks a finished run.
-    if not any((run_dir / "ckpt").glob(f"*-step={ns.steps}.ckpt")):
+    if not any((run_dir / "ckpt").glob(f"*-step={steps}.ckpt")):
         shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted run is trained again
         _run(["train", "--config", str(TRAIN_EXAMPLE), "--data.uri", str(out / cache),
-              "--trainer.max_steps", str(ns.steps), "--data.batch_size", str(ns.batch_size),
+              "--trainer.max_steps", str(steps), "--data.batch_size", str(ns.batch_size),
               "--trainer.default_root_dir", str(run_dir),
               "--checkpoint.dirpath", str(run_dir / "ckpt"),
               "--trainer.logger.class_path", "lightning.pytorch.loggers.CSVLogger",
@@ -173,7 +372,7 @@ def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
         eval_dir = out / "eval" / f"{name}_T{temp}"
         if not (eval_dir / "eval_report.json").is_file():
             _run(["eval", "--draft", str(ckpt), "--target", str(out / "target"),
-                  "--cache", str(out / "cache"), "--out_dir", str(eval_dir),
+                  "--cache", str(out / eval_cache), "--out_dir", str(eval_dir),
                   "--num_prompts", str(ns.num_prompts), "--max_new_tokens",
                   str(ns.max_new_tokens), "--temperature", temp],
                  timings, f"eval {name} T={temp}")
@@ -283,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     if ns.sweep is not None:
         return _sweep(out, ns, results)
+    if ns.study is not None:
+        study = _temperature_study if ns.study == "temperature" else _converged_study
+        return study(out, ns, results)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     _prepare(out, ns, timings)

@@ -221,6 +221,8 @@ class RegenerateConfig:
     """Sampling temperature; 1.0 samples the target's own distribution (on-policy)."""
     top_p: float = 1.0
     """Nucleus sampling threshold."""
+    top_k: int = -1
+    """Sample from the k most likely tokens only; -1 samples from all of them."""
     max_tokens: int = 2048
     """Longest generated response."""
     seed: int = 0
@@ -247,6 +249,8 @@ class RegenerateConfig:
             problems.append(f"--temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             problems.append(f"--top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            problems.append(f"--top_k must be -1 (off) or >= 1, got {self.top_k}")
         for name in ("data", "output"):
             if not getattr(self, name):
                 problems.append(f"--{name} is required")

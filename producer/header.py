@@ -15,6 +15,7 @@ from sparkforge.shared.header import (
     CaptureInfo,
     DataInfo,
     RunHeader,
+    SamplingInfo,
     TargetInfo,
     TokenizerInfo,
 )
@@ -45,7 +46,16 @@ def data_info(
         eval_fraction=cfg.eval_fraction if eval_ids is None else None,
         eval_ids=None if eval_ids is None else tuple(sorted(eval_ids)),
         seed=cfg.split_seed,
+        regeneration=tuple(sampling_of(r) for r in regeneration_of(inputs.sources)),
     )
+
+
+def sampling_of(params: dict[str, Any]) -> SamplingInfo:
+    """The sampling settings among a source's regeneration parameters (top_k: -1 if unrecorded,
+    vLLM's default, for parts written before it was recorded)."""
+    return SamplingInfo(temperature=float(params["temperature"]), top_p=float(params["top_p"]),
+                        top_k=int(params.get("top_k", -1)), seed=int(params["seed"]),
+                        max_tokens=int(params["max_tokens"]))
 
 
 def regeneration_of(sources: Sequence[DataSource]) -> list[dict[str, Any]]:

@@ -100,7 +100,8 @@ def sampling_parameters(cfg: RegenerateConfig, *, template: str, tokenizer: Any)
     """What a cache made from this output records about how its responses were made."""
     return {
         "model": cfg.engine.model, "revision": cfg.engine.revision,
-        "temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens,
+        "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+        "max_tokens": cfg.max_tokens,
         "seed": cfg.seed, "rows_per_part": cfg.rows_per_part, "source": cfg.data,
         "chat_template_sha256": template_sha256(template),
         "tokenizer_hash": tokenizer_hash(tokenizer), "engine_version": engine_version("vllm"),
@@ -134,7 +135,7 @@ def _regenerate_part(
         kept.append((raw, prompt))
         prompts.append(np.asarray(ids, dtype=np.int32))
     responses = generate_responses(
-        cfg.engine, prompts, temperature=cfg.temperature, top_p=cfg.top_p,
+        cfg.engine, prompts, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
         max_tokens=cfg.max_tokens, seed=cfg.seed, seeds=[cfg.seed + raw.index for raw, _ in kept],
     ) if prompts else []
     records = [

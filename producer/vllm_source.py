@@ -445,6 +445,7 @@ def generate_responses(
     top_p: float,
     max_tokens: int,
     seed: int,
+    top_k: int = -1,
     seeds: Sequence[int] | None = None,
 ) -> list[GeneratedResponse]:
     """Sample one response per token-id prompt with a plain vLLM engine (for regeneration).
@@ -454,6 +455,7 @@ def generate_responses(
         prompts: Token ids ending with the generation prompt.
         temperature: Sampling temperature.
         top_p: Nucleus sampling mass.
+        top_k: Sample from the k most likely tokens only (-1: all).
         max_tokens: Most generated tokens per response.
         seed: Base seed; prompt i uses ``seed + i`` unless ``seeds`` is given.
         seeds: One seed per prompt (e.g. derived from sample ids, so a resumed run draws the same).
@@ -467,7 +469,8 @@ def generate_responses(
     llm = LLM(**engine_kwargs(engine))
     try:
         params = [
-            SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=s)
+            SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
+                           max_tokens=max_tokens, seed=s)
             for s in per_prompt
         ]
         token_prompts = [TokensPrompt(prompt_token_ids=p.tolist()) for p in prompts]

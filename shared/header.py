@@ -128,6 +128,19 @@ class MixInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SamplingInfo:
+    """How ``sparkforge regenerate`` sampled a dataset's assistant turns."""
+
+    temperature: float
+    """0 = greedy; 1 = the target's own distribution."""
+    top_p: float
+    top_k: int
+    """-1: off."""
+    seed: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class DataInfo:
     """Input data identity and the train/eval split rule."""
 
@@ -135,6 +148,10 @@ class DataInfo:
     eval_fraction: float | None
     eval_ids: tuple[int, ...] | None
     seed: int
+    regeneration: tuple[SamplingInfo, ...] = dataclasses.field(
+        default=(), metadata={"optional_in_json": True})
+    """The distinct sampling settings of regenerated sources (empty: none was regenerated, or
+    a manifest older than this field)."""
     mix: tuple[MixInfo, ...] | None = dataclasses.field(
         default=None, metadata={"optional_in_json": True})
     """The weighted mix the rows were drawn from (None: every row of ``sources`` once); absent
@@ -144,10 +161,13 @@ class DataInfo:
 
     def identity(self) -> dict[str, Any]:
         """JSON-ready record of where the rows came from (for checkpoints, loggers, cards):
-        each source (with a dataset's name, revision, split and fingerprint) and the mix."""
+        each source (with a dataset's name, revision, split and fingerprint), the mix and how
+        regenerated rows were sampled."""
         out: dict[str, Any] = {"sources": [
             {k: v for k, v in dataclasses.asdict(s).items() if v is not None}
             for s in self.sources]}
+        if self.regeneration:
+            out["regeneration"] = [dataclasses.asdict(r) for r in self.regeneration]
         if self.mix is not None:
             out["mix"] = [{"name": e.name, "data": e.data, "weight": e.weight, "rows": e.rows,
                            "source_rows": e.source_rows} for e in self.mix]
@@ -176,6 +196,7 @@ class RunHeader:
         data = dataclasses.asdict(self.data)
         data["sources"] = [{k: v for k, v in dataclasses.asdict(s).items() if v is not None}
                            for s in self.data.sources]
+        data["regeneration"] = [dataclasses.asdict(r) for r in self.data.regeneration]
         for key in ("eval_fraction", "eval_ids", "mix", "mix_seed"):
             if data[key] is None:
                 del data[key]
@@ -283,10 +304,23 @@ def parse_tokenizer(data: object) -> TokenizerInfo:
     )
 
 
+def parse_sampling(data: object, field: str) -> SamplingInfo:
+    """One regeneration sampling record (``data.regeneration[i]``)."""
+    d = f.obj(data, field, required=_keys("temperature", "top_p", "top_k", "seed", "max_tokens"))
+    top_k = f.integer(d["top_k"], f"{field}.top_k", lo=-1)
+    if top_k == 0:
+        raise f.fail(f"{field}.top_k", "-1 (off) or >= 1", top_k)
+    return SamplingInfo(
+        temperature=f.number(d["temperature"], f"{field}.temperature", lo=0.0, hi=1e6),
+        top_p=f.number(d["top_p"], f"{field}.top_p", lo=0.0, hi=1.0), top_k=top_k,
+        seed=f.integer(d["seed"], f"{field}.seed", hi=(1 << 63) - 1),
+        max_tokens=f.integer(d["max_tokens"], f"{field}.max_tokens", lo=1))
+
+
 def parse_data(data: object) -> DataInfo:
-    """The ``data`` section: sources, split rule and seed."""
+    """The ``data`` section: sources, split rule, seed and regeneration sampling."""
     d = f.obj(data, "data", required=_keys("sources", "seed"),
-              optional=_keys("eval_fraction", "eval_ids", "mix", "mix_seed"))
+              optional=_keys("eval_fraction", "eval_ids", "regeneration", "mix", "mix_seed"))
     sources = []
     for i, item in enumerate(f.array(d["sources"], "data.sources", max_len=10_000)):
         s = f.obj(item, f"data.sources[{i}]", required=_keys("uri", "content_hash"),
@@ -308,6 +342,8 @@ def parse_data(data: object) -> DataInfo:
             f.integer(x, f"data.eval_ids[{i}]") for i, x in enumerate(f.array(eval_ids,
                                                                               "data.eval_ids"))),
         seed=f.integer(d["seed"], "data.seed", hi=(1 << 63) - 1),
+        regeneration=tuple(parse_sampling(r, f"data.regeneration[{i}]") for i, r in enumerate(
+            f.array(d.get("regeneration", []), "data.regeneration", max_len=10_000))),
     )
 
 

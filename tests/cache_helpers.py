@@ -103,7 +103,7 @@ def make_header(spec: CacheSpec, *, num_hidden_layers: int = 4,
                     "final_logit_softcapping": None},
         "tokenizer": {"hash": "cd" * 32, "chat_template_sha256": "ef" * 32},
         "data": {"sources": [{"uri": "memory://chat.jsonl", "content_hash": "01" * 32}],
-                 "eval_fraction": 0.25, "seed": 0},
+                 "eval_fraction": 0.25, "seed": 0, "regeneration": []},
     }
 
 

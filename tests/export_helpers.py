@@ -37,11 +37,12 @@ def _script_result(script: Path, args: list[Any], timeout: int) -> dict[str, Any
 
 
 def eval_report(draft: Path, target: Path, cache: Path | str, out_dir: Path) -> dict[str, Any]:
-    """``sparkforge eval`` of a draft on 2 held-out prompts x 8 tokens; its ``eval_report.json``."""
+    """``sparkforge eval`` of a draft on 2 held-out prompts x 8 greedy tokens; its report."""
     from sparkforge.app.cli import main
 
     assert main(["eval", "--draft", str(draft), "--target", str(target), "--cache", str(cache),
-                 "--out_dir", str(out_dir), "--num_prompts", "2", "--max_new_tokens", "8"]) == 0
+                 "--out_dir", str(out_dir), "--num_prompts", "2", "--max_new_tokens", "8",
+                 "--temperature", "0.0"]) == 0
     report: dict[str, Any] = json.loads((out_dir / "eval_report.json").read_text())
     return report
 

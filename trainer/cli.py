@@ -115,18 +115,13 @@ def run_export(cfg: ExportConfig) -> int:
 def run_evaluation(cfg: EvalConfig) -> int:
     """Measure acceptance and print tau per position and where the report is."""
     from sparkforge.trainer.eval import run_eval
+    from sparkforge.trainer.eval_summary import summary_lines
 
     report = run_eval(cfg)
-    spec = report["speculative"]
-    interval = spec.get("tau_ci95")
-    ci = f" (95% CI {interval[0]:.3f}-{interval[1]:.3f})" if interval else ""
-    print(f"tau {spec['tau']:.3f}{ci} over {spec['rounds']} rounds; per position "
-          + ", ".join(f"{a:.2f}" for a in spec["acceptance_by_position"]))
-    cal = spec.get("calibration")
-    if cal:
-        auc = "-" if cal["auroc"] is None else f"{cal['auroc']:.3f}"
-        print(f"confidence vs accept events: ECE {cal['ece']:.3f}, Brier {cal['brier']:.3f}, "
-              f"AUROC {auc} over {cal['count']} verified slots")
+    print(summary_lines(report))
+    auc = report["speculative"].get("calibration", {}).get("auroc")
+    if auc is not None:
+        print(f"  confidence vs accept events: AUROC {auc:.3f}")
     policies = report["teacher_forced"].get("policies", [])
     if policies:
         print("teacher-forced policy        tokens/round  verified slots  accepted/verified")

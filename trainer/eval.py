@@ -7,6 +7,9 @@ the measured acceptance of real speculative decoding (tau, per-position acceptan
 the confidence head against the accept events) and, with a cache, the teacher-forced metrics of its
 eval split computed with the training run's loss settings (accept_rate@k, tau, calibration, and the
 expected tokens per round and verified slots under fixed lengths and confidence thresholds).
+Both taus carry a 95% bootstrap interval over prompts (eval samples); the ``matched`` section says
+whether the eval split was regenerated at the temperature eval measures at and, when it was (at
+T=1), whether the two taus agree within their intervals.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.image_inputs import TargetImages, target_images
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import loads_as_image_text
+from sparkforge.trainer.bootstrap import ratio_ci
 from sparkforge.trainer.calibration import (
     auroc,
     brier_score,
@@ -36,6 +40,7 @@ from sparkforge.trainer.data import CacheStream, load_split_index
 from sparkforge.trainer.export import load_draft, training_loss_settings
 from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.loss import compute_dspark_loss
+from sparkforge.trainer.matched_eval import FORCED_TEMPERATURE, matched_report, split_sampling
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
 from sparkforge.trainer.report import reliability_bins, tau_interval, write_report
 from sparkforge.trainer.run_config import LossSpec
@@ -60,7 +65,7 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
                          num_workers=0, batch_size=4, batching="pad", shuffle=False,
                          shuffle_buffer=1, pool_batches=1, seed=cfg.seed, read_ahead_units=1)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    sums, blocks = None, []
+    sums, blocks, per_sample = None, [], []
     with torch.no_grad():
         for i, batch in enumerate(stream):
             if cfg.max_eval_batches is not None and i >= cfg.max_eval_batches:
@@ -73,6 +78,7 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
             sums = accumulate(sums, metric_sums(out, res.accept_rate, res.weights))
             if res.accept_rate is not None:
                 blocks.append(_block_rows(out, res.accept_rate))
+                per_sample.append(_sample_tau_sums(out, res.accept_rate))
     if sums is None:
         return {}
     ratios = metric_ratios(sums)
@@ -80,16 +86,30 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
     report: dict[str, Any] = {
         "metrics": ratios,
         "accept_rate_by_position": [ratios.get(f"accept_rate@{j}", 0.0) for j in range(k)]}
+    if per_sample:
+        num, den = (np.concatenate(parts) for parts in zip(*per_sample, strict=True))
+        report["samples"] = int((den > 0).sum())
+        report["tau_ci95"] = list(ratio_ci(num, den, seed=cfg.seed))
     if blocks:
         accept, conf, valid = (np.concatenate(parts) for parts in zip(*blocks, strict=True))
         has_conf = draft.confidence_head is not None
         report["policies"] = policy_table(accept, conf if has_conf else None, valid,
                                           cfg.policy_thresholds)
         if has_conf:
-            report["calibration"] = _calibration(conf[valid], accept[valid], events=False)
+            report["calibration"] = {"temperature": FORCED_TEMPERATURE,
+                                     **_calibration(conf[valid], accept[valid], events=False)}
             report["reliability"] = reliability_bins(conf[valid].tolist(),
                                                      accept[valid].tolist())
     return report
+
+
+def _sample_tau_sums(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample of the batch: the sum of its blocks' expected lengths, and its block count
+    (the teacher-forced tau's numerator and denominator, as ``metric_sums`` counts them)."""
+    ev = out.eval_mask.double()
+    surv = torch.cumprod(accept_BAK.double() * ev, dim=-1)
+    on = (out.block_keep_mask & out.eval_mask.any(-1)).double()
+    return (((1.0 + surv.sum(-1)) * on).sum(-1).cpu().numpy(), on.sum(-1).cpu().numpy())
 
 
 def _block_rows(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, ...]:
@@ -103,10 +123,11 @@ def _block_rows(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, ...]:
 
 
 def _calibration(confidence: Any, outcome: Any, *, events: bool) -> dict[str, Any]:
-    """ECE, Brier and (for 0/1 accept events) AUROC of the confidence head."""
+    """ECE, mean absolute error, Brier and (for 0/1 accept events) AUROC of the head."""
     conf, out = np.asarray(confidence, dtype=np.float64), np.asarray(outcome, dtype=np.float64)
     report: dict[str, Any] = {"count": int(conf.size),
                               "ece": expected_calibration_error(conf, out),
+                              "abs_error": float(np.abs(conf - out).mean()) if conf.size else 0.0,
                               "brier": brier_score(conf, out),
                               "mean_confidence": float(conf.mean()) if conf.size else 0.0,
                               "mean_outcome": float(out.mean()) if out.size else 0.0}
@@ -182,12 +203,16 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
                                images=images)
     else:
         prompts = _held_out_prompts(reader, cfg.num_prompts, images)
+    speculative = _decode(target, draft, prompts, cfg, device)
     report = {
         "config": asdict(cfg),
         "loss_settings": {"source": loss_source, **asdict(loss)},
-        "speculative": _decode(target, draft, prompts, cfg, device),
+        "speculative": speculative,
         "teacher_forced": forced,
     }
+    if reader is not None:
+        report["matched"] = matched_report(split_sampling(reader.manifest), cfg.temperature,
+                                           speculative, forced)
     write_report(report, Path(cfg.out_dir))
     logger.info("tau %.3f over %d rounds", report["speculative"]["tau"],
                 report["speculative"]["rounds"])
@@ -212,17 +237,18 @@ def _decode(target: Any, draft: Any, prompts: list[Prompt], cfg: EvalConfig,
                                    generator=gen, target_inputs=inputs)
         runs.append(("text" if inputs is None else "image", res))
     k, seed = draft.num_draft_tokens, cfg.seed
-    report = _acceptance([run for _, run in runs], k, seed)
+    report = _acceptance([run for _, run in runs], k, seed, cfg.temperature)
     if any(kind == "image" for kind, _ in runs):
         report["by_prompt_kind"] = {
-            kind: _acceptance([run for of, run in runs if of == kind], k, seed)
+            kind: _acceptance([run for of, run in runs if of == kind], k, seed, cfg.temperature)
             for kind in ("image", "text")}
     return report
 
 
-def _acceptance(runs: list[SpecDecodeResult], k: int, seed: int) -> dict[str, Any]:
-    """tau, its 95% interval over prompts, acceptance by position and calibration over
-    speculative generations."""
+def _acceptance(runs: list[SpecDecodeResult], k: int, seed: int,
+                temperature: float) -> dict[str, Any]:
+    """tau, its 95% interval over prompts (with each prompt's tokens and rounds), acceptance and
+    trials by position and calibration (at ``temperature``) over speculative generations."""
     rounds = [n for r in runs for n in r.tokens_per_round]
     verified = [m for r in runs for m in r.verified_per_round]
     accepted = np.sum([r.position_accepted for r in runs], axis=0) if runs else np.zeros(k)
@@ -233,10 +259,14 @@ def _acceptance(runs: list[SpecDecodeResult], k: int, seed: int) -> dict[str, An
         "tau": float(np.mean(rounds)) if rounds else 0.0, "rounds": len(rounds),
         "tau_ci95": tau_interval([list(r.tokens_per_round) for r in runs], seed=seed),
         "prompts": len(runs),
+        "prompt_tokens": [sum(r.tokens_per_round) for r in runs],
+        "prompt_rounds": [len(r.tokens_per_round) for r in runs],
         "verified_per_round": float(np.mean(verified)) if verified else 0.0,
         "acceptance_by_position": [float(a / t) if t else 0.0
                                    for a, t in zip(accepted, trials, strict=True)],
-        "position_trials": [float(t) for t in trials]}
+        "position_trials": [float(t) for t in trials],
+        "position_accepted": [float(a) for a in accepted]}
     if conf:
-        report["calibration"] = _calibration(conf, events, events=True)
+        report["calibration"] = {"temperature": temperature,
+                                 **_calibration(conf, events, events=True)}
     return report

@@ -47,12 +47,16 @@ class EvalConfig:
     """Chat JSONL/Parquet (file, folder or glob, any fsspec URI) whose prompts are decoded."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """fsspec options of the cache (e.g. S3 endpoint)."""
-    num_prompts: int = 32
-    """Held-out prompts decoded speculatively."""
+    num_prompts: int = 64
+    """Held-out prompts decoded speculatively. On the shipped code target at T=1 the 95% interval
+    of tau was +-6.8% at 32 prompts of 64 tokens, so 64 prompts give about +-5% (it shrinks as
+    1/sqrt(prompts)); greedy decoding varies more between prompts (+-16% at 32: about 320)."""
     max_new_tokens: int = 128
     """Tokens generated per prompt."""
-    temperature: float = 0.0
-    """0 = greedy (lossless: the output equals the target's greedy decoding)."""
+    temperature: float = 1.0
+    """1 = the target's own distribution, the temperature ``regenerate`` samples at by default,
+    so the eval split matches what is measured; 0 = greedy (the output equals the target's
+    greedy decoding)."""
     confidence_threshold: float | None = None
     """Verify only the slots before the first confidence below this value."""
     policy_thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)

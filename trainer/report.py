@@ -8,27 +8,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sparkforge.trainer.bootstrap import ratio_ci
+
 logger = logging.getLogger(__name__)
 
 REPORT_JSON = "eval_report.json"
 REPORT_PNG = "acceptance_by_position.png"
 
 
-def tau_interval(rounds_per_prompt: Sequence[Sequence[int]], *, seed: int = 0,
-                 num_resamples: int = 2000, level: float = 0.95) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of tau (tokens per round over all rounds), resampling
-    prompts: rounds of one prompt are correlated, prompts are not. None under two prompts."""
-    import numpy as np
-
+def tau_interval(rounds_per_prompt: Sequence[Sequence[int]], *,
+                 seed: int = 0) -> tuple[float, float] | None:
+    """The 95% bootstrap interval of tau (tokens per round over all rounds), resampling prompts
+    (``sparkforge.trainer.bootstrap``); None under two prompts."""
     used = [r for r in rounds_per_prompt if len(r)]
     if len(used) < 2:
         return None
-    tokens = np.array([sum(r) for r in used], dtype=np.float64)
-    counts = np.array([len(r) for r in used], dtype=np.float64)
-    picks = np.random.default_rng(seed).integers(0, len(used), size=(num_resamples, len(used)))
-    taus = tokens[picks].sum(axis=1) / counts[picks].sum(axis=1)
-    lo, hi = np.quantile(taus, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    return ratio_ci([sum(r) for r in used], [len(r) for r in used], seed=seed)
 
 
 def reliability_bins(confidence: Sequence[float], accept: Sequence[float], *,

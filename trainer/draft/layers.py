@@ -19,7 +19,8 @@ from sparkforge.trainer.draft.rope import apply_rotary
 
 
 class RMSNorm(nn.Module):
-    """Qwen3/Gemma4 RMSNorm: normalise in fp32, scale by a learned weight (or by nothing)."""
+    """Qwen3's RMSNorm: normalise in fp32, cast back, then scale by a learned weight (or by
+    nothing) in the input's dtype."""
 
     def __init__(self, dim: int, eps: float, *, with_weight: bool = True) -> None:
         super().__init__()
@@ -31,6 +32,19 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         out = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         return out if self.weight is None else self.weight * out
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma4's RMSNorm (transformers' and vLLM's order): normalise and scale by the weight, both
+    in fp32, then cast back; in bf16 this rounds once where Qwen3's order rounds twice."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise the last axis."""
+        x32 = x.float()
+        out = x32 * torch.pow(x32.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            out = out * self.weight.float()
+        return out.to(x.dtype)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -87,10 +101,11 @@ class DSparkAttention(nn.Module):
         k_eq_v: Gemma4's ``attention_k_eq_v``: no ``v_proj``; the values are the raw key
             projection normalised by a weightless RMSNorm (``v_norm``), without RoPE.
         softmax_scale: Multiplier on the q.k logits (None: 1/sqrt(head_dim); Gemma4: 1.0).
+        norm: The q/k/v norms' class (Gemma4: ``GemmaRMSNorm``).
     """
 
     def __init__(self, cfg: DraftConfig, *, k_eq_v: bool = False,
-                 softmax_scale: float | None = None) -> None:
+                 softmax_scale: float | None = None, norm: type[RMSNorm] = RMSNorm) -> None:
         super().__init__()
         n, g, d, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
         self.num_heads, self.num_kv, self.head_dim = n, g, d
@@ -99,9 +114,9 @@ class DSparkAttention(nn.Module):
         self.k_proj = nn.Linear(h, g * d, bias=cfg.attention_bias)
         self.v_proj = None if k_eq_v else nn.Linear(h, g * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(n * d, h, bias=cfg.attention_bias)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.v_norm = RMSNorm(d, cfg.rms_norm_eps, with_weight=False) if k_eq_v else None
+        self.q_norm = norm(d, cfg.rms_norm_eps)
+        self.k_norm = norm(d, cfg.rms_norm_eps)
+        self.v_norm = norm(d, cfg.rms_norm_eps, with_weight=False) if k_eq_v else None
 
     def key_values(
         self, x_BPH: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

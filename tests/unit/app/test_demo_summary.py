@@ -1,4 +1,4 @@
-"""The demo's summary shows tau and acceptance by position, measured and teacher-forced."""
+"""The demo's summary: both taus with intervals, acceptance by position, agreement, calibration."""
 
 from __future__ import annotations
 
@@ -7,16 +7,39 @@ from pathlib import Path
 from sparkforge.app.demo import producer_config, summary_lines, train_config
 
 
-def test_summary_lists_every_position_of_both_views() -> None:
-    """Both tau values and one acceptance per draft position appear, rounded to 2 places."""
-    report = {"speculative": {"tau": 2.5, "acceptance_by_position": [0.91, 0.5, 0.125]},
-              "teacher_forced": {"metrics": {"tau": 2.25},
-                                 "accept_rate_by_position": [0.8, 0.6, 0.4]}}
-    lines = summary_lines(report).splitlines()
-    assert "2.500" in lines[0]
-    assert "2.250" in lines[2]
+def _report(**matched: object) -> dict:
+    return {"config": {"temperature": 1.0},
+            "speculative": {"tau": 2.5, "tau_ci95": [2.25, 2.75], "prompts": 16,
+                            "acceptance_by_position": [0.91, 0.5, 0.125],
+                            "position_trials": [40, 36, 18],
+                            "calibration": {"temperature": 1.0, "ece": 0.04, "abs_error": 0.3,
+                                            "count": 94}},
+            "teacher_forced": {"metrics": {"tau": 2.25}, "tau_ci95": [2.0, 2.5], "samples": 9,
+                               "accept_rate_by_position": [0.8, 0.6, 0.4]},
+            "matched": matched}
+
+
+def test_summary_lists_both_taus_with_intervals_and_every_position() -> None:
+    """Both tau values with their intervals, one acceptance and trial count per draft position,
+    the agreement verdict and the head's calibration appear."""
+    agreement = {"difference": 0.25, "difference_ci95": [-0.1, 0.6], "agree": True}
+    lines = summary_lines(_report(agreement=agreement)).splitlines()
+    assert "2.500  95% CI [2.250, 2.750]" in lines[0]
+    assert "T=1, 16 prompts" in lines[0]
     assert lines[1].split(":")[1].split() == ["0.91", "0.50", "0.12"]
-    assert lines[3].split(":")[1].split() == ["0.80", "0.60", "0.40"]
+    assert lines[2].split(":")[1].split() == ["40", "36", "18"]
+    assert "2.250  95% CI [2.000, 2.500]" in lines[3]
+    assert lines[4].split(":")[1].split() == ["0.80", "0.60", "0.40"]
+    assert "+0.250, 95% CI [-0.100, +0.600]: agree" in lines[5]
+    assert "speculative at T=1: ECE 0.040, abs error 0.300 over 94 slots" in lines[6]
+    refused = summary_lines(_report(agreement=dict(agreement, agree=False)))
+    assert "DISAGREE" in refused
+
+
+def test_summary_says_why_it_does_not_compare() -> None:
+    """A mismatched eval split prints the report's note instead of a verdict."""
+    text = summary_lines(_report(matched=False, note="regenerated at T=[0.0]"))
+    assert "not compared: regenerated at T=[0.0]" in text
 
 
 def test_demo_runs_the_code_target_examples_by_default(tmp_path: Path) -> None:

@@ -93,6 +93,15 @@ INVALID = [
     ("tokenizer.chat_template_sha256", "ab", ManifestError, "of 64 characters"),
     ("data.eval_fraction", 1.5, ManifestError, "'data.eval_fraction'"),
     ("data.sources", "s3://x", ManifestError, "'data.sources': expected a JSON array"),
+    ("data.regeneration", {}, ManifestError, "'data.regeneration': expected a JSON array"),
+    ("data.regeneration", [{"temperature": 1.0}], ManifestError,
+     r"'data.regeneration\[0\]': expected keys"),
+    ("data.regeneration", [{"temperature": -1.0, "top_p": 1.0, "top_k": -1, "seed": 0,
+                            "max_tokens": 8}], ManifestError,
+     r"'data.regeneration\[0\].temperature'"),
+    ("data.regeneration", [{"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 0,
+                            "max_tokens": 8}], ManifestError,
+     r"'data.regeneration\[0\].top_k': expected -1 \(off\) or >= 1"),
     ("accounting.failed", 1, ManifestError, r"'accounting': written .* != input_rows"),
     ("accounting.written", -1, ManifestError, "'accounting.written'"),
     ("storage.spec.shard_rows", 8, ManifestError, "shard_rows .* must be >= max_seq_len"),
@@ -128,6 +137,22 @@ def test_manifest_without_features_reads_as_residual() -> None:
     manifest = CacheManifest.from_json(data)
     assert manifest.capture.features == "residual"
     jsonschema.validate(data, manifest_schema.manifest_json_schema())
+
+
+def test_manifest_without_regeneration_reads_as_not_regenerated() -> None:
+    """A manifest written before data.regeneration existed parses with no sampling records."""
+    data = copy.deepcopy(_example())
+    del data["data"]["regeneration"]
+    assert CacheManifest.from_json(data).data.regeneration == ()
+    jsonschema.validate(data, manifest_schema.manifest_json_schema())
+
+
+def test_regeneration_sampling_is_typed() -> None:
+    """A regenerated example's sampling settings parse into their typed record."""
+    (path,) = (p for p in EXAMPLES if p.name == "tiny_fp8_topk.json")
+    (sampling,) = CacheManifest.from_json(json.loads(path.read_text())).data.regeneration
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed,
+            sampling.max_tokens) == (1.0, 0.95, -1, 7, 2048)
 
 
 @pytest.mark.parametrize("data", [None, [], "manifest", 3])

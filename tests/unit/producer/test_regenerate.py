@@ -40,6 +40,7 @@ def test_bad_sampling_settings_name_their_flags() -> None:
     """Invalid sampling settings are reported together, by flag."""
     with pytest.raises(ValueError, match="--temperature") as info:
         RegenerateConfig(data="d", output="o", engine=EngineOptions(model="m"), temperature=-1,
-                         top_p=0.0, max_tokens=0)
+                         top_p=0.0, top_k=0, max_tokens=0)
     assert "--top_p" in str(info.value)
+    assert "--top_k must be -1 (off) or >= 1, got 0" in str(info.value)
     assert "--max_tokens" in str(info.value)

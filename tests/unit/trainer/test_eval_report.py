@@ -77,7 +77,23 @@ def test_eval_decodes_prompts_from_a_chat_file(tiny_target: Path, tiny_cache: st
     spec = report["speculative"]
     assert spec["prompts"] == 3
     assert spec["rounds"] > 0
+    # tau and its interval come from the same per-prompt sums
+    assert sum(spec["prompt_tokens"]) / sum(spec["prompt_rounds"]) == pytest.approx(spec["tau"])
+    assert len(spec["prompt_rounds"]) == 3
+    assert spec["tau_ci95"][0] <= spec["tau"] <= spec["tau_ci95"][1]
+    assert [a / t if t else 0.0 for a, t in zip(spec["position_accepted"],
+                                                 spec["position_trials"], strict=True)] == \
+        pytest.approx(spec["acceptance_by_position"])
+    forced = report["teacher_forced"]
+    assert forced["samples"] >= 1
+    assert forced["tau_ci95"][0] <= forced["metrics"]["tau"] <= forced["tau_ci95"][1]
+    assert forced["calibration"]["temperature"] == 1.0
+    # the tiny cache's data was written by hand, not regenerated: no verdict, and why
+    assert report["matched"]["matched"] is None
+    assert "not regenerated" in report["matched"]["note"]
     cal = spec["calibration"]
+    assert cal["temperature"] == 1.0
+    assert 0.0 <= cal["abs_error"] <= 1.0
     assert cal["count"] == sum(spec["position_trials"])
     assert 0.0 <= cal["ece"] <= 1.0
     assert 0.0 <= cal["brier"] <= 1.0

@@ -121,3 +121,60 @@ def test_state_dict_is_exactly_the_served_key_set(change: dict[str, object]) -> 
     cfg = dataclasses.replace(cfg, **change)
     model = build_draft(cfg)
     assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == expected_shapes(cfg)
+
+
+def test_norms_round_once_in_bf16_as_transformers_gemma4_does() -> None:
+    """In bf16 the Gemma norm equals transformers' Gemma4RMSNorm bit for bit (weight applied in
+    fp32 before the cast); Qwen3's order (cast, then multiply in bf16) does not."""
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
+
+    from sparkforge.trainer.draft.layers import GemmaRMSNorm, RMSNorm
+
+    torch.manual_seed(0)
+    x = (3.0 * torch.randn(64, 256)).bfloat16()
+    weight = (1.0 + 0.3 * torch.randn(256)).bfloat16()
+    hf, ours, qwen = Gemma4RMSNorm(256, eps=1e-6), GemmaRMSNorm(256, 1e-6), RMSNorm(256, 1e-6)
+    for norm in (hf, ours, qwen):
+        norm.bfloat16().weight.data.copy_(weight)
+    with torch.no_grad():
+        expected = hf(x)
+        assert torch.equal(ours(x), expected)
+        assert not torch.equal(qwen(x), expected)
+        weightless = Gemma4RMSNorm(256, eps=1e-6, with_scale=False)(x)
+        assert torch.equal(GemmaRMSNorm(256, 1e-6, with_weight=False)(x), weightless)
+
+
+def test_every_norm_of_the_gemma4_draft_is_gemmas() -> None:
+    """The layers', the attention's, the context and the final norms all use Gemma's order."""
+    from sparkforge.trainer.draft.layers import GemmaRMSNorm, RMSNorm
+
+    _, _, cfg = _pair()
+    model = Gemma4DSparkModel(cfg)
+    norms = {n: type(m) for n, m in model.named_modules() if isinstance(m, RMSNorm)}
+    assert {"hidden_norm", "norm", "layers.0.self_attn.q_norm", "layers.0.self_attn.v_norm",
+            "layers.0.post_feedforward_layernorm"} <= set(norms)
+    assert set(norms.values()) == {GemmaRMSNorm}
+
+
+@pytest.mark.parametrize("hidden", [640, 2560, 5376])
+def test_embedding_scale_is_rounded_to_bf16_as_transformers_does(hidden: int) -> None:
+    """sqrt(H) rounded to bf16 before the multiply, as Gemma4TextScaledWordEmbedding does; the
+    exact scale gives other bf16 values at these real hidden sizes."""
+    import math
+    from types import SimpleNamespace
+
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextScaledWordEmbedding
+
+    from sparkforge.trainer.draft.passes import embed
+
+    torch.manual_seed(0)
+    hf = Gemma4TextScaledWordEmbedding(32, hidden, 0, embed_scale=math.sqrt(hidden)).bfloat16()
+    stack = SimpleNamespace(embed_tokens=torch.nn.Embedding(32, hidden).bfloat16(),
+                            config=SimpleNamespace(embedding_scale=math.sqrt(hidden)),
+                            lm_head=SimpleNamespace(weight=hf.weight))
+    stack.embed_tokens.weight.data.copy_(hf.weight.data)
+    ids = torch.arange(32)
+    with torch.no_grad():
+        expected = hf(ids)
+        assert torch.equal(embed(stack, ids), expected)  # type: ignore[arg-type]
+        assert not torch.equal(stack.embed_tokens(ids) * math.sqrt(hidden), expected)

@@ -3,8 +3,10 @@
 Each layer is a Gemma sandwich (input_layernorm -> attention -> post_attention_layernorm -> +res
 -> pre_feedforward_layernorm -> GeGLU MLP -> post_feedforward_layernorm -> +res) with
 ``attention_k_eq_v`` attention: no ``v_proj``, the values are the raw key projection under a
-weightless ``v_norm``, q/k are RMS-normed per head, and the softmax scale is 1.0. The embedding is
-scaled by sqrt(H) and the lm_head logits are softcapped as the target's are (both from the draft
+weightless ``v_norm``, q/k are RMS-normed per head, and the softmax scale is 1.0. Every norm
+(those of the layers, the context ``hidden_norm`` and the final ``norm``) is Gemma's: weight
+applied in fp32 before the cast back. The embedding is scaled by sqrt(H) (rounded to the model
+dtype, as served) and the lm_head logits are softcapped as the target's are (both from the draft
 config). Context injection, anchors, the Markov and confidence heads, the loss and the metrics
 are the shared DSpark ones: only the layer differs from ``DSparkDraftModel``.
 
@@ -19,7 +21,7 @@ import torch
 from torch import nn
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.draft.layers import MLP, DSparkAttention, RMSNorm, gelu_tanh
+from sparkforge.trainer.draft.layers import MLP, DSparkAttention, GemmaRMSNorm, gelu_tanh
 from sparkforge.trainer.draft.model import DSparkDraftModel
 
 
@@ -29,12 +31,12 @@ class Gemma4DSparkLayer(nn.Module):
     def __init__(self, cfg: DSparkDraftConfig) -> None:
         super().__init__()
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.input_layernorm = RMSNorm(h, eps)
-        self.self_attn = DSparkAttention(cfg, k_eq_v=True, softmax_scale=1.0)
-        self.post_attention_layernorm = RMSNorm(h, eps)
-        self.pre_feedforward_layernorm = RMSNorm(h, eps)
+        self.input_layernorm = GemmaRMSNorm(h, eps)
+        self.self_attn = DSparkAttention(cfg, k_eq_v=True, softmax_scale=1.0, norm=GemmaRMSNorm)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
         self.mlp = MLP(h, cfg.intermediate_size, act=gelu_tanh)
-        self.post_feedforward_layernorm = RMSNorm(h, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
 
     def key_values(
         self, x_BPH: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -66,3 +68,5 @@ class Gemma4DSparkModel(DSparkDraftModel):
 
     def __init__(self, config: DSparkDraftConfig, **kwargs: Any) -> None:
         super().__init__(config, layer=Gemma4DSparkLayer, **kwargs)
+        self.hidden_norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
