@@ -21,6 +21,7 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
+from sparkforge.shared.dataset import LINE_TOO_LONG
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.image_inputs import TargetImages
 from sparkforge.shared.images import ImageProblem, is_image_part, template_parts
@@ -47,6 +48,8 @@ class SkipReason(StrEnum):
     """Why a row was not written; the values are the manifest's accounting keys."""
 
     MALFORMED_JSON = "malformed_json"
+    LINE_TOO_LONG = LINE_TOO_LONG
+    """A JSONL line longer than ``max_line_bytes`` (skipped unread)."""
     MISSING_MESSAGES = "missing_messages"
     UNKNOWN_ROLE = "unknown_role"
     NON_STRING_CONTENT = "non_string_content"
@@ -70,6 +73,11 @@ class SkipReason(StrEnum):
     """Image rows of a VL target (``sparkforge.shared.images.ImageProblem`` says which is which)."""
     NON_FINITE_ACTIVATIONS = "non_finite_activations"
     """The target produced NaN or inf for the row (``non_finite: skip``)."""
+
+
+def unreadable_reason(error: str | None) -> SkipReason:
+    """The skip reason of a row the reader could not parse (its ``error`` names it first)."""
+    return SkipReason(error.split(":", 1)[0]) if error else SkipReason.MALFORMED_JSON
 
 
 @dataclass(frozen=True)

@@ -274,3 +274,12 @@ def test_tool_calls_reach_the_template_and_are_supervised(tiny_target_plain_temp
     assert "[c1] 4" in serving
     masked = tok.decode(out.input_ids[out.loss_mask == 1].tolist())
     assert masked == "<tool_call>add(2, 2)</tool_call><|im_end|>It is 4.<|im_end|>"
+
+
+def test_unreadable_rows_are_counted_by_the_reason_the_reader_gave() -> None:
+    """The reader's error prefix is the skip reason: over-long lines are not malformed JSON."""
+    from sparkforge.producer.chat import unreadable_reason
+
+    assert unreadable_reason("line_too_long: the line is longer") == SkipReason.LINE_TOO_LONG
+    assert unreadable_reason("malformed_json: Expecting value") == SkipReason.MALFORMED_JSON
+    assert unreadable_reason(None) == SkipReason.MALFORMED_JSON
