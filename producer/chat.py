@@ -21,6 +21,7 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
+from sparkforge.producer.template_bounds import check_bounded
 from sparkforge.shared.dataset import LINE_TOO_LONG
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.image_inputs import TargetImages
@@ -355,8 +356,22 @@ class ChatEncoder:
             return SkipReason.NO_LOSS_TOKENS
         return encoded
 
+    def _render_probe(self) -> None:
+        """Every rendering the probe's masking asks for, as text (failures are the probe's to
+        name: each rendering runs even if another fails)."""
+        for end in range(1, len(_PROBE) + 1):
+            for generation_prompt in (False, True):
+                try:
+                    self._render(_PROBE[:end], None, generation_prompt=generation_prompt)
+                except MemoryError:
+                    raise
+                except Exception:  # noqa: BLE001, S112 - Jinja raises anything
+                    continue
+
     def _probe(self) -> None:
-        """Refuse a template whose mask misses assistant text or covers user text."""
+        """Refuse a template that outlasts or outgrows ``check_bounded`` on the probe, or whose
+        mask misses assistant text or covers user text."""
+        check_bounded(self._render_probe)
         encoded = self.encode_messages(_PROBE)
         method = "{% generation %} markers" if self.uses_generation_tags else "prefix rendering"
         if isinstance(encoded, SkipReason):
