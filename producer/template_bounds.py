@@ -12,6 +12,7 @@ import resource
 import select
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
 from sparkforge.shared.errors import ConfigError
 
@@ -22,7 +23,7 @@ CHECK_MEMORY_BYTES = 1 << 30
 
 
 def _mapped_bytes() -> int:
-    with open("/proc/self/status") as f:
+    with Path("/proc/self/status").open() as f:
         for line in f:
             if line.startswith("VmSize:"):
                 return int(line.split()[1]) * 1024
@@ -68,9 +69,9 @@ def check_bounded(render: Callable[[], None]) -> None:
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     if verdict == b"time":
-        raise ConfigError(f"chat_template: rendering the probe conversation took over {seconds:g} s "
-                          "(an endless or huge loop?); fix the template or pass another "
-                          "--chat_template")
+        raise ConfigError(f"chat_template: rendering the probe conversation took over "
+                          f"{seconds:g} s (an endless or huge loop?); fix the template or pass "
+                          "another --chat_template")
     if verdict != b"ok":  # b"memory", or nothing: the child died (e.g. killed for memory)
         raise ConfigError(f"chat_template: rendering the probe conversation needed over "
                           f"{memory_bytes / 2**30:g} GiB (huge output?); fix the template or pass "
