@@ -13,6 +13,7 @@ _EMPTY_RUN_HINTS: Final = {
     "missing_messages": "the rows have no 'messages' (or 'input_ids' + 'loss_mask') column: "
                         "wrong schema or wrong --data?",
     "malformed_json": "the lines are not JSON objects: wrong --data or --data_format?",
+    "line_too_long": "every line is longer than --max_line_bytes: wrong --data, or raise it",
     "bad_pretokenized": "'input_ids' / 'loss_mask' must be equal-length lists of ints "
                         "(ids below the vocabulary size, mask 0/1)",
     "too_long": "every row is longer than --max_seq_len (or use --overlong truncate)",

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from sparkforge.producer.chat import ChatEncoder, Encoded, SkipReason
+from sparkforge.producer.chat import ChatEncoder, Encoded, SkipReason, unreadable_reason
 from sparkforge.producer.fp8 import quantize_e4m3
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
 from sparkforge.producer.splits import SplitRule
@@ -213,7 +213,8 @@ class UnitCapturer:
         skipped: Counter[str] = Counter()
         pending = []
         for raw in rows:
-            encoded = SkipReason.MALFORMED_JSON if raw.row is None else self.encoder.encode(raw.row)
+            encoded = (unreadable_reason(raw.error) if raw.row is None
+                       else self.encoder.encode(raw.row))
             if isinstance(encoded, SkipReason):
                 skipped[encoded.value] += 1
                 continue

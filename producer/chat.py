@@ -21,6 +21,8 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
+from sparkforge.producer.template_bounds import check_bounded
+from sparkforge.shared.dataset import LINE_TOO_LONG
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.image_inputs import TargetImages
 from sparkforge.shared.images import ImageProblem, is_image_part, template_parts
@@ -47,6 +49,8 @@ class SkipReason(StrEnum):
     """Why a row was not written; the values are the manifest's accounting keys."""
 
     MALFORMED_JSON = "malformed_json"
+    LINE_TOO_LONG = LINE_TOO_LONG
+    """A JSONL line longer than ``max_line_bytes`` (skipped unread)."""
     MISSING_MESSAGES = "missing_messages"
     UNKNOWN_ROLE = "unknown_role"
     NON_STRING_CONTENT = "non_string_content"
@@ -70,6 +74,11 @@ class SkipReason(StrEnum):
     """Image rows of a VL target (``sparkforge.shared.images.ImageProblem`` says which is which)."""
     NON_FINITE_ACTIVATIONS = "non_finite_activations"
     """The target produced NaN or inf for the row (``non_finite: skip``)."""
+
+
+def unreadable_reason(error: str | None) -> SkipReason:
+    """The skip reason of a row the reader could not parse (its ``error`` names it first)."""
+    return SkipReason(error.split(":", 1)[0]) if error else SkipReason.MALFORMED_JSON
 
 
 @dataclass(frozen=True)
@@ -347,8 +356,22 @@ class ChatEncoder:
             return SkipReason.NO_LOSS_TOKENS
         return encoded
 
+    def _render_probe(self) -> None:
+        """Every rendering the probe's masking asks for, as text (failures are the probe's to
+        name: each rendering runs even if another fails)."""
+        for end in range(1, len(_PROBE) + 1):
+            for generation_prompt in (False, True):
+                try:
+                    self._render(_PROBE[:end], None, generation_prompt=generation_prompt)
+                except MemoryError:
+                    raise
+                except Exception:  # noqa: BLE001, S112 - Jinja raises anything
+                    continue
+
     def _probe(self) -> None:
-        """Refuse a template whose mask misses assistant text or covers user text."""
+        """Refuse a template that outlasts or outgrows ``check_bounded`` on the probe, or whose
+        mask misses assistant text or covers user text."""
+        check_bounded(self._render_probe)
         encoded = self.encode_messages(_PROBE)
         method = "{% generation %} markers" if self.uses_generation_tags else "prefix rendering"
         if isinstance(encoded, SkipReason):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.shared.dataset import MAX_LINE_BYTES
 from sparkforge.shared.dtypes import HiddenDtype
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.fields import shorten
@@ -126,6 +127,8 @@ class ProducerConfig:
     """Device of the hf backend ("auto": cuda if available, else cpu)."""
     read_batch_rows: int = 1024
     """Parquet record-batch size while reading the dataset."""
+    max_line_bytes: int = MAX_LINE_BYTES
+    """Longest JSONL line; a longer one is skipped unread and counted as line_too_long."""
     finalize: bool = True
     """Build the manifest when this worker sees every unit committed."""
     progress: bool = True
@@ -134,7 +137,8 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         problems = []
         positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
-                    "max_consecutive_failures", "read_batch_rows", "writer_queue_units",
+                    "max_consecutive_failures", "read_batch_rows", "max_line_bytes",
+                    "writer_queue_units",
                     "max_image_pixels")
         for name in positive:
             if getattr(self, name) < 1:
@@ -237,12 +241,14 @@ class RegenerateConfig:
     """Input format; auto reads it from the file suffix."""
     read_batch_rows: int = 1024
     """Parquet record-batch size while reading the dataset."""
+    max_line_bytes: int = MAX_LINE_BYTES
+    """Longest JSONL line; a longer one is skipped unread and counted as line_too_long."""
     progress: bool = True
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
         problems = []
-        for name in ("max_tokens", "rows_per_part", "read_batch_rows"):
+        for name in ("max_tokens", "rows_per_part", "read_batch_rows", "max_line_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature < 0:

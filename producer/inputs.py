@@ -70,12 +70,13 @@ def open_inputs(cfg: ProducerConfig) -> InputRows:
     """
     if cfg.mix:
         plan = plan_mix(cfg.mix, num_rows=cfg.mix_rows, seed=cfg.mix_seed,
-                        storage_options=cfg.storage_options)
+                        storage_options=cfg.storage_options, max_line_bytes=cfg.max_line_bytes)
         return InputRows(sources=[f for entry in plan for f in entry.files],
                          num_rows=sum(len(entry.draws) for entry in plan), mix=plan)
     assert cfg.data is not None, "ProducerConfig checks that data or mix is given"
     sources = describe_sources(cfg.data, data_format=cfg.data_format,
-                               storage_options=cfg.storage_options, column=cfg.data_column)
+                               storage_options=cfg.storage_options, column=cfg.data_column,
+                               max_line_bytes=cfg.max_line_bytes)
     num_rows = sum(s.num_rows for s in sources)
     if not num_rows:
         raise DatasetError(f"data: {cfg.data} holds no rows ({len(sources)} file(s), all empty)")

@@ -32,6 +32,7 @@ from sparkforge.producer.chat import (
     resolve_chat_template,
     template_sha256,
     tokenizer_hash,
+    unreadable_reason,
 )
 from sparkforge.producer.config import RegenerateConfig
 from sparkforge.producer.header import REGENERATION_KEY, engine_version
@@ -124,7 +125,7 @@ def _regenerate_part(
     kept: list[tuple[RawRow, list[dict[str, Any]]]] = []
     prompts: list[np.ndarray] = []
     for raw in rows:
-        prompt = prompt_of(raw.row, cfg)
+        prompt = unreadable_reason(raw.error) if raw.row is None else prompt_of(raw.row, cfg)
         if isinstance(prompt, SkipReason):
             skipped[prompt.value] += 1
             continue
@@ -164,7 +165,8 @@ def regenerate(cfg: RegenerateConfig) -> RegenerateSummary:
         return [int(i) for i in out["input_ids"]]
 
     sources = describe_sources(cfg.data, data_format=cfg.data_format,
-                               storage_options=cfg.storage_options, column=cfg.data_column)
+                               storage_options=cfg.storage_options, column=cfg.data_column,
+                               max_line_bytes=cfg.max_line_bytes)
     total = num_units(sum(s.num_rows for s in sources), cfg.rows_per_part)
     fs, root = fsspec.core.url_to_fs(cfg.output, **cfg.storage_options)
     fs.makedirs(root, exist_ok=True)

@@ -31,7 +31,7 @@ from sparkforge.producer.capture import (
     NonFiniteActivations,
     UnitCapturer,
 )
-from sparkforge.producer.chat import ChatEncoder, SkipReason
+from sparkforge.producer.chat import ChatEncoder, SkipReason, unreadable_reason
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.header import build_header
 from sparkforge.producer.image_check import check_committed_images
@@ -334,7 +334,7 @@ def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> l
     want_images = isinstance(prep.encoder, ImageChatEncoder)
     for n, raw in enumerate(prep.inputs.rows(batch_rows=cfg.read_batch_rows,
                                              storage_options=cfg.storage_options)):
-        encoded = SkipReason.MALFORMED_JSON if raw.row is None else prep.encoder.encode(raw.row)
+        encoded = unreadable_reason(raw.error) if raw.row is None else prep.encoder.encode(raw.row)
         if not isinstance(encoded, SkipReason):
             (text if encoded.model_inputs is None else image).append(CaptureRequest(
                 sample_id=raw.index, input_ids=encoded.input_ids,

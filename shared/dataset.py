@@ -27,6 +27,10 @@ logger = logging.getLogger(__name__)
 DataFormat = Literal["auto", "jsonl", "parquet"]
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _HASH_BLOCK_BYTES = 8 << 20
+_READ_BLOCK_BYTES = 1 << 20
+MAX_LINE_BYTES = 64 << 20
+"""Default longest JSONL line (far above any real chat); a longer one is skipped unread."""
+LINE_TOO_LONG = "line_too_long"
 HF_DATASET_KEY = "sparkforge.hf_dataset"
 
 
@@ -49,6 +53,8 @@ class DataSource:
     Hugging Face dataset's identity under ``HF_DATASET_KEY``."""
     column: str | None = None
     """Hugging Face datasets: the conversation column (None: messages, else conversations)."""
+    max_line_bytes: int = MAX_LINE_BYTES
+    """JSONL: a longer line is a ``line_too_long`` row, never held in memory whole."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,12 +100,13 @@ def _expand(uri: str, storage_options: Mapping[str, Any]) -> list[str]:
 
 def describe_sources(
     uri: str, *, data_format: DataFormat = "auto", storage_options: Mapping[str, Any] | None = None,
-    column: str | None = None,
+    column: str | None = None, max_line_bytes: int = MAX_LINE_BYTES,
 ) -> list[DataSource]:
     """Resolve ``uri`` (a file, a folder or a glob) into its files with row counts and hashes.
 
     A Hugging Face dataset (``hf://...`` or a ``save_to_disk`` folder) is one source whose rows
-    are read from ``column``.
+    are read from ``column``. A JSONL line longer than ``max_line_bytes`` counts as one row that
+    reads back as ``line_too_long``.
 
     One streaming pass per file (bounded memory); Parquet row counts come from the footer.
     """
@@ -113,9 +120,9 @@ def describe_sources(
         fmt = _format_of(path, data_format)
         describe = _describe_jsonl if fmt == "jsonl" else _describe_parquet
         with storage_errors("data", path):
-            digest, num_rows, metadata = describe(path, options)
+            digest, num_rows, metadata = describe(path, options, max_line_bytes)
         sources.append(DataSource(uri=path, format=fmt, num_rows=num_rows, content_hash=digest,
-                                  metadata=metadata))
+                                  metadata=metadata, max_line_bytes=max_line_bytes))
     return sources
 
 
@@ -133,15 +140,18 @@ def _iter_hf(source: DataSource, wanted: Any) -> Iterator[RawRow]:
         yield RawRow(index=index, row=row, content_hash=row_hash(raw.encode()))
 
 
-def _describe_jsonl(path: str, options: Mapping[str, Any]) -> tuple[str, int, dict[str, Any]]:
-    digest, num_rows = hashlib.sha256(), 0
-    for line in _jsonl_lines(path, options):
-        digest.update(line)
-        num_rows += bool(line.strip())
+def _describe_jsonl(
+    path: str, options: Mapping[str, Any], max_line_bytes: int
+) -> tuple[str, int, dict[str, Any]]:
+    digest = hashlib.sha256()
+    num_rows = sum(1 for _ in _jsonl_rows(path, options, max_line_bytes, digest.update))
     return digest.hexdigest(), num_rows, {}
 
 
-def _describe_parquet(path: str, options: Mapping[str, Any]) -> tuple[str, int, dict[str, Any]]:
+def _describe_parquet(
+    path: str, options: Mapping[str, Any], max_line_bytes: int
+) -> tuple[str, int, dict[str, Any]]:
+    del max_line_bytes  # Parquet has no lines
     import pyarrow.parquet as pq
 
     digest = hashlib.sha256()
@@ -155,20 +165,58 @@ def _describe_parquet(path: str, options: Mapping[str, Any]) -> tuple[str, int, 
     return digest.hexdigest(), meta.num_rows, metadata
 
 
-def _jsonl_lines(path: str, options: Mapping[str, Any]) -> Iterator[bytes]:
+def _jsonl_rows(
+    path: str, options: Mapping[str, Any], max_line_bytes: int, on_block: Any = None
+) -> Iterator[bytes | None]:
+    """The stripped non-blank lines of a JSONL file; None for a line past ``max_line_bytes``.
+
+    Reads bounded blocks: an over-long line is dropped block by block up to its newline, and a
+    block of blank lines is passed over in one C-level strip. ``on_block`` sees every byte.
+    """
+    pending: list[bytes] = []
+    pending_len, skipping = 0, False
     with fsspec.open(path, "rb", compression="infer", **options) as f:
-        yield from f
+        while block := f.read(_READ_BLOCK_BYTES):
+            if on_block is not None:
+                on_block(block)
+            if skipping:
+                end = block.find(b"\n")
+                if end < 0:
+                    continue
+                skipping, block = False, block[end + 1:]
+            if not pending_len and not block.strip():
+                continue
+            *lines, tail = block.split(b"\n")
+            if lines:
+                lines[0] = b"".join([*pending, lines[0]])
+                pending, pending_len = [], 0
+            for line in lines:
+                if len(line) > max_line_bytes:
+                    yield None
+                elif raw := line.strip():
+                    yield raw
+            pending.append(tail)
+            pending_len += len(tail)
+            if pending_len > max_line_bytes:
+                yield None
+                pending, pending_len, skipping = [], 0, True
+    if raw := b"".join(pending).strip():
+        yield raw
 
 
-def _iter_jsonl(path: str, options: Mapping[str, Any], wanted: Any) -> Iterator[RawRow]:
-    index = 0
-    for line in _jsonl_lines(path, options):
-        raw = line.strip()
-        if not raw:
+def _iter_jsonl(
+    path: str, options: Mapping[str, Any], wanted: Any, max_line_bytes: int
+) -> Iterator[RawRow]:
+    for index, raw in enumerate(_jsonl_rows(path, options, max_line_bytes)):
+        if not wanted(index):
             continue
-        if wanted(index):
+        if raw is None:
+            yield RawRow(index=index, row=None,
+                         content_hash=row_hash(f"{LINE_TOO_LONG}:{index}".encode()),
+                         error=f"{LINE_TOO_LONG}: the line is longer than {max_line_bytes:,} bytes "
+                               "(--max_line_bytes)")
+        else:
             yield _parse_line(index, raw)
-        index += 1
 
 
 def _parse_line(index: int, raw: bytes) -> RawRow:
@@ -229,7 +277,7 @@ def iter_rows(
             return wanted is None or bool(wanted(base + i))
 
         rows = (
-            _iter_jsonl(source.uri, options, local_wanted)
+            _iter_jsonl(source.uri, options, local_wanted, source.max_line_bytes)
             if source.format == "jsonl"
             else _iter_hf(source, local_wanted) if source.format == "hf"
             else _iter_parquet(source.uri, options, local_wanted, batch_rows)

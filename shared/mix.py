@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from sparkforge.shared.dataset import (
+    MAX_LINE_BYTES,
     DataFormat,
     DatasetError,
     DataSource,
@@ -93,14 +94,15 @@ def draw_rows(available: int, wanted: int, *, seed: int, index: int) -> np.ndarr
 
 
 def plan_mix(sources: Sequence[MixSource], *, num_rows: int | None, seed: int,
-             storage_options: Mapping[str, Any] | None = None) -> list[MixEntry]:
+             storage_options: Mapping[str, Any] | None = None,
+             max_line_bytes: int = MAX_LINE_BYTES) -> list[MixEntry]:
     """Describe every source and draw its rows.
 
     Raises:
         DatasetError: a source holds no rows.
     """
     files = [describe_sources(s.data, data_format=s.data_format, storage_options=storage_options,
-                              column=s.column) for s in sources]
+                              column=s.column, max_line_bytes=max_line_bytes) for s in sources]
     available = [sum(f.num_rows for f in group) for group in files]
     for spec, count in zip(sources, available, strict=True):
         if not count:

@@ -274,3 +274,38 @@ def test_tool_calls_reach_the_template_and_are_supervised(tiny_target_plain_temp
     assert "[c1] 4" in serving
     masked = tok.decode(out.input_ids[out.loss_mask == 1].tolist())
     assert masked == "<tool_call>add(2, 2)</tool_call><|im_end|>It is 4.<|im_end|>"
+
+
+def test_unreadable_rows_are_counted_by_the_reason_the_reader_gave() -> None:
+    """The reader's error prefix is the skip reason: over-long lines are not malformed JSON."""
+    from sparkforge.producer.chat import unreadable_reason
+
+    assert unreadable_reason("line_too_long: the line is longer") == SkipReason.LINE_TOO_LONG
+    assert unreadable_reason("malformed_json: Expecting value") == SkipReason.MALFORMED_JSON
+    assert unreadable_reason(None) == SkipReason.MALFORMED_JSON
+
+
+_MESSAGES_LOOP = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+@pytest.mark.parametrize(("hostile", "refusal"), [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+     + _MESSAGES_LOOP, "took over 2 s"),  # 10^10 iterations
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{{ 'x' }}{% endfor %}{% endfor %}"
+     + _MESSAGES_LOOP, "took over 2 s|needed over 0.25 GiB"),  # prints 10^10 characters
+    ("{{ 'x' * 10000000000 }}" + _MESSAGES_LOOP, "needed over 0.25 GiB"),  # one 10 GB string
+])
+def test_a_hostile_template_is_refused_within_bounds(
+    tiny_target: Path, hostile: str, refusal: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A template that would loop or allocate for ever is stopped by the check's bounds and
+    refused in one line (exit 2), and the process keeps its memory."""
+    from sparkforge.producer import template_bounds
+    from sparkforge.shared.errors import ConfigError
+
+    monkeypatch.setattr(template_bounds, "CHECK_SECONDS", 2.0)
+    monkeypatch.setattr(template_bounds, "CHECK_MEMORY_BYTES", 1 << 28)
+    with pytest.raises(ConfigError, match=refusal) as info:
+        ChatEncoder(AutoTokenizer.from_pretrained(tiny_target), chat_template=hostile,
+                    max_seq_len=512)
+    assert "\n" not in str(info.value)

@@ -86,3 +86,17 @@ def test_every_line_is_encoded_or_counted(capturer: UnitCapturer, lines: list[by
         assert p.loss_mask.any()
         assert 0 <= p.input_ids.min()
         assert p.input_ids.max() < capturer.encoder.vocab_size
+
+
+def test_an_over_long_line_is_counted_as_line_too_long(capturer: UnitCapturer,
+                                                       tmp_path: Path) -> None:
+    """A line past ``max_line_bytes`` reaches the unit's accounting as its own skip reason."""
+    from sparkforge.shared.dataset import describe_sources, iter_rows
+
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    long_line = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]})
+    (tmp_path / "d.jsonl").write_text(f"{json.dumps(good)}\n{long_line}\n")
+    rows = list(iter_rows(describe_sources(str(tmp_path / "d.jsonl"), max_line_bytes=4096)))
+    pending, skipped = capturer.encode(rows)
+    assert len(pending) == 1
+    assert dict(skipped) == {"line_too_long": 1}

@@ -136,3 +136,56 @@ def test_missing_bucket_and_lost_endpoint_name_the_uri(moto_server: dict) -> Non
     with pytest.raises(StorageError, match="the store cannot be reached") as info:
         describe_sources(uri, storage_options=gone)
     assert uri in str(info.value)
+
+
+def test_an_over_long_line_is_one_row_never_held_whole(tmp_path: Path) -> None:
+    """A gzipped 24 MiB line past max_line_bytes is one ``line_too_long`` row; its neighbours,
+    the file's hash and the reader's memory (well under the line) are unaffected."""
+    import hashlib
+    import tracemalloc
+
+    cap = 1 << 20
+    lines = [json.dumps(ROWS[0]), '{"x": "' + "a" * (24 << 20) + '"}', json.dumps(ROWS[1]),
+             '{"y": "' + "b" * (cap + 10) + '"}', json.dumps(ROWS[2])]
+    text = "\n".join(lines) + "\n"
+    with gzip.open(tmp_path / "d.jsonl.gz", "wt", compresslevel=1) as f:
+        f.write(text)
+    del lines
+    tracemalloc.start()
+    (source,) = describe_sources(str(tmp_path / "d.jsonl.gz"), max_line_bytes=cap)
+    rows = list(iter_rows([source]))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert source.num_rows == 5
+    assert source.content_hash == hashlib.sha256(text.encode()).hexdigest()
+    assert [r.row for r in rows[::2]] == ROWS[:3]
+    assert [r.error.split(":")[0] for r in rows[1::2]] == ["line_too_long"] * 2
+    assert "1,048,576 bytes" in rows[1].error
+    assert peak < 8 << 20, peak
+
+
+@pytest.mark.parametrize("block", [1, 7, 1 << 20])
+def test_block_reading_keeps_lines_blank_lines_and_hashes(tmp_path: Path, block: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines split across read blocks, blank runs and a missing final newline read as before."""
+    from sparkforge.shared import dataset
+
+    monkeypatch.setattr(dataset, "_READ_BLOCK_BYTES", block)
+    text = ("\n \n\n" + json.dumps(ROWS[0]) + "\n" + "\n" * 50 + "  " + json.dumps(ROWS[1])
+            + "  \n\t\n" + json.dumps(ROWS[2]))
+    (tmp_path / "d.jsonl").write_text(text)
+    (source,) = describe_sources(str(tmp_path / "d.jsonl"))
+    rows = list(iter_rows([source]))
+    assert source.num_rows == 3
+    assert [r.row for r in rows] == ROWS[:3]
+    assert rows[1].content_hash == dataset.row_hash(json.dumps(ROWS[1]).encode())
+
+
+def test_gzipped_blank_lines_hold_no_rows(tmp_path: Path) -> None:
+    """64 MiB of blank lines (gzipped to ~64 KiB) describe as zero rows and read none."""
+    with gzip.open(tmp_path / "blank.jsonl.gz", "wb") as f:
+        for _ in range(64):
+            f.write(b"\n" * (1 << 20))
+    (source,) = describe_sources(str(tmp_path / "blank.jsonl.gz"))
+    assert source.num_rows == 0
+    assert list(iter_rows([source])) == []
