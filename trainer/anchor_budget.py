@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.data_plan import Batching, SplitIndex, plan_epoch
 from sparkforge.trainer.run_config import DEFAULT_MAX_SEQ_LEN
@@ -112,7 +113,7 @@ def setting_from_train_config(data: Mapping[str, Any]) -> AnchorSetting:
             (train, "data", "seed", 0)):
         value, low = section.get(name, default), 0 if name == "seed" else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{where}.{name} must be an integer >= {low}, got {value!r}")
+            raise ConfigError(f"{where}.{name} must be an integer >= {low}, got {value!r}")
         values[name] = value
     return AnchorSetting(num_anchors=values["num_anchors"], block_size=values["block_size"],
                          full_block=model.get("recipe") == "dflash",

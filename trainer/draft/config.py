@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self, get_args
 
+from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.layer_ids import (
     default_feature_ids,
     existing_feature_range,
@@ -89,7 +90,7 @@ class DraftConfig:
         object.__setattr__(self, "rope_parameters", dict(self.rope_parameters))
         problems = self.problems()
         if problems:
-            raise ValueError(f"invalid {type(self).__name__}:\n  " + "\n  ".join(problems))
+            raise ConfigError(f"invalid {type(self).__name__}:\n  " + "\n  ".join(problems))
         _warn_layer_ids(self.target_layer_ids, self.num_target_layers)
 
     def problems(self) -> list[str]:
@@ -113,7 +114,7 @@ class DraftConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} keys: {unknown}")
+            raise ConfigError(f"unknown {cls.__name__} keys: {unknown}")
         return cls(**dict(data))
 
     def save(self, path: str | Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, cast
 import torch
 from torch import nn
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.draft.anchors import (
     BlockLayout,
     anchor_candidates,
@@ -164,7 +165,7 @@ def set_target_weights(stack: DraftStack, embed_weight: torch.Tensor | None,
                                  (stack.lm_head, lm_head_weight, "lm_head")):
         if weight is not None:
             if weight.shape != module.weight.shape:
-                raise ValueError(f"{name}.weight: expected shape "
+                raise SparkforgeError(f"{name}.weight: expected shape "
                                  f"{tuple(module.weight.shape)}, got {tuple(weight.shape)}")
             module.weight.copy_(weight)
         module.weight.requires_grad_(False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.architectures.low_rank_query import LowRankQueryFields
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def target_fields(tc: Any, model_type: str) -> dict[str, Any]:
     """
     missing = sorted(t for t in _V4_TARGET_FIELDS.values() if getattr(tc, t, None) is None)
     if missing:
-        raise ValueError(f"architecture='deepseek_v4' needs a DeepSeek-V4 target: the "
+        raise ConfigError(f"architecture='deepseek_v4' needs a DeepSeek-V4 target: the "
                          f"{model_type!r} target config has no {missing}")
     out: dict[str, Any] = {d: int(getattr(tc, t)) for d, t in _V4_TARGET_FIELDS.items()}
     limit = getattr(tc, "swiglu_limit", None)

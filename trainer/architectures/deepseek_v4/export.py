@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.config import head_shapes
 
@@ -44,12 +45,13 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
 
 def refuse_hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     """No exported ``config.json`` exists for this architecture (see ``NOT_SERVABLE``)."""
-    raise ValueError("cannot write a serving config: " + "; ".join(NOT_SERVABLE))
+    raise SparkforgeError("cannot write a serving config: " + "; ".join(NOT_SERVABLE))
 
 
 def refuse_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
     """No exported ``config.json`` exists for this architecture (see ``NOT_SERVABLE``)."""
-    raise ValueError("no exported deepseek_v4 draft exists to read: " + "; ".join(NOT_SERVABLE))
+    raise SparkforgeError("no exported deepseek_v4 draft exists to read: "
+                          + "; ".join(NOT_SERVABLE))
 
 
 def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.anchors import DFLASH_LAYOUT
 from sparkforge.trainer.draft.model import DSparkDraftModel
@@ -24,6 +25,6 @@ def dflash_draft(config: DSparkDraftConfig, **kwargs: Any) -> DSparkDraftModel:
         ValueError: the config is not a DFlash draft's (``architecture`` other than dflash).
     """
     if config.architecture != "dflash":
-        raise ValueError(f"architecture={config.architecture!r}: a DFlash draft needs "
+        raise ConfigError(f"architecture={config.architecture!r}: a DFlash draft needs "
                          "architecture 'dflash'")
     return DSparkDraftModel(config, layout=DFLASH_LAYOUT, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.architectures.low_rank_query import LowRankQueryFields
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def target_fields(tc: Any, model_type: str) -> dict[str, Any]:
     """
     missing = sorted(t for t in _K3_TARGET_FIELDS[1:] if getattr(tc, t, None) is None)
     if missing:
-        raise ValueError(f"architecture='kimi_k3' needs an MLA target: the {model_type!r} "
+        raise ConfigError(f"architecture='kimi_k3' needs an MLA target: the {model_type!r} "
                          f"target config has no {missing}")
     out: dict[str, Any] = {t: int(getattr(tc, t) or 0) for t in _K3_TARGET_FIELDS}
     out["head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
