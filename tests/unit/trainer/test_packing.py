@@ -125,8 +125,12 @@ def test_packed_row_equals_each_document_alone(architecture: str) -> None:
     got_grads = _grads(model)
     assert want_grads
     assert got_grads.keys() == want_grads.keys()
+    # A gradient sums over every anchor of the row, in another order packed than alone: its fp32
+    # rounding grows with its size, so the bound is 1e-6 of the tensor's largest entry (at least
+    # 1e-6). A document that leaks into another changes gradients by orders more.
     for name, want in want_grads.items():
-        torch.testing.assert_close(got_grads[name], want, atol=1e-6, rtol=1e-5, msg=name)
+        atol = 1e-6 * max(1.0, float(want.abs().max()))
+        torch.testing.assert_close(got_grads[name], want, atol=atol, rtol=1e-5, msg=name)
 
 
 def test_packed_flex_mask_matches_the_dense_mask() -> None:
