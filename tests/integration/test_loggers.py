@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-
-from sparkforge.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "trainer" / "examples"
@@ -21,11 +21,16 @@ STEPS = 6
 
 
 def _train(cache: str, out: Path, logger_yaml: str) -> None:
-    assert main(["train", "--config", str(EXAMPLES / "tiny.yaml"),
-                 "--config", str(EXAMPLES / logger_yaml), "--data.uri", cache,
-                 "--trainer.logger.init_args.save_dir", str(out),
-                 "--trainer.max_steps", str(STEPS), "--trainer.log_every_n_steps", "1",
-                 "--model.scheduler.total_steps", "60"]) == 0
+    """``sparkforge train`` in its own interpreter, as users run it: the logger's files are
+    complete once the process has exited, and no earlier test's state reaches the logger."""
+    args = ["train", "--config", str(EXAMPLES / "tiny.yaml"),
+            "--config", str(EXAMPLES / logger_yaml), "--data.uri", cache,
+            "--trainer.logger.init_args.save_dir", str(out),
+            "--trainer.max_steps", str(STEPS), "--trainer.log_every_n_steps", "1",
+            "--model.scheduler.total_steps", "60"]
+    done = subprocess.run([sys.executable, "-P", "-m", "sparkforge.app.cli", *args], cwd=out,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
 
 
 def _manifest_sha256(cache: str) -> str:
