@@ -25,7 +25,12 @@ from sparkforge.manifests.schema import (
     parse_format_version,
 )
 from sparkforge.shared import storage
-from sparkforge.shared.commit import UnitInfo, committed_units, parse_commit_bytes
+from sparkforge.shared.commit import (
+    UnitInfo,
+    accounting_json,
+    committed_units,
+    parse_commit_bytes,
+)
 from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
@@ -42,6 +47,7 @@ from sparkforge.shared.layout import (
     parse_spec,
 )
 from sparkforge.shared.provenance import git_sha, package_version
+from sparkforge.shared.records import sum_accounting
 
 logger = logging.getLogger(__name__)
 
@@ -126,18 +132,12 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
     layouts = array_layouts(spec)
     tokens = sum(u.num_tokens for u in units)
     row_bytes = sum(a.dtype.itemsize * math.prod(a.row_shape) for a in layouts.values())
-    acc = [u.accounting for u in units]
-    skipped: Counter[str] = Counter()
-    for a in acc:
-        skipped.update(a.skipped)
     return {
         "format_version": spec.format_version, "complete": True,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "sparkforge_version": package_version("sparkforge") or "0+unknown", "git_sha": git_sha(),
         **header.to_json(),
-        "accounting": {"input_rows": sum(a.input_rows for a in acc),
-                       "written": sum(a.written for a in acc), "skipped": dict(skipped),
-                       "failed": sum(a.failed for a in acc)},
+        "accounting": accounting_json(sum_accounting([u.accounting for u in units])),
         "storage": {
             "spec": spec.to_json(),
             "arrays": {n: {"dtype": str(a.dtype), "dtype_logical": a.dtype_logical,

@@ -31,7 +31,7 @@ from sparkforge.shared.layout import (
     array_layouts,
     parse_spec,
 )
-from sparkforge.shared.records import UnitAccounting
+from sparkforge.shared.records import UnitAccounting, sum_accounting
 from sparkforge.shared.storage import UnsafeKeyError, safe_key
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_KEYS", "CacheIncompleteError", "CacheManifest",
@@ -147,6 +147,8 @@ class CacheManifest:
         out: ManifestJSON = _lists(dataclasses.asdict(self))
         out["storage"]["spec"] = self.storage.spec.to_json()  # its version is format_version
         _drop_unset(out["data"], ("mix", "mix_seed"))
+        for accounting in (out["accounting"], *(u["accounting"] for u in out["storage"]["units"])):
+            _drop_unset(accounting, ("image_rows",))
         for source in out["data"]["sources"]:
             _drop_unset(source, ("hf_dataset",))
         return out
@@ -301,20 +303,10 @@ def check_cross_fields(m: CacheManifest) -> None:
          totals.samples),
         (totals.tokens == sum(u.num_tokens for u in units), "storage.totals.tokens",
          "the sum of unit tokens", totals.tokens),
-        (m.accounting == _sum_accounting([u.accounting for u in units]), "accounting",
+        (m.accounting == sum_accounting([u.accounting for u in units]), "accounting",
          "the sum of the units' accounting", dataclasses.asdict(m.accounting)),
     ]
     for ok, field, expected, value in rules:
         if not ok:
             raise f.fail(field, expected, value)
-
-
-def _sum_accounting(parts: list[UnitAccounting]) -> UnitAccounting:
-    skipped: dict[str, int] = {}
-    for p in parts:
-        for reason, count in p.skipped.items():
-            skipped[reason] = skipped.get(reason, 0) + count
-    return UnitAccounting(input_rows=sum(p.input_rows for p in parts),
-                          written=sum(p.written for p in parts), skipped=skipped,
-                          failed=sum(p.failed for p in parts))
 

@@ -30,6 +30,9 @@ def summarize_cache(uri: str, *,
                     storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The numbers ``sparkforge inspect`` shows, as a JSON-ready dict.
 
+    ``accounting.image_rows`` counts the written samples that are image rows (None: a cache whose
+    commit records predate the count).
+
     ``compression_ratio`` is the logical bytes of the committed rows (stored dtypes) over the bytes
     of the shard objects holding them; ``bytes_on_disk`` counts every object under the root,
     including slots of abandoned attempts (``unreferenced_bytes``).
@@ -68,6 +71,7 @@ def summarize_cache(uri: str, *,
         "samples": m.storage.totals.samples, "tokens": tokens,
         "splits": {k: dict(v) for k, v in sorted(splits.items())},
         "accounting": {"input_rows": m.accounting.input_rows, "written": m.accounting.written,
+                       "image_rows": m.accounting.image_rows,
                        "skipped": dict(sorted(m.accounting.skipped.items())),
                        "failed": m.accounting.failed},
         "objects": len(everything), "bytes_on_disk": on_disk,
@@ -201,6 +205,7 @@ def summary_table(s: Mapping[str, Any]) -> str:
     ratio = f"{s['compression_ratio']:.3f}" if s["compression_ratio"] else "-"
     per_token = f"{s['bytes_per_token']:,.0f}" if s["bytes_per_token"] else "-"
     skipped = ", ".join(f"{k} {v:,}" for k, v in s["accounting"]["skipped"].items()) or "none"
+    image_rows = s["accounting"]["image_rows"]
     lines = [
         f"cache           {s['uri']} ({'complete' if s['complete'] else 'INCOMPLETE'}, "
         f"{s['created_at']})",
@@ -219,7 +224,8 @@ def summary_table(s: Mapping[str, Any]) -> str:
         f"compression     {ratio} ({human_bytes(s['logical_bytes'])} logical -> "
         f"{human_bytes(s['data_bytes'])} stored), {s['hidden_dtype']}, aux {s['aux_codec']}",
         f"accounting      {s['accounting']['input_rows']:,} input rows: "
-        f"{s['accounting']['written']:,} written, skipped {skipped}, "
+        f"{s['accounting']['written']:,} written"
+        f"{f' ({image_rows:,} image rows)' if image_rows else ''}, skipped {skipped}, "
         f"failed {s['accounting']['failed']:,}",
         "",
         f"{'split':<8} {'samples':>10} {'tokens':>14} {'loss tokens':>14}",

@@ -228,6 +228,7 @@ class UnitCapturer:
         """Capture a unit's rows; results sorted by sample id, whatever the completion order."""
         pending, skipped = self.encode(rows)
         by_id = {p.raw.index: p for p in pending}
+        image_ids = {p.raw.index for p in pending if p.encoded.model_inputs is not None}
         requests = [CaptureRequest(sample_id=p.raw.index, input_ids=p.input_ids,
                                    model_inputs=p.encoded.model_inputs) for p in pending]
         records, failed = [], 0
@@ -257,5 +258,6 @@ class UnitCapturer:
             self.failures.failed(sample_id, "the capture backend returned no result")
         records.sort(key=lambda r: r.sample_id)
         accounting = UnitAccounting(input_rows=len(rows), written=len(records),
-                                    skipped=dict(sorted(skipped.items())), failed=failed)
+                                    skipped=dict(sorted(skipped.items())), failed=failed,
+                                    image_rows=sum(r.sample_id in image_ids for r in records))
         return records, accounting

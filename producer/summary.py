@@ -41,6 +41,8 @@ class RunSummary:
     written: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     failed: int = 0
+    image_rows: int = 0
+    """Written samples that are image rows."""
     tokens: int = 0
     loss_tokens: int = 0
     bytes_raw: int = 0
@@ -59,6 +61,7 @@ class RunSummary:
         self.written += accounting.written
         self.skipped.update(accounting.skipped)
         self.failed += accounting.failed
+        self.image_rows += accounting.image_rows or 0
         self.tokens += sum(r.num_tokens for r in records)
         self.loss_tokens += sum(int(r.loss_mask.sum()) for r in records)
         self.bytes_raw += sum(_nbytes(r) for r in records)
@@ -68,9 +71,10 @@ class RunSummary:
                                     for r in records)
 
     def accounting(self) -> UnitAccounting:
-        """This run's rows: written, skipped by reason, failed."""
+        """This run's rows: written (image rows among them), skipped by reason, failed."""
         return UnitAccounting(input_rows=self.input_rows, written=self.written,
-                              skipped=dict(self.skipped), failed=self.failed)
+                              skipped=dict(self.skipped), failed=self.failed,
+                              image_rows=self.image_rows)
 
     def progress(self, elapsed_s: float) -> str:
         """The progress bar's postfix: samples, tokens/s, bytes written."""
@@ -90,7 +94,8 @@ class RunSummary:
             *([("units taken over", f"{self.units_taken_over} committed by another process "
                                     "meanwhile (skipped)")] if self.units_taken_over else []),
             ("input rows", f"{self.input_rows:,}"),
-            ("written", f"{self.written:,}"),
+            ("written", f"{self.written:,}"
+                        + (f" ({self.image_rows:,} image rows)" if self.image_rows else "")),
             *((f"skipped: {k}", f"{v:,}") for k, v in sorted(self.skipped.items())),
             ("failed", f"{self.failed:,}"),
             *((f"mix: {e.name}", f"weight {e.weight:g}, {e.rows:,} rows drawn of "

@@ -95,7 +95,6 @@ class UnitInfo:
 
     def to_json(self, format_version: int = FORMAT_VERSION) -> dict[str, Any]:
         """The commit record as JSON (sample rows stored column-wise to stay compact)."""
-        acc = self.accounting
         return {
             "format_version": format_version,
             "unit": self.unit,
@@ -103,8 +102,7 @@ class UnitInfo:
             "slots": [{"slot": s.slot, "num_rows": s.num_rows, "crc32c": dict(s.crc32c)}
                       for s in self.slots],
             "samples": {c: [getattr(s, c) for s in self.samples] for c in SAMPLE_COLUMNS},
-            "accounting": {"input_rows": acc.input_rows, "written": acc.written,
-                           "skipped": dict(acc.skipped), "failed": acc.failed},
+            "accounting": accounting_json(self.accounting),
         }
 
     def to_bytes(self, format_version: int = FORMAT_VERSION) -> bytes:
@@ -112,9 +110,21 @@ class UnitInfo:
         return json.dumps(self.to_json(format_version), sort_keys=True).encode()
 
 
+def accounting_json(acc: UnitAccounting) -> dict[str, Any]:
+    """An accounting as commit records and the manifest store it (``image_rows`` only when
+    counted, so records written before it read back unchanged)."""
+    out: dict[str, Any] = {"input_rows": acc.input_rows, "written": acc.written,
+                           "skipped": dict(acc.skipped), "failed": acc.failed}
+    if acc.image_rows is not None:
+        out["image_rows"] = acc.image_rows
+    return out
+
+
 def parse_accounting(data: object, field: str = "accounting") -> UnitAccounting:
-    """Input rows, written, skipped by reason, failed; the four must add up."""
-    d = f.obj(data, field, required=frozenset({"input_rows", "written", "skipped", "failed"}))
+    """Input rows, written, skipped by reason, failed; the four must add up. ``image_rows``
+    (optional) is at most ``written``."""
+    d = f.obj(data, field, required=frozenset({"input_rows", "written", "skipped", "failed"}),
+              optional=frozenset({"image_rows"}))
     skipped_raw = f.mapping(d["skipped"], f"{field}.skipped")
     skipped = {f.string(k, f"{field}.skipped", max_len=64): f.integer(v, f"{field}.skipped.{k}")
                for k, v in skipped_raw.items()}
@@ -125,7 +135,9 @@ def parse_accounting(data: object, field: str = "accounting") -> UnitAccounting:
         raise ManifestError(
             f"manifest field {field!r}: written {written} + skipped {sum(skipped.values())} "
             f"+ failed {failed} != input_rows {input_rows}")
-    return UnitAccounting(input_rows=input_rows, written=written, skipped=skipped, failed=failed)
+    image_rows = f.optional(d.get("image_rows"), f.integer, f"{field}.image_rows", hi=written)
+    return UnitAccounting(input_rows=input_rows, written=written, skipped=skipped, failed=failed,
+                          image_rows=image_rows)
 
 
 def parse_slots(data: object, field: str, *, spec: CacheSpec, unit: int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -56,6 +57,9 @@ class UnitAccounting:
     """Reason -> count, e.g. {"empty_assistant": 2, "too_long": 1}."""
     failed: int = 0
     """Rows whose capture failed after retries."""
+    image_rows: int | None = field(default=None, metadata={"optional_in_json": True})
+    """Written rows that are image rows, captured with their pixels (None: not counted; records
+    written before this field)."""
 
     def __post_init__(self) -> None:
         total = self.written + sum(self.skipped.values()) + self.failed
@@ -65,3 +69,19 @@ class UnitAccounting:
                 f"{sum(self.skipped.values())} + failed {self.failed} "
                 f"!= input_rows {self.input_rows}"
             )
+        if self.image_rows is not None and not 0 <= self.image_rows <= self.written:
+            raise SparkforgeError(f"unit accounting: image_rows {self.image_rows} is not "
+                                  f"between 0 and written {self.written}")
+
+
+def sum_accounting(parts: Sequence[UnitAccounting]) -> UnitAccounting:
+    """The accounting of several units (image rows counted only if every part counts them)."""
+    skipped: dict[str, int] = {}
+    for p in parts:
+        for reason, count in p.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+    counted = [p.image_rows for p in parts if p.image_rows is not None]
+    return UnitAccounting(input_rows=sum(p.input_rows for p in parts),
+                          written=sum(p.written for p in parts), skipped=skipped,
+                          failed=sum(p.failed for p in parts),
+                          image_rows=sum(counted) if len(counted) == len(parts) else None)

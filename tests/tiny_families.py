@@ -5,13 +5,20 @@ the tokenizer of ``sparkforge.app.tiny_target``); the extra settings per type ar
 make a tiny instance build and run (MLA needs as many KV heads as query heads, an indexer needs
 its own head sizes). The types vLLM's CPU build runs or nearly runs (the Qwen3 family, MiniMax-M3)
 get head_dim 32, the smallest its CPU attention takes (at 16 MiniMax stops there, before its
-real CPU blocker).
+real CPU blocker). MiniMax-M3 VL's settings and builder live in ``sparkforge.app.tiny_minimax_vl``
+(``python -m sparkforge.app.tiny_target --model_type minimax_m3_vl`` builds it with images).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from sparkforge.app.tiny_minimax_vl import (
+    build_tiny_minimax_vl,
+    minimax_text_settings,
+    pinned_config,
+)
 
 _MLA = {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
         "v_head_dim": 16, "qk_head_dim": 24, "num_key_value_heads": 4, "head_dim": 8}
@@ -35,13 +42,7 @@ FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
                     "first_k_dense_replace": 1, "index_topk": 8,
                     "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
                     "layer_types": ["indexed_attention"] * 4},
-    "minimax_m3_vl_text": {**_INDEXER, "head_dim": 32, "num_local_experts": 4,
-                           "num_experts_per_tok": 2, "rotary_dim": 8,
-                           "dense_intermediate_size": 128,
-                           "shared_intermediate_size": 32, "index_block_size": 4,
-                           "index_topk_blocks": 2, "index_local_blocks": 1,
-                           "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
-                           "layer_types": ["full_attention"] * 4},
+    "minimax_m3_vl_text": minimax_text_settings(),
     "kimi_linear": {**_MLA, "q_lora_rank": None, "num_experts": 4, "num_experts_per_token": 2,
                     "moe_intermediate_size": 32, "num_shared_experts": 1,
                     "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
@@ -60,9 +61,6 @@ BASE: dict[str, Any] = {
     "max_position_embeddings": 4096, "initializer_range": 0.08, "tie_word_embeddings": False,
     "pad_token_id": 0, "bos_token_id": None, "eos_token_id": 2,
 }
-_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-           "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4,
-           "image_size": 16}
 COMPOSITES = {"minimax_m3_vl": "minimax_m3_vl_text"}
 """Multimodal top-level types and the text type nested as their ``text_config``."""
 MODEL_TYPES: tuple[str, ...] = (*FAMILY_SETTINGS, *COMPOSITES, "deepseek_v4", "gemma4")
@@ -71,55 +69,27 @@ MODEL_TYPES: tuple[str, ...] = (*FAMILY_SETTINGS, *COMPOSITES, "deepseek_v4", "g
 
 def text_config(model_type: str) -> Any:
     """The tiny transformers config of a text model type (settings re-applied after init)."""
-    from transformers import AutoConfig
-
-    settings = {**BASE, **FAMILY_SETTINGS[model_type]}
-    config = AutoConfig.for_model(model_type, **settings)
-    for key, value in settings.items():  # some __init__s derive these; pin them
-        setattr(config, key, value)
-    return config
+    return pinned_config(model_type, {**BASE, **FAMILY_SETTINGS[model_type]})
 
 
-MINIMAX_IMAGE_TOKENS = ("]<]start of image[>[", "]<]end of image[>[", "]<]image[>[")
-"""MiniMax-M3 VL's begin-of-image, end-of-image and image tokens (``MiniMaxM3VLProcessor``)."""
-MINIMAX_PIXELS = {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2,
-                  "min_pixels": 16 * 16, "max_pixels": 48 * 48}
-"""The tiny MiniMax-M3 VL's ``preprocessor_config.json`` (matching its vision tower)."""
-
-
-def build_tiny_family(out_dir: Path, model_type: str, *, seed: int = 0,
-                      images: bool = False) -> Path:
+def build_tiny_family(out_dir: Path, model_type: str, *, seed: int = 0) -> Path:
     """Write a tiny random ``model_type`` target (fp32, eager attention) + tokenizer to ``out_dir``.
 
     ``model_type`` is a key of :data:`FAMILY_SETTINGS` or of :data:`COMPOSITES` (then the
-    multimodal top level around the tiny text model, built with a one-layer vision tower; with
-    ``images``, MiniMax-M3 VL also gets its image tokens, a template that renders image parts and
-    a ``preprocessor_config.json``, so image rows are captured with their pixels).
+    multimodal top level around the tiny text model, built with a one-layer vision tower by
+    ``sparkforge.app.tiny_minimax_vl``, without image tokens: the text-only case).
     """
-    import json
-
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoModelForCausalLM
 
     from sparkforge.app.tiny_target import build_tokenizer
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(out_dir, vocab_size=BASE["vocab_size"],
-                    image_tokens=MINIMAX_IMAGE_TOKENS if images else ())
-    torch.manual_seed(seed)
     if model_type in COMPOSITES:
-        text = text_config(COMPOSITES[model_type])
-        extra = {"image_token_index": 6} if images else {}
-        if images:
-            (out_dir / "preprocessor_config.json").write_text(json.dumps(
-                {"image_processor_type": "MiniMaxM3VLImageProcessor", **MINIMAX_PIXELS}))
-        config = AutoConfig.for_model(model_type, text_config=text.to_dict(),
-                                      vision_config=_VISION, tie_word_embeddings=False, **extra)
-        config._attn_implementation = "eager"
-        model = AutoModelForImageTextToText.from_config(config)
-    else:
-        config = text_config(model_type)
-        config._attn_implementation = "eager"
-        model = AutoModelForCausalLM.from_config(config)
-    model.float().save_pretrained(str(out_dir))
+        return build_tiny_minimax_vl(out_dir, seed=seed, images=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out_dir, vocab_size=BASE["vocab_size"])
+    torch.manual_seed(seed)
+    config = text_config(model_type)
+    config._attn_implementation = "eager"
+    AutoModelForCausalLM.from_config(config).float().save_pretrained(str(out_dir))
     return out_dir

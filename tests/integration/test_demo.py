@@ -49,20 +49,24 @@ def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_demo_on_the_tiny_vl_target_decodes_image_prompts(tmp_path: Path) -> None:
-    """`sparkforge demo --target tiny-vl` captures image rows with the HF backend, trains on the
-    mixed cache and reports image and text prompts apart."""
+@pytest.mark.parametrize(("target", "processor"), [
+    ("tiny-vl", "Gemma4ImageProcessorPil"), ("tiny-vl-minimax", "MiniMaxM3VLImageProcessor")])
+def test_demo_on_the_tiny_vl_target_decodes_image_prompts(tmp_path: Path, target: str,
+                                                          processor: str) -> None:
+    """`sparkforge demo --target tiny-vl` (Gemma4) or `tiny-vl-minimax` (MiniMax-M3 VL) captures
+    image rows with the HF backend, trains on the mixed cache and reports image and text prompts
+    apart."""
     out = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-P", "-m", "sparkforge.app.cli", "demo", "--target", "tiny-vl",
+        [sys.executable, "-P", "-m", "sparkforge.app.cli", "demo", "--target", target,
          "--out_dir", str(out), "--rows", "16", "--train_steps", "5"],
         capture_output=True, text=True, check=False, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     manifest = json.loads((out / "cache" / "manifest.json").read_text())
     assert manifest["accounting"]["written"] == 16
-    assert manifest["producer_config"]["resolved"]["images"]["processor"] == (
-        "Gemma4ImageProcessorPil")
+    assert manifest["accounting"]["image_rows"] == 8
+    assert manifest["producer_config"]["resolved"]["images"]["processor"] == processor
     assert manifest["parity"]["num_image_samples"] == 2
     kinds = json.loads((out / "eval" / "eval_report.json").read_text())["speculative"][
         "by_prompt_kind"]

@@ -4,15 +4,19 @@
 one-layer vision tower, its PIL image processor) and chat rows half of which carry generated
 images. The HF backend captures text and image rows into one cache (parity covers image rows);
 rows with bad images are counted by reason; the Gemma4 draft trains on the mixed cache, and eval
-decodes image prompts with their pixel values, reporting image and text prompts apart.
+decodes image prompts with their pixel values, reporting image and text prompts apart. The tiny
+MiniMax-M3 VL (``--model_type minimax_m3_vl``) is captured the same way, with parity on its image
+rows.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from importlib.resources import files
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -81,6 +85,60 @@ def test_a_mixed_text_and_image_cache_trains_and_evaluates(tmp_path: Path) -> No
     assert min(kinds["image"]["tau"], kinds["text"]["tau"]) >= 1.0
     assert report["speculative"]["rounds"] == kinds["image"]["rounds"] + kinds["text"]["rounds"]
     assert report["teacher_forced"]["metrics"]["tau"] >= 1.0
+
+
+def test_minimax_m3_vl_image_rows_are_captured_and_pass_parity(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The tiny MiniMax-M3 VL from tiny_target: its image rows are captured with their pixels
+    (the manifest, the produce summary and inspect count them), every image span is
+    unsupervised, and parity forwards image rows with their pixel values on both sides and
+    passes."""
+    from transformers import AutoTokenizer
+
+    from sparkforge.app.tiny_minimax_vl import MINIMAX_IMAGE_TOKENS
+    from sparkforge.manifests.open import open_cache
+    from sparkforge.manifests.summary import summarize_cache
+
+    target = tmp_path / "target"
+    assert tiny_target_main([str(target), "--model_type", "minimax_m3_vl", "--rows", "8"]) == 0
+    rows = [json.loads(line) for line in (target / "chat.jsonl").read_text().splitlines()]
+    with_images = {i for i, r in enumerate(rows) if isinstance(r["messages"][1]["content"], list)}
+    assert len(with_images) == 4
+    cache = tmp_path / "cache"
+    producer = tmp_path / "producer.yaml"
+    producer.write_text(yaml.safe_dump({
+        "backend": "hf", "data": str(target / "chat.jsonl"), "output": str(cache),
+        "layer_ids": [0, 1, 2], "hidden_dtype": "float32", "rows_per_unit": 8,
+        "shard_rows": 1024, "max_seq_len": 512, "parity_samples": 4,
+        "engine": {"model": str(target), "dtype": "float32"}}))
+    capsys.readouterr()
+    assert main(["produce", "--config", str(producer)]) == 0
+    assert re.search(r"^written +8 \(4 image rows\)$", capsys.readouterr().out, re.M)
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert manifest["target"]["model_type"] == "minimax_m3_vl_text"
+    assert manifest["accounting"]["written"] == 8
+    assert manifest["accounting"]["image_rows"] == 4
+    assert manifest["producer_config"]["resolved"]["images"]["processor"] == \
+        "MiniMaxM3VLImageProcessor"
+    assert manifest["parity"]["passed"], manifest["parity"]
+    assert manifest["parity"]["num_image_samples"] == 2
+    assert summarize_cache(str(cache))["accounting"]["image_rows"] == 4
+    assert main(["inspect", str(cache)]) == 0
+    assert "8 written (4 image rows)" in capsys.readouterr().out
+    boi, eoi, image = AutoTokenizer.from_pretrained(target).convert_tokens_to_ids(
+        list(MINIMAX_IMAGE_TOKENS))
+    reader = open_cache(str(cache))
+    for i in range(8):
+        sample = reader.read_sample(i)
+        ids, mask = sample.input_ids, sample.loss_mask
+        starts, ends = np.flatnonzero(ids == boi), np.flatnonzero(ids == eoi)
+        assert (len(starts) > 0) is (i in with_images), i
+        assert len(starts) == len(ends)
+        for start, end in zip(starts, ends, strict=True):
+            assert end - start > 1, i
+            assert (ids[start + 1:end] == image).all(), i
+            assert not mask[start:end + 1].any(), i
+        assert mask.any(), i
 
 
 def test_parquet_image_rows_capture_like_jsonl(tmp_path: Path) -> None:

@@ -104,6 +104,9 @@ INVALID = [
      r"'data.regeneration\[0\].top_k': expected -1 \(off\) or >= 1"),
     ("accounting.failed", 1, ManifestError, r"'accounting': written .* != input_rows"),
     ("accounting.written", -1, ManifestError, "'accounting.written'"),
+    ("accounting.image_rows", 10**6, ManifestError, "'accounting.image_rows': expected an int"),
+    ("accounting.image_rows", 0, ManifestError,  # the units do not count theirs
+     "'accounting': expected the sum of the units' accounting"),
     ("storage.spec.shard_rows", 8, ManifestError, "shard_rows .* must be >= max_seq_len"),
     ("storage.spec.hidden_dtype", "int4", ManifestError, "'storage.spec.hidden_dtype'"),
     ("storage.arrays.aux_hidden.dtype", "float64", ManifestError, "'storage.arrays.aux_hidden'"),
@@ -145,6 +148,24 @@ def test_manifest_without_regeneration_reads_as_not_regenerated() -> None:
     del data["data"]["regeneration"]
     assert CacheManifest.from_json(data).data.regeneration == ()
     jsonschema.validate(data, manifest_schema.manifest_json_schema())
+
+
+def test_image_rows_count_round_trips_and_sums_over_units() -> None:
+    """Units that count their image rows give the manifest's count; absent (older caches), it
+    reads as None and stays absent."""
+    data = copy.deepcopy(_example())
+    assert CacheManifest.from_json(data).accounting.image_rows is None
+    for i, unit in enumerate(data["storage"]["units"]):
+        unit["accounting"]["image_rows"] = min(i + 1, unit["accounting"]["written"])
+    data["accounting"]["image_rows"] = sum(u["accounting"]["image_rows"]
+                                           for u in data["storage"]["units"])
+    manifest = CacheManifest.from_json(data)
+    assert manifest.accounting.image_rows == data["accounting"]["image_rows"] > 0
+    assert manifest.to_json() == data
+    jsonschema.validate(data, manifest_schema.manifest_json_schema())
+    data["accounting"]["image_rows"] += 1
+    with pytest.raises(ManifestError, match="the sum of the units' accounting"):
+        CacheManifest.from_json(data)
 
 
 def test_regeneration_sampling_is_typed() -> None:

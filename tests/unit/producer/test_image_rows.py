@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
+from sparkforge.app.tiny_minimax_vl import MINIMAX_IMAGE_TOKENS, build_tiny_minimax_vl
 from sparkforge.app.tiny_target import IMAGE_TOKENS
 from sparkforge.app.tiny_vl import data_uri, image_conversations, png_bytes, tiny_image
 from sparkforge.producer.chat import ChatEncoder, SkipReason
@@ -36,10 +37,8 @@ def vl_target(tiny_family: Callable[[str], Path]) -> Path:
 @pytest.fixture(scope="module")
 def vl_targets(vl_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny Gemma4 and MiniMax-M3 VL top levels, both with image tokens and processors."""
-    from tiny_families import build_tiny_family
-
-    return {"gemma4": vl_target, "minimax_m3_vl": build_tiny_family(
-        tmp_path_factory.mktemp("minimax_vl"), "minimax_m3_vl", images=True)}
+    return {"gemma4": vl_target, "minimax_m3_vl": build_tiny_minimax_vl(
+        tmp_path_factory.mktemp("minimax_vl"))}
 
 
 def _encoder(target: Path, **kwargs: Any) -> ImageChatEncoder:
@@ -71,8 +70,6 @@ def _reference_pixels(target: Path, images: list[Any]) -> tuple[dict[str, torch.
         return ({"pixel_values": out["pixel_values"],
                  "image_position_ids": out["image_position_ids"]},
                 out["num_soft_tokens_per_image"].tolist(), IMAGE_TOKENS)
-    from tiny_families import MINIMAX_IMAGE_TOKENS
-
     from sparkforge.shared.minimax_vl_pixels import MiniMaxM3VLPixels
 
     pixels = MiniMaxM3VLPixels.from_pretrained(target)
