@@ -344,3 +344,20 @@ def test_a_template_looping_on_some_rows_skips_them_as_template_timeout(
     masked = tok.decode(out.input_ids[out.loss_mask == 1].tolist())
     assert "Hello." in masked
     assert "Hi" not in masked
+
+
+def test_a_stray_sigalrm_after_a_bounded_row_still_ends_the_process() -> None:
+    """Once a row was bounded, the row timer's handler stays installed in place of the default;
+    a SIGALRM that is not the row timer's ends the process as the default would."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import signal, time\n"
+            "from sparkforge.producer.template_bounds import RowTimeLimit\n"
+            "with RowTimeLimit(5.0):\n    pass\n"
+            "signal.setitimer(signal.ITIMER_REAL, 0.1)\ntime.sleep(30)\n")
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == -signal.SIGALRM, done.stderr[-2000:]
+    assert "TemplateTimeout" not in done.stderr
