@@ -21,13 +21,7 @@ from jsonargparse import ArgumentParser
 from sparkforge.shared.config_yaml import use_bounded_yaml
 from sparkforge.trainer.architectures import Engine
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
-from sparkforge.trainer.run_folder import (
-    RUN_LENGTH_KEYS,
-    RUN_NAME,
-    RUNS_DIR,
-    run_folder,
-    wants_run_folder,
-)
+from sparkforge.trainer.run_folder import RUN_NAME, RUNS_DIR, run_folder, wants_run_folder
 
 
 def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
@@ -78,10 +72,7 @@ def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
         def _choose_run_folder(self, callbacks: list[Any]) -> str:
             """This config's run folder, printed on every rank; the checkpoint callback writes
             into its ``checkpoints/`` unless ``--checkpoint.dirpath`` is set."""
-            hashed = self.config.clone()
-            for key in RUN_LENGTH_KEYS:  # resuming or extending a run keeps its folder
-                hashed[key] = None
-            dumped = self._parser(self.subcommand).dump(hashed, skip_none=False, skip_check=True)
+            dumped = self._parser(self.subcommand).dump(self.config, skip_none=False)
             folder = str(run_folder(dumped, self.config["seed_everything"]).resolve())
             for callback in callbacks:
                 if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:

@@ -13,9 +13,12 @@ by the checkpoint-folder lock, which says why. A changed setting or seed gets a 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 RUNS_DIR = "runs"
 RUN_NAME = "dspark"
@@ -33,7 +36,15 @@ def wants_run_folder(trainer_config: Mapping[str, Any]) -> bool:
 
 
 def run_folder(config_yaml: str, seed: Any) -> Path:
-    """``runs/dspark/config-<hash>-seed<seed>`` for this dumped config (its run-length keys
-    already cleared)."""
-    digest = hashlib.sha256(config_yaml.encode()).hexdigest()[:HASH_CHARS]
+    """``runs/dspark/config-<hash>-seed<seed>`` for this dumped config, hashed without
+    ``RUN_LENGTH_KEYS``."""
+    config = yaml.safe_load(config_yaml)
+    for key in RUN_LENGTH_KEYS:
+        *parents, leaf = key.split(".")
+        section = config
+        for name in parents:
+            section = section.get(name) or {}
+        section.pop(leaf, None)
+    text = json.dumps(config, sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
     return Path(RUNS_DIR) / RUN_NAME / f"config-{digest}-seed{seed}"
