@@ -18,6 +18,8 @@ _EMPTY_RUN_HINTS: Final = {
                         "(ids below the vocabulary size, mask 0/1)",
     "too_long": "every row is longer than --max_seq_len (or use --overlong truncate)",
     "template_error": "the chat template fails on these rows (--chat_template?)",
+    "template_timeout": "the chat template runs past --template_row_seconds on every row (an "
+                        "endless loop in --chat_template?)",
 }
 
 

@@ -21,7 +21,12 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
-from sparkforge.producer.template_bounds import check_bounded
+from sparkforge.producer.template_bounds import (
+    TEMPLATE_ROW_SECONDS,
+    RowTimeLimit,
+    TemplateTimeout,
+    check_bounded,
+)
 from sparkforge.shared.dataset import LINE_TOO_LONG
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.image_inputs import TargetImages
@@ -57,6 +62,8 @@ class SkipReason(StrEnum):
     MISSING_ASSISTANT = "missing_assistant"
     EMPTY_ASSISTANT = "empty_assistant"
     TEMPLATE_ERROR = "template_error"
+    TEMPLATE_TIMEOUT = "template_timeout"
+    """The template's rendering of the row ran past ``template_row_seconds``."""
     UNSTABLE_TEMPLATE = "unstable_template"
     BAD_TOOL_CALLS = "bad_tool_calls"
     BAD_PRETOKENIZED = "bad_pretokenized"
@@ -233,8 +240,10 @@ class ChatEncoder:
         reasoning: ReasoningPolicy = "keep",
         max_seq_len: int,
         overlong: OverlongPolicy = "skip",
+        template_row_seconds: float = TEMPLATE_ROW_SECONDS,
     ) -> None:
         self.tokenizer = tokenizer
+        self.template_row_seconds = template_row_seconds
         self.template = resolve_chat_template(chat_template, tokenizer)
         self.template_sha256 = template_sha256(self.template)
         self.tokenizer_hash = tokenizer_hash(tokenizer)
@@ -279,11 +288,15 @@ class ChatEncoder:
         self, messages: Sequence[Mapping[str, Any]], *,
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Encoded | SkipReason:
-        """Token ids and the assistant mask of validated messages, before length policy."""
+        """Token ids and the assistant mask of validated messages, before length policy;
+        ``template_timeout`` past ``template_row_seconds`` (``RowTimeLimit``)."""
         try:
-            if self.uses_generation_tags:
-                return self._tagged(messages, tools)
-            return self._prefix_diff(messages, tools)
+            with RowTimeLimit(self.template_row_seconds):
+                if self.uses_generation_tags:
+                    return self._tagged(messages, tools)
+                return self._prefix_diff(messages, tools)
+        except TemplateTimeout:
+            return SkipReason.TEMPLATE_TIMEOUT
         except Exception as exc:  # noqa: BLE001 - Jinja raises anything (e.g. raise_exception)
             logger.debug("template failed on a row: %s", exc)
             return SkipReason.TEMPLATE_ERROR

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.producer.template_bounds import TEMPLATE_ROW_SECONDS
 from sparkforge.shared.dataset import MAX_LINE_BYTES
 from sparkforge.shared.dtypes import HiddenDtype
 from sparkforge.shared.errors import SparkforgeError
@@ -22,6 +23,7 @@ RUN_LOCAL_FIELDS = frozenset({
     "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
     "finalize", "progress", "writer_queue_units", "writer_threads", "non_finite",
     "max_image_pixels",  # an image cache records it in producer_config.resolved.images
+    "template_row_seconds",  # a wall-clock limit, like max_retries: the machine's, not the data's
 })
 RUN_LOCAL_ENGINE_FIELDS = frozenset({
     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -129,6 +131,9 @@ class ProducerConfig:
     """Parquet record-batch size while reading the dataset."""
     max_line_bytes: int = MAX_LINE_BYTES
     """Longest JSONL line; a longer one is skipped unread and counted as line_too_long."""
+    template_row_seconds: float = TEMPLATE_ROW_SECONDS
+    """Longest rendering of one row by the chat template; a row that takes longer is skipped
+    and counted as template_timeout."""
     finalize: bool = True
     """Build the manifest when this worker sees every unit committed."""
     progress: bool = True
@@ -143,6 +148,8 @@ class ProducerConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if not self.template_row_seconds > 0:
+            problems.append(f"--template_row_seconds must be > 0, got {self.template_row_seconds}")
         for name in ("topk", "max_retries", "parity_samples", "writer_threads"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} must be >= 0, got {getattr(self, name)}")

@@ -1,8 +1,10 @@
-"""Bound the time and memory of a chat template's start-up check.
+"""Bound the time and memory of a chat template's start-up check, and the time of each row.
 
 Jinja's sandbox stops attribute tricks, not work: a template may loop 10^10 times or build a
 10 GB string. The check's renders run first in a forked child under a wall-clock limit and an
 address-space limit; the child only renders text (no tokenizer, no torch), so forking is safe.
+A template benign on the probe may still loop on some rows: ``RowTimeLimit`` stops each row's
+rendering in process (a fork per row would cost more than the row).
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ import os
 import resource
 import select
 import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from sparkforge.shared.errors import ConfigError
 
@@ -20,6 +26,78 @@ CHECK_SECONDS = 10.0
 """Wall-clock limit for rendering the probe conversation (a real template takes milliseconds)."""
 CHECK_MEMORY_BYTES = 1 << 30
 """Memory the renders may allocate beyond what the process already maps."""
+TEMPLATE_ROW_SECONDS = 60.0
+"""Default limit of one row's rendering and tokenizing (a real template takes milliseconds)."""
+
+
+class TemplateTimeout(Exception):  # noqa: N818 - the row's skip reason, not a failure
+    """A row's template rendering ran past its time limit."""
+
+
+class _Alarm:
+    armed = False
+    """A ``RowTimeLimit`` timer is running."""
+    installed = False
+    """``_on_alarm`` replaced the default handler and stays (``signal.getsignal`` costs more than
+    a row's limit otherwise would)."""
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    if _Alarm.armed:
+        raise TemplateTimeout
+    # Not our timer, while our handler stands in for the default: end the process as it would.
+    _Alarm.installed = False
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+class RowTimeLimit:
+    """Raise ``TemplateTimeout`` in the ``with`` block once it has run ``seconds`` of wall clock.
+
+    A SIGALRM timer (``setitimer``): the exception is raised between two Python steps, so it
+    stops Jinja's loops; one long C call (a huge string repeat) is stopped when it returns, and
+    the memory the start-up check bounds is not bounded here. In place of the default handler
+    ours stays installed (a few microseconds a row); a caller's own handler and running
+    ITIMER_REAL timer (pytest-timeout's) are restored and re-armed with what the timer had left,
+    and a timer due before ``seconds`` is left to fire. Signals reach only the main thread:
+    elsewhere (a thread calling the Python API) the block runs unbounded.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._on = False
+        self._outer = (0.0, 0.0)
+        self._previous: Any = None  # the caller's handler, to restore
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        outer = self._outer = signal.getitimer(signal.ITIMER_REAL)
+        if threading.current_thread() is not threading.main_thread() or (
+                0 < outer[0] <= self.seconds):
+            return
+        self._on, self._previous = True, None
+        if outer[0] or not _Alarm.installed:  # someone else may handle SIGALRM
+            previous = signal.signal(signal.SIGALRM, _on_alarm)
+            _Alarm.installed = previous is signal.SIG_DFL or previous is _on_alarm
+            self._previous = None if _Alarm.installed else previous
+        self._started = time.monotonic()
+        _Alarm.armed = True
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._on:
+            return
+        self._on = False
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:  # the alarm may fire before it is disarmed
+            _Alarm.armed = False
+            if self._previous is not None:
+                signal.signal(signal.SIGALRM, self._previous)
+            outer, interval = self._outer
+            if outer:
+                left = max(outer - (time.monotonic() - self._started), 1e-6)
+                signal.setitimer(signal.ITIMER_REAL, left, interval)
 
 
 def _mapped_bytes() -> int:

@@ -4,7 +4,8 @@ refused, unless it resumes that run.
 Two runs in one folder used to mix their checkpoints silently (Lightning only warns that the
 folder is not empty; ``--ckpt_path last`` then resumed the other run's ``last-v1.ckpt``). Rank 0
 holds an exclusive ``flock`` on a lock file in the folder for the whole fit, once Lightning has
-resolved the folder (a fixed ``--checkpoint.dirpath`` or the logger's version folder).
+resolved the folder (a fixed ``--checkpoint.dirpath``, the logger's version folder, or the run
+folder of a run without a logger, which an identical rerun finds again: the refusal says so).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ class CheckpointFolderLock(L.Callback):
     """Refuses a folder that another live run holds, or that holds checkpoints of a run this one
     does not resume (``ckpt_path`` is ``last`` or a file in it)."""
 
-    def __init__(self, ckpt_path: str | None) -> None:
+    def __init__(self, ckpt_path: str | None, run_folder: str | None = None) -> None:
         self.ckpt_path = ckpt_path
+        self.run_folder = run_folder
         self._fd: int | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -51,10 +53,14 @@ class CheckpointFolderLock(L.Callback):
         existing = sorted(p.name for p in folder.glob("*.ckpt"))
         if existing and not self._resumes(folder):
             self._release()
+            same = (f" (an earlier run of this same config: {self.run_folder} is its run folder)"
+                    if self.run_folder is not None else "")
+            fresh = ("another --seed_everything or --trainer.default_root_dir"
+                     if self.run_folder is not None else "an empty --checkpoint.dirpath")
             raise CheckpointFolderError(
                 f"checkpoint folder {folder} holds another run's checkpoints "
-                f"({', '.join(existing[:3])}{', ...' if len(existing) > 3 else ''}); resume that "
-                "run with --ckpt_path last, or give this run an empty --checkpoint.dirpath")
+                f"({', '.join(existing[:3])}{', ...' if len(existing) > 3 else ''}){same}; "
+                f"resume that run with --ckpt_path last, or give this run {fresh}")
 
     def _resumes(self, folder: Path) -> bool:
         if self.ckpt_path is None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentParser
@@ -19,6 +21,7 @@ from jsonargparse import ArgumentParser
 from sparkforge.shared.config_yaml import use_bounded_yaml
 from sparkforge.trainer.architectures import Engine
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
+from sparkforge.trainer.run_folder import RUN_NAME, RUNS_DIR, run_folder, wants_run_folder
 
 
 def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
@@ -48,16 +51,35 @@ def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
             parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
             parser.set_defaults({"checkpoint.save_last": True})
 
+        run_folder: str | None = None
+        """The folder chosen for a run without a logger or root folder (``run_folder``)."""
+
         def instantiate_trainer(self, **kwargs: Any) -> Any:
             """The trainer, without the ``checkpoint`` callback when
-            ``trainer.enable_checkpointing`` is false (Lightning refuses the two together)."""
+            ``trainer.enable_checkpointing`` is false (Lightning refuses the two together), and
+            rooted in a run folder when it has no logger and no ``default_root_dir``."""
             config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
             keys = self._parser(self.subcommand).callback_keys
             if config.get("enable_checkpointing") is False:
                 logging.getLogger(__name__).warning(
                     "trainer.enable_checkpointing is false: this run writes no checkpoint")
                 keys = [key for key in keys if key != "checkpoint"]
-            return self._instantiate_trainer(config, [self._get(self.config_init, k) for k in keys])
+            callbacks = [self._get(self.config_init, k) for k in keys]
+            if wants_run_folder(config):
+                config["default_root_dir"] = self._choose_run_folder(callbacks)
+            return self._instantiate_trainer(config, callbacks)
+
+        def _choose_run_folder(self, callbacks: list[Any]) -> str:
+            """This config's run folder, printed on every rank; the checkpoint callback writes
+            into its ``checkpoints/`` unless ``--checkpoint.dirpath`` is set."""
+            dumped = self._parser(self.subcommand).dump(self.config, skip_none=False)
+            folder = str(run_folder(dumped, self.config["seed_everything"]).resolve())
+            for callback in callbacks:
+                if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
+                    callback.dirpath = str(Path(folder) / "checkpoints")
+            print(f"run folder: {folder}", file=sys.stderr)
+            self.run_folder = folder
+            return folder
 
     use_bounded_yaml()  # also when called from the Python API, not the console script
     cuda = torch.cuda.is_available()
@@ -69,7 +91,7 @@ def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"prog": prog, "description": description},
         trainer_defaults={
-            "logger": lazy_instance(CSVLogger, save_dir="runs", name="dspark"),
+            "logger": lazy_instance(CSVLogger, save_dir=RUNS_DIR, name=RUN_NAME),
             "gradient_clip_val": 1.0,
             "precision": "bf16-mixed" if cuda else "32-true",
             "log_every_n_steps": 10,
@@ -81,7 +103,8 @@ def run_train(cli: Any) -> int:
     """Check the cache against the run, fit, and print the summary (rank 0)."""
     from sparkforge.trainer.run import train
 
-    summary = train(cli.model, cli.datamodule, cli.trainer, ckpt_path=cli.config["ckpt_path"])
+    summary = train(cli.model, cli.datamodule, cli.trainer, ckpt_path=cli.config["ckpt_path"],
+                    run_folder=cli.run_folder)
     if cli.trainer.is_global_zero:
         print(json.dumps(summary, indent=2, default=str))
     return 0

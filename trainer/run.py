@@ -72,8 +72,11 @@ def finish_wandb_runs(trainer: L.Trainer) -> None:
 
 
 def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
-          ckpt_path: str | None = None) -> dict[str, Any]:
+          ckpt_path: str | None = None, run_folder: str | None = None) -> dict[str, Any]:
     """Validate the cache, fit (resuming from ``ckpt_path`` when given) and return a summary.
+
+    ``run_folder`` is the folder the CLI chose for a run without a logger or root folder
+    (:mod:`sparkforge.trainer.run_folder`); the summary names it.
 
     Raises:
         CacheContractError: the cache does not match the run's draft and data settings.
@@ -85,11 +88,13 @@ def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
         load_checkpoint(ckpt_path, mmap=True)  # one line for a foreign file, not a traceback
     check_cache(model, data, trainer)
     # Trainer builds its callback list at init (LightningCLI's); a run-time one is appended.
-    trainer.callbacks.append(CheckpointFolderLock(ckpt_path))  # type: ignore[attr-defined]
+    trainer.callbacks.append(  # type: ignore[attr-defined]
+        CheckpointFolderLock(ckpt_path, run_folder=run_folder))
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     finish_wandb_runs(trainer)
     callback = trainer.checkpoint_callback
     summary = {
+        **({"run_folder": run_folder} if run_folder is not None else {}),
         "global_step": trainer.global_step,
         "epoch": trainer.current_epoch,
         "last_checkpoint": getattr(callback, "last_model_path", None) or None,

@@ -110,7 +110,8 @@ def train(config: Mapping[str, Any] | str | Path, *overrides: str) -> dict[str, 
             cli = train_cli(["--config", str(path), *overrides])
         except SystemExit as exc:  # the parser's own exit on a bad option
             raise SparkforgeError(f"sparkforge train rejected the config {config!r}") from exc
-    return fit(cli.model, cli.datamodule, cli.trainer, ckpt_path=cli.config["ckpt_path"])
+    return fit(cli.model, cli.datamodule, cli.trainer, ckpt_path=cli.config["ckpt_path"],
+               run_folder=cli.run_folder)
 
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:

@@ -309,3 +309,55 @@ def test_a_hostile_template_is_refused_within_bounds(
         ChatEncoder(AutoTokenizer.from_pretrained(tiny_target), chat_template=hostile,
                     max_seq_len=512)
     assert "\n" not in str(info.value)
+
+
+_LOOP_ON_MARKER = ("{% for m in messages %}{% if 'LOOP' in m['content'] %}"
+                   "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                   "{% endfor %}{% endif %}{% endfor %}")
+
+
+@pytest.mark.parametrize("own_template", [False, True], ids=["prefix", "generation_tags"])
+def test_a_template_looping_on_some_rows_skips_them_as_template_timeout(
+        tiny_target: Path, own_template: bool) -> None:
+    """A template benign on the probe but endless on rows holding a marker passes the start-up
+    check; each such row is stopped at template_row_seconds and skipped as template_timeout,
+    and the next rows encode as before (the SIGALRM handler and timer are the caller's again)."""
+    import signal
+
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    masking = tok.chat_template if own_template else _MESSAGES_LOOP  # the own one has the tags
+    enc = ChatEncoder(tok, chat_template=_LOOP_ON_MARKER + masking, max_seq_len=512,
+                      template_row_seconds=0.5)
+    assert enc.uses_generation_tags == own_template
+    plain = {"messages": [{"role": "user", "content": "Hi?"},
+                          {"role": "assistant", "content": "Hello."}]}
+    marked = {"messages": [{"role": "user", "content": "Hi LOOP?"},
+                           {"role": "assistant", "content": "Hello."}]}
+    handler, (outer, _) = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)
+    assert enc.encode(marked) == SkipReason.TEMPLATE_TIMEOUT
+    assert signal.getsignal(signal.SIGALRM) is handler
+    left, _ = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's timer, if armed, runs on
+    assert (left > 0) == (outer > 0)
+    assert left <= outer
+    out = enc.encode(plain)
+    assert not isinstance(out, SkipReason)
+    masked = tok.decode(out.input_ids[out.loss_mask == 1].tolist())
+    assert "Hello." in masked
+    assert "Hi" not in masked
+
+
+def test_a_stray_sigalrm_after_a_bounded_row_still_ends_the_process() -> None:
+    """Once a row was bounded, the row timer's handler stays installed in place of the default;
+    a SIGALRM that is not the row timer's ends the process as the default would."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import signal, time\n"
+            "from sparkforge.producer.template_bounds import RowTimeLimit\n"
+            "with RowTimeLimit(5.0):\n    pass\n"
+            "signal.setitimer(signal.ITIMER_REAL, 0.1)\ntime.sleep(30)\n")
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == -signal.SIGALRM, done.stderr[-2000:]
+    assert "TemplateTimeout" not in done.stderr

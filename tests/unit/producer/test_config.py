@@ -34,6 +34,8 @@ def make(**overrides: object) -> ProducerConfig:
         ({"worker_index": 1}, ["--worker_index and --num_workers"]),
         ({"worker_index": 2, "num_workers": 2}, ["--worker_index must be in"]),
         ({"parity_samples": -1}, ["--parity_samples"]),
+        ({"template_row_seconds": 0.0}, ["--template_row_seconds must be > 0"]),
+        ({"template_row_seconds": float("nan")}, ["--template_row_seconds must be > 0"]),
         ({"data": "", "output": ""}, ["--data", "--output"]),
     ],
 )

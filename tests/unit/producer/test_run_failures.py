@@ -258,3 +258,26 @@ def test_non_finite_scan_finds_every_bad_token_across_blocks(monkeypatch, hidden
     aux[3, 1, 2], aux[6, 0, 0], aux[6, 2, 3] = np.nan, np.inf, -np.inf
     assert capture.non_finite_problem(record(aux), hidden_dtype) == (
         "sample 9: aux_hidden holds 3 non-finite values in 2 of 7 tokens, first at token 3")
+
+
+def test_rows_a_template_loops_on_are_skipped_as_template_timeout(tiny_target: Path,
+                                                                  tmp_path: Path) -> None:
+    """A template that passes the start-up check but loops for ever on rows holding a marker:
+    produce (real transformers backend) stops each such row at --template_row_seconds, counts
+    it as template_timeout and writes the other rows."""
+    from transformers import AutoTokenizer
+
+    own = AutoTokenizer.from_pretrained(tiny_target).chat_template
+    template = ("{% for m in messages %}{% if 'LOOP' in m['content'] %}"
+                "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                "{% endif %}{% endfor %}" + own)
+    rows = chat_rows(6)
+    for i in (1, 4):
+        rows[i]["messages"][0]["content"] += " LOOP"
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), hf_device="cpu",
+                          chat_template=template, template_row_seconds=0.5)
+    run(cfg, source=None)
+    acc = open_cache(cfg.output).manifest.accounting
+    assert (acc.written, acc.skipped) == (4, {"template_timeout": 2})
+    assert sorted(cache_samples(cfg.output)) == [0, 2, 3, 5]
