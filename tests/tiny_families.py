@@ -69,11 +69,16 @@ MODEL_TYPES: tuple[str, ...] = (*FAMILY_SETTINGS, *COMPOSITES, "deepseek_v4", "g
 """Every model type the ``tiny_family`` fixture builds (the last two by the app's builders)."""
 
 
+def tiny_settings(model_type: str) -> dict[str, Any]:
+    """The config settings of a tiny text model type (:data:`BASE` with its overrides)."""
+    return {**BASE, **FAMILY_SETTINGS[model_type]}
+
+
 def text_config(model_type: str) -> Any:
     """The tiny transformers config of a text model type (settings re-applied after init)."""
     from transformers import AutoConfig
 
-    settings = {**BASE, **FAMILY_SETTINGS[model_type]}
+    settings = tiny_settings(model_type)
     config = AutoConfig.for_model(model_type, **settings)
     for key, value in settings.items():  # some __init__s derive these; pin them
         setattr(config, key, value)
