@@ -31,8 +31,9 @@ Gemma4DSparkLayer = functools.partial(
 class Gemma4DSparkModel(DraftModel):
     """The DSpark draft with Gemma4 layers and norms; same batch, outputs and inference API.
 
-    Takes ``DraftModel``'s arguments.
+    Takes ``DraftModel``'s arguments; the config names ``architecture="gemma4"``.
     """
 
     layer_factory = Gemma4DSparkLayer
+    architecture = "gemma4"
     norm_class = GemmaRMSNorm
