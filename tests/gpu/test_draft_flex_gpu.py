@@ -5,11 +5,12 @@ deepseek_v4 draft trains in bf16 on both paths."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
 import torch
-from draft_helpers import recipe_loss
+from draft_helpers import fixed_anchor_steps, recipe_loss
 
 from sparkforge.trainer.architectures import ARCHITECTURES, build_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
@@ -65,19 +66,9 @@ def test_v4_bf16_training_steps(attn: str) -> None:
     torch.manual_seed(0)
     model = build_draft(cfg, attn_implementation=attn).cuda()
     batch = _batch(cfg)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        first = model(**batch)
-    anchors = {"anchor_positions": first.anchor_positions,
-               "block_keep_mask": first.block_keep_mask}
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
-    losses = []
-    for _ in range(15):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = compute_dspark_loss(model(**batch, **anchors), LossSpec()).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses, anchors = fixed_anchor_steps(
+        model, batch, LossSpec(), 15,
+        autocast=functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16))
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.8 * losses[0]
     model.to(torch.bfloat16)
