@@ -67,9 +67,14 @@ MODEL_TYPES: tuple[str, ...] = (*FAMILY_SETTINGS, *COMPOSITES, "deepseek_v4", "g
 """Every model type the ``tiny_family`` fixture builds (the last two by the app's builders)."""
 
 
+def tiny_settings(model_type: str) -> dict[str, Any]:
+    """The config settings of a tiny text model type (:data:`BASE` with its overrides)."""
+    return {**BASE, **FAMILY_SETTINGS[model_type]}
+
+
 def text_config(model_type: str) -> Any:
     """The tiny transformers config of a text model type (settings re-applied after init)."""
-    return pinned_config(model_type, {**BASE, **FAMILY_SETTINGS[model_type]})
+    return pinned_config(model_type, tiny_settings(model_type))
 
 
 def build_tiny_family(out_dir: Path, model_type: str, *, seed: int = 0) -> Path:

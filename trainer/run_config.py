@@ -27,7 +27,11 @@ from sparkforge.shared.target_families import (
     TargetScaling,
     family_of,
 )
-from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
+from sparkforge.trainer.architectures.config import (
+    Architecture,
+    DSparkDraftConfig,
+    from_target_config,
+)
 from sparkforge.trainer.draft.config import MarkovHeadType
 
 RecipeName = Literal["dspark", "dflash"]
@@ -88,7 +92,7 @@ class DraftSpec:
     """K: tokens drafted per pass."""
     num_anchors: int = DSparkDraftConfig.num_anchors
     """A: blocks sampled per sequence per step."""
-    architecture: str | None = None
+    architecture: Architecture | None = None
     """The draft's layer stack: ``qwen3`` (every engine loads it, any target), ``deepseek_v4`` (a
     DeepSeek-V4 target's attention; export refused for now), ``gemma4`` / ``kimi_k3`` (the
     drafts vLLM's Gemma4 / Kimi-K3 DSpark classes load) or ``dflash`` (the DFlash draft);

@@ -5,17 +5,16 @@ deepseek_v4 draft trains in bf16 on both paths."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable
 
 import pytest
 import torch
+from draft_helpers import fixed_anchor_steps, recipe_loss
 
-from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.architectures import ARCHITECTURES, build_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
-from sparkforge.trainer.architectures.kimi_k3.tiny import draft_tiny_kimi_k3
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 
@@ -35,13 +34,13 @@ def _batch(cfg: DSparkDraftConfig, b: int = 2, s: int = 64) -> dict[str, torch.T
     }
 
 
-@pytest.mark.parametrize("tiny", [draft_tiny, draft_tiny_deepseek_v4, draft_tiny_kimi_k3],
-                         ids=["qwen3", "deepseek_v4", "kimi_k3"])
-def test_flex_and_sdpa_agree_with_gradients(tiny: Callable[[], DSparkDraftConfig]) -> None:
-    """Same anchors: logits, loss and every trainable gradient match between the two paths
-    (deepseek_v4's flex path applies its sink through the log-sum-exp; kimi_k3's values are
-    narrower than its queries and keys)."""
-    cfg = dataclasses.replace(tiny(), num_anchors=16)
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_flex_and_sdpa_agree_with_gradients(architecture: str) -> None:
+    """Same anchors: logits, each architecture's recipe loss and every trainable gradient match
+    between the two paths (deepseek_v4's flex path applies its sink through the log-sum-exp;
+    kimi_k3's values are narrower than its queries and keys)."""
+    cfg = dataclasses.replace(ARCHITECTURES[architecture].tiny(), num_anchors=16)
+    spec = recipe_loss(cfg)
     torch.manual_seed(0)
     sdpa = build_draft(cfg).cuda()
     flex = build_draft(cfg, attn_implementation="flex").cuda()
@@ -50,7 +49,7 @@ def test_flex_and_sdpa_agree_with_gradients(tiny: Callable[[], DSparkDraftConfig
     a = sdpa(**batch)
     f = flex(**batch, anchor_positions=a.anchor_positions, block_keep_mask=a.block_keep_mask)
     torch.testing.assert_close(f.draft_logits, a.draft_logits, rtol=1e-3, atol=1e-4)
-    la, lf = compute_dspark_loss(a, LossSpec()).loss, compute_dspark_loss(f, LossSpec()).loss
+    la, lf = compute_dspark_loss(a, spec).loss, compute_dspark_loss(f, spec).loss
     la.backward()
     lf.backward()
     torch.testing.assert_close(lf, la, rtol=1e-4, atol=1e-5)
@@ -67,19 +66,9 @@ def test_v4_bf16_training_steps(attn: str) -> None:
     torch.manual_seed(0)
     model = build_draft(cfg, attn_implementation=attn).cuda()
     batch = _batch(cfg)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        first = model(**batch)
-    anchors = {"anchor_positions": first.anchor_positions,
-               "block_keep_mask": first.block_keep_mask}
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
-    losses = []
-    for _ in range(15):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = compute_dspark_loss(model(**batch, **anchors), LossSpec()).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses, anchors = fixed_anchor_steps(
+        model, batch, LossSpec(), 15,
+        autocast=functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16))
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.8 * losses[0]
     model.to(torch.bfloat16)

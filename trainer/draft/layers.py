@@ -163,19 +163,38 @@ def attend_after_context(q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tens
 class DSparkLayer(nn.Module):
     """Pre-norm block: input_layernorm -> attention -> +res -> post_attention_layernorm -> MLP.
 
+    With ``sandwich`` (Gemma's layer) the attention and MLP outputs are normed before their
+    residual adds: input_layernorm -> attention -> post_attention_layernorm -> +res ->
+    pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm -> +res.
+
     Args:
         cfg: The draft config (sizes).
         attention: Builds the layer's attention from the config (default: Qwen3's), a
             ``DraftLayer`` as far as calls go (``key_values`` and the same call signature).
+        norm: The layer norms' class (Gemma4: ``GemmaRMSNorm``).
+        act: The MLP's gate activation (default SiLU; Gemma4: ``gelu_tanh``).
+        sandwich: Norm the attention and MLP outputs too (Gemma's sandwich norms).
     """
 
+    pre_feedforward_layernorm: nn.Module
+    post_feedforward_layernorm: nn.Module
+
     def __init__(self, cfg: DraftConfig,
-                 attention: Callable[..., nn.Module] = DSparkAttention) -> None:
+                 attention: Callable[..., nn.Module] = DSparkAttention, *,
+                 norm: type[RMSNorm] = RMSNorm,
+                 act: Callable[[torch.Tensor], torch.Tensor] = F.silu,
+                 sandwich: bool = False) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.sandwich = sandwich
+        self.input_layernorm = norm(h, eps)
         self.self_attn = attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.post_attention_layernorm = norm(h, eps)
+        if sandwich:
+            self.pre_feedforward_layernorm = norm(h, eps)
+        self.mlp = MLP(h, cfg.intermediate_size, act=act)
+        if sandwich:
+            self.post_feedforward_layernorm = norm(h, eps)
 
     def key_values(
         self, x_BPH: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -191,6 +210,12 @@ class DSparkLayer(nn.Module):
         mask: Any,
     ) -> torch.Tensor:
         """One residual layer over the block stream."""
-        x = x + self.self_attn(self.input_layernorm(x), rope_q, ctx_kv, mask)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), rope_q, ctx_kv, mask)
+        if not self.sandwich:
+            x = x + attn
+            out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+            return out
+        x = x + self.post_attention_layernorm(attn)
+        mlp = self.mlp(self.pre_feedforward_layernorm(x))
+        out = x + self.post_feedforward_layernorm(mlp)
         return out

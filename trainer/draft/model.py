@@ -14,11 +14,14 @@ r Markov rank, m verified draft tokens (``m1`` = m + 1).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import ClassVar, cast
 
 import torch
 from torch import nn
 
+from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.draft import passes
 from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT, BlockLayout
 from sparkforge.trainer.draft.config import DraftConfig
@@ -46,31 +49,80 @@ def hf_normal_init(module: nn.Module, std: float) -> None:
 class DraftModel(nn.Module):
     """What every architecture's draft is: the shared DSpark passes over its own modules.
 
-    A subclass registers the modules ``passes.DraftStack`` names (``embed_tokens``, ``layers``,
-    ``norm``, ``lm_head``, ``rotary_emb``, ``markov_head``, ``confidence_head``) and defines
-    ``project_context``; the training forward, block drafting and the head readouts are the
+    The constructor registers the modules ``passes.DraftStack`` names in a fixed order:
+    ``embed_tokens``, the context projection and its norm (``context_names``), ``layers``, the
+    final norm, ``lm_head``, ``rotary_emb``, then the Markov and confidence heads; seeded
+    initialisation depends on that order. A subclass states only what differs, as the class
+    attributes below; the training forward, block drafting and the head readouts are the
     shared ones of ``sparkforge.trainer.draft.passes``.
 
     Args:
         config: The draft config.
+        embed_weight: Target ``embed_tokens.weight`` [V, H]; copied and frozen.
+        lm_head_weight: Target ``lm_head.weight`` [V, H]; copied and frozen (also the teacher).
         attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
         layout: Which block slots draft and which anchors train (DSpark's, or DFlash's).
+
+    Raises:
+        ConfigError: the config names another architecture than ``architecture``.
     """
+
+    layer_factory: ClassVar[Callable[..., nn.Module]]
+    """Builds one draft layer from the config."""
+    architecture: ClassVar[str | None] = None
+    """The config ``architecture`` this model builds (None: any)."""
+    context_names: ClassVar[tuple[str, str]] = ("fc", "hidden_norm")
+    """Names of the context projection and of its norm."""
+    final_norm_name: ClassVar[str] = "norm"
+    """Name of the norm before lm_head (read through ``norm`` whatever its name)."""
+    norm_class: ClassVar[type[RMSNorm]] = RMSNorm
+    """Class of the context norm and the final norm."""
+    rope_dim_field: ClassVar[str] = "head_dim"
+    """The config field giving the width RoPE rotates."""
+    interleaved_rope: ClassVar[bool] = False
+    """RoPE tables for adjacent channel pairs instead of two halves."""
+    hf_init: ClassVar[bool] = True
+    """HF's normal init (``hf_normal_init``); False keeps PyTorch's default init."""
 
     embed_tokens: nn.Embedding
     layers: nn.ModuleList
-    norm: nn.Module
     lm_head: nn.Linear
     rotary_emb: RotaryEmbedding
     markov_head: MarkovHead | None
     confidence_head: ConfidenceHead | None
 
-    def __init__(self, config: DraftConfig, *, attn_implementation: AttnImpl = "sdpa",
-                 layout: BlockLayout = DSPARK_LAYOUT) -> None:
+    def __init__(
+        self,
+        config: DraftConfig,
+        *,
+        embed_weight: torch.Tensor | None = None,
+        lm_head_weight: torch.Tensor | None = None,
+        attn_implementation: AttnImpl = "sdpa",
+        layout: BlockLayout = DSPARK_LAYOUT,
+    ) -> None:
         super().__init__()
+        got = getattr(config, "architecture", None)
+        if self.architecture is not None and got != self.architecture:
+            raise ConfigError(f"architecture={got!r}: {type(self).__name__} builds "
+                              f"architecture {self.architecture!r}")
         self.config = config
         self.attn_implementation = attn_implementation
         self.layout = layout
+        h, v, eps = config.hidden_size, config.vocab_size, config.rms_norm_eps
+        self.embed_tokens = nn.Embedding(v, h)
+        setattr(self, self.context_names[0], nn.Linear(config.num_features * h, h, bias=False))
+        setattr(self, self.context_names[1], self.norm_class(h, eps))
+        make_layer = type(self).layer_factory
+        self.layers = nn.ModuleList(make_layer(config) for _ in range(config.num_hidden_layers))
+        setattr(self, self.final_norm_name, self.norm_class(h, eps))
+        self.lm_head = nn.Linear(h, v, bias=False)
+        self.rotary_emb = RotaryEmbedding(
+            getattr(config, self.rope_dim_field), config.rope_parameters,
+            config.max_position_embeddings, interleaved=self.interleaved_rope)
+        self.markov_head, self.confidence_head = dspark_heads(config)
+        if self.hf_init:
+            self.apply(functools.partial(hf_normal_init, std=config.initializer_range))
+        self.set_target_weights(embed_weight, lm_head_weight)
 
     # ---- the shared DSpark passes (sparkforge.trainer.draft.passes) ----------------------
     num_draft_tokens = property(passes.num_draft_tokens)
@@ -83,26 +135,10 @@ class DraftModel(nn.Module):
     draft_block = passes.draft_block
     empty_cache = passes.empty_cache
 
-    def register_stack(self, layer: Callable[..., nn.Module], rotary_emb: RotaryEmbedding, *,
-                       context: tuple[str, str] = ("fc", "hidden_norm"),
-                       final_norm: str = "norm") -> None:
-        """Register the modules every draft has, under the architecture's names.
-
-        The order is fixed: embed_tokens, the context projection and its norm (``context``),
-        the layers, the final norm, lm_head, rotary_emb, then the heads. Seeded initialisation
-        depends on that order.
-        """
-        cfg = self.config
-        h, v = cfg.hidden_size, cfg.vocab_size
-        self.embed_tokens = nn.Embedding(v, h)
-        self.context_names = context
-        setattr(self, context[0], nn.Linear(cfg.num_features * h, h, bias=False))
-        setattr(self, context[1], RMSNorm(h, cfg.rms_norm_eps))
-        self.layers = nn.ModuleList(layer(cfg) for _ in range(cfg.num_hidden_layers))
-        setattr(self, final_norm, RMSNorm(h, cfg.rms_norm_eps))
-        self.lm_head = nn.Linear(h, v, bias=False)
-        self.rotary_emb = rotary_emb
-        self.markov_head, self.confidence_head = dspark_heads(cfg)
+    @property
+    def norm(self) -> nn.Module:
+        """The norm before lm_head (registered as ``final_norm_name``)."""
+        return cast(nn.Module, self._modules[self.final_norm_name])
 
     def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
         """norm(projection(concat features)): [B, S, F*H] -> [B, S, H] (``context`` modules)."""
@@ -112,32 +148,9 @@ class DraftModel(nn.Module):
 
 
 class DSparkDraftModel(DraftModel):
-    """The DSpark draft.
+    """The Qwen3-shaped DSpark draft (HF normal init; embed/lm_head from the target).
 
-    Args:
-        config: The draft config.
-        embed_weight: Target ``embed_tokens.weight`` [V, H]; copied and frozen.
-        lm_head_weight: Target ``lm_head.weight`` [V, H]; copied and frozen (also the teacher).
-        attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
-        layout: Which block slots draft and which anchors train (DSpark's, or DFlash's).
-        layer: Builds one draft layer from the config (default: the Qwen3-style layer).
+    Takes ``DraftModel``'s arguments.
     """
 
-    def __init__(
-        self,
-        config: DraftConfig,
-        *,
-        embed_weight: torch.Tensor | None = None,
-        lm_head_weight: torch.Tensor | None = None,
-        attn_implementation: AttnImpl = "sdpa",
-        layout: BlockLayout = DSPARK_LAYOUT,
-        layer: Callable[..., nn.Module] = DSparkLayer,
-    ) -> None:
-        super().__init__(config, attn_implementation=attn_implementation, layout=layout)
-        self.register_stack(layer, RotaryEmbedding(config.head_dim, config.rope_parameters,
-                                                   config.max_position_embeddings))
-        self.apply(self._init_weights)
-        self.set_target_weights(embed_weight, lm_head_weight)
-
-    def _init_weights(self, module: nn.Module) -> None:
-        hf_normal_init(module, self.config.initializer_range)
+    layer_factory = DSparkLayer

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from sparkforge.trainer.architectures import ARCHITECTURES, build_draft
+from sparkforge.shared.errors import ConfigError
+from sparkforge.trainer.architectures import ARCHITECTURES, build_draft, draft_class
 from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.draft.rope import compute_inv_freq
 from sparkforge.trainer.loss import compute_dspark_loss
@@ -258,3 +259,14 @@ def test_layer_id_convention_matches_hf(tiny_target: Any) -> None:
         a = int(d.anchor_positions[0, n])
         for k in range(int(d.eval_mask[0, n].sum())):
             torch.testing.assert_close(d.target_logits[0, n, k], out.logits[0, a + k])
+
+
+@pytest.mark.parametrize("name", [name for name, arch in ARCHITECTURES.items()
+                                  if getattr(draft_class(arch.tiny()), "architecture", None)])
+def test_a_model_refuses_another_architectures_config(name: str) -> None:
+    """A model class bound to one architecture refuses a config naming another, in one line."""
+    cls = draft_class(ARCHITECTURES[name].tiny())
+    other = next(arch for n, arch in ARCHITECTURES.items() if n != name).tiny()
+    with pytest.raises(ConfigError, match=f"^architecture={other.architecture!r}: "
+                                          f"{cls.__name__} builds architecture {name!r}$"):
+        cls(other)

@@ -26,8 +26,8 @@ from torch import nn
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.layers import RMSNorm, compiled_flex
 from sparkforge.trainer.draft.model import DraftModel
-from sparkforge.trainer.draft.passes import AttnImpl, RopeTables
-from sparkforge.trainer.draft.rope import RotaryEmbedding, apply_interleaved_rotary
+from sparkforge.trainer.draft.passes import RopeTables
+from sparkforge.trainer.draft.rope import apply_interleaved_rotary
 
 
 def attend_with_sink(q_BNQD: torch.Tensor, kv_B1PD: torch.Tensor, sink_N: torch.Tensor,
@@ -147,27 +147,14 @@ class DeepseekV4DSparkLayer(nn.Module):
 class DeepseekV4DSparkModel(DraftModel):
     """The DeepSeek-V4 DSpark draft (PyTorch default init; embed/lm_head from the target).
 
-    Args:
-        config: A draft config with ``architecture="deepseek_v4"``.
-        embed_weight: Target embedding [V, H]; copied and frozen.
-        lm_head_weight: Target output head [V, H]; copied and frozen (also the teacher).
-        attn_implementation: "sdpa" (dense mask, eager softmax with the sink; CPU and
-            reference) or "flex" (BlockMask; the sink applied through the log-sum-exp).
+    Takes ``DraftModel``'s arguments; the config names ``architecture="deepseek_v4"``. Under
+    "sdpa" the softmax with the sink runs eagerly over the dense mask; under "flex" the sink is
+    applied through the log-sum-exp.
     """
 
-    def __init__(
-        self,
-        config: DSparkDraftConfig,
-        *,
-        embed_weight: torch.Tensor | None = None,
-        lm_head_weight: torch.Tensor | None = None,
-        attn_implementation: AttnImpl = "sdpa",
-    ) -> None:
-        cfg = config
-        assert cfg.architecture == "deepseek_v4", cfg.architecture
-        super().__init__(cfg, attn_implementation=attn_implementation)
-        self.config: DSparkDraftConfig = cfg
-        self.register_stack(DeepseekV4DSparkLayer, RotaryEmbedding(
-            cfg.qk_rope_head_dim, cfg.rope_parameters, cfg.max_position_embeddings,
-            interleaved=True), context=("main_proj", "main_norm"))
-        self.set_target_weights(embed_weight, lm_head_weight)
+    layer_factory = DeepseekV4DSparkLayer
+    architecture = "deepseek_v4"
+    context_names = ("main_proj", "main_norm")
+    rope_dim_field = "qk_rope_head_dim"
+    interleaved_rope = True
+    hf_init = False

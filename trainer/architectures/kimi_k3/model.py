@@ -25,9 +25,9 @@ from torch import nn
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm, attend_after_context
-from sparkforge.trainer.draft.model import DraftModel, hf_normal_init
-from sparkforge.trainer.draft.passes import AttnImpl, RopeTables
-from sparkforge.trainer.draft.rope import RotaryEmbedding, apply_interleaved_rotary
+from sparkforge.trainer.draft.model import DraftModel
+from sparkforge.trainer.draft.passes import RopeTables
+from sparkforge.trainer.draft.rope import apply_interleaved_rotary
 
 
 class K3LatentAttention(nn.Module):
@@ -77,38 +77,12 @@ K3DSparkLayer = functools.partial(DSparkLayer, attention=K3LatentAttention)
 class K3DSparkModel(DraftModel):
     """The Kimi-K3 DSpark draft (HF normal init; embed/lm_head from the target).
 
-    Args:
-        config: A draft config with ``architecture="kimi_k3"``.
-        embed_weight: Target embedding [V, H]; copied and frozen.
-        lm_head_weight: Target output head [V, H]; copied and frozen (also the teacher).
-        attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
+    Takes ``DraftModel``'s arguments; the config names ``architecture="kimi_k3"``.
     """
 
-    final_norm: nn.Module
-
-    def __init__(
-        self,
-        config: DSparkDraftConfig,
-        *,
-        embed_weight: torch.Tensor | None = None,
-        lm_head_weight: torch.Tensor | None = None,
-        attn_implementation: AttnImpl = "sdpa",
-    ) -> None:
-        cfg = config
-        assert cfg.architecture == "kimi_k3", cfg.architecture
-        super().__init__(cfg, attn_implementation=attn_implementation)
-        self.config: DSparkDraftConfig = cfg
-        self.register_stack(K3DSparkLayer, RotaryEmbedding(
-            cfg.qk_rope_head_dim, cfg.rope_parameters, cfg.max_position_embeddings,
-            interleaved=True), context=("context_proj", "context_norm"), final_norm="final_norm")
-        self.apply(functools.partial(hf_normal_init, std=cfg.initializer_range))
-        self.set_target_weights(embed_weight, lm_head_weight)
-
-    @property
-    def norm(self) -> nn.Module:
-        """The norm before lm_head (``final_norm``, vLLM's name)."""
-        return self.final_norm
-
-    @norm.setter
-    def norm(self, value: nn.Module) -> None:
-        self.final_norm = value
+    layer_factory = K3DSparkLayer
+    architecture = "kimi_k3"
+    context_names = ("context_proj", "context_norm")
+    final_norm_name = "final_norm"
+    rope_dim_field = "qk_rope_head_dim"
+    interleaved_rope = True

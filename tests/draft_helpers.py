@@ -1,0 +1,46 @@
+"""Test helpers: the loss a run trains a draft config with (read from the recipe table), and
+the training steps on a fixed batch that the loss-decrease tests take."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+
+from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.run_config import RECIPES, LossSpec
+
+
+def recipe_loss(cfg: DSparkDraftConfig) -> LossSpec:
+    """The default loss of the recipe whose fixed draft fields ``cfg`` has (dspark's otherwise),
+    so a table-driven test trains each tiny draft with its own objective."""
+    for recipe in RECIPES.values():
+        if recipe.fixed and all(getattr(cfg, name) == recipe.draft_defaults[name]
+                                for name in recipe.fixed):
+            return LossSpec(objective=recipe.objective)
+    return LossSpec(objective="dspark")
+
+
+def fixed_anchor_steps(model: Any, batch: Mapping[str, Any], spec: LossSpec, steps: int, *,
+                       autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+                       ) -> tuple[list[float], dict[str, Any]]:
+    """``steps`` AdamW steps (lr 5e-3) on one batch with the anchors its first forward draws:
+    the losses, and those anchors (``anchor_positions``, ``block_keep_mask``)."""
+    from sparkforge.trainer.loss import compute_dspark_loss
+
+    with autocast():
+        first = model(**batch)
+    anchors = {"anchor_positions": first.anchor_positions,
+               "block_keep_mask": first.block_keep_mask}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
+    losses = []
+    for _ in range(steps):
+        with autocast():
+            loss = compute_dspark_loss(model(**batch, **anchors), spec).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, anchors
