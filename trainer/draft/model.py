@@ -5,7 +5,7 @@ export is a plain ``state_dict`` save.
 
 Shape legend of every trainer module: a name ending ``_BAK`` is a tensor of shape [B, A, K].
 B batch, S context length, C = S-1 anchor candidates, A anchors, K draft positions per block
-(the block size for DSpark, one less for DFlash: see ``anchors.BlockLayout``), Q block
+(the block size for DSpark, one less for DFlash: see ``block_layout.BlockLayout``), Q block
 queries, P key/value positions, H hidden, F captured target layers, X = F*H concatenated
 features, N attention heads, G kv heads, D head_dim, V vocab, W supervised rows (the slots of
 [B, A, K] with weight > 0, flattened), T tokens of one sequence; lowercase letters are counts:
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from sparkforge.trainer.draft import passes
-from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT, BlockLayout
+from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
 from sparkforge.trainer.draft.config import DraftConfig
 from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm
@@ -54,7 +54,8 @@ class DraftModel(nn.Module):
     Args:
         config: The draft config.
         attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
-        layout: Which block slots draft and which anchors train (DSpark's, or DFlash's).
+
+    The block layout (which slots draft, which anchors train) is the config's ``layout``.
     """
 
     embed_tokens: nn.Embedding
@@ -65,12 +66,11 @@ class DraftModel(nn.Module):
     markov_head: MarkovHead | None
     confidence_head: ConfidenceHead | None
 
-    def __init__(self, config: DraftConfig, *, attn_implementation: AttnImpl = "sdpa",
-                 layout: BlockLayout = DSPARK_LAYOUT) -> None:
+    def __init__(self, config: DraftConfig, *, attn_implementation: AttnImpl = "sdpa") -> None:
         super().__init__()
         self.config = config
         self.attn_implementation = attn_implementation
-        self.layout = layout
+        self.layout = BLOCK_LAYOUTS[config.layout]
 
     # ---- the shared DSpark passes (sparkforge.trainer.draft.passes) ----------------------
     num_draft_tokens = property(passes.num_draft_tokens)
@@ -119,7 +119,6 @@ class DSparkDraftModel(DraftModel):
         embed_weight: Target ``embed_tokens.weight`` [V, H]; copied and frozen.
         lm_head_weight: Target ``lm_head.weight`` [V, H]; copied and frozen (also the teacher).
         attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
-        layout: Which block slots draft and which anchors train (DSpark's, or DFlash's).
         layer: Builds one draft layer from the config (default: the Qwen3-style layer).
     """
 
@@ -130,10 +129,9 @@ class DSparkDraftModel(DraftModel):
         embed_weight: torch.Tensor | None = None,
         lm_head_weight: torch.Tensor | None = None,
         attn_implementation: AttnImpl = "sdpa",
-        layout: BlockLayout = DSPARK_LAYOUT,
         layer: Callable[..., nn.Module] = DSparkLayer,
     ) -> None:
-        super().__init__(config, attn_implementation=attn_implementation, layout=layout)
+        super().__init__(config, attn_implementation=attn_implementation)
         self.register_stack(layer, RotaryEmbedding(config.head_dim, config.rope_parameters,
                                                    config.max_position_embeddings))
         self.apply(self._init_weights)
