@@ -2,36 +2,27 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 import torch
-from conftest import TINY_DRAFTS
+from conftest import PAIR_IDS, loss_spec
 
-from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.architectures import DRAFT_PAIRS, build_draft, tiny_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.anchors import (
-    DFLASH_LAYOUT,
     anchor_candidates,
     document_bounds,
     sample_anchors,
 )
 from sparkforge.trainer.draft.attention_mask import dense_allowed
+from sparkforge.trainer.draft.block_layout import DFLASH_LAYOUT
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 
 Doc = dict[str, torch.Tensor]
 DOC_LENGTHS = (13, 9, 17)
 PAD = 3
-
-
-def _config(architecture: str) -> DSparkDraftConfig:
-    if architecture == "dflash":
-        return dataclasses.replace(TINY_DRAFTS["qwen3"](), architecture="dflash", markov_rank=0,
-                                   enable_confidence_head=False,
-                                   confidence_head_with_markov=False, block_size=4)
-    return TINY_DRAFTS[architecture]()
 
 
 def _docs(cfg: DSparkDraftConfig, seed: int = 0) -> list[Doc]:
@@ -86,11 +77,11 @@ FIELDS = ("draft_logits", "target_ids", "eval_mask", "prev_token_ids", "confiden
           "target_logits")
 
 
-@pytest.mark.parametrize("architecture", ["qwen3", "gemma4", "kimi_k3", "deepseek_v4", "dflash"])
-def test_packed_row_equals_each_document_alone(architecture: str) -> None:
+@pytest.mark.parametrize(("architecture", "layout"), DRAFT_PAIRS, ids=PAIR_IDS)
+def test_packed_row_equals_each_document_alone(architecture: str, layout: str) -> None:
     """Same anchors: per-anchor outputs, teacher targets and gradients match the unpacked runs."""
-    cfg = _config(architecture)
-    spec = LossSpec(objective="dflash" if architecture == "dflash" else "dspark")
+    cfg = tiny_draft(architecture, layout)
+    spec = loss_spec(layout)
     torch.manual_seed(0)
     model = build_draft(cfg, attn_implementation="sdpa")
     docs = _docs(cfg)
@@ -135,7 +126,7 @@ def test_packed_row_equals_each_document_alone(architecture: str) -> None:
 
 def test_packed_flex_mask_matches_the_dense_mask() -> None:
     """The flex BlockMask path gives the dense-mask forward on a packed row (eager, CPU)."""
-    cfg = _config("qwen3")
+    cfg = tiny_draft("qwen3")
     torch.manual_seed(0)
     sdpa = build_draft(cfg, attn_implementation="sdpa").eval()
     flex = build_draft(cfg, attn_implementation="flex").eval()
@@ -178,7 +169,7 @@ def test_packed_mask_hides_other_documents() -> None:
 
 def test_a_document_alone_in_a_padded_packed_row_equals_the_unpacked_row() -> None:
     """A one-document packed row (sampled anchors) gives the plain padded row's result."""
-    cfg = _config("qwen3")
+    cfg = tiny_draft("qwen3")
     torch.manual_seed(0)
     model = build_draft(cfg).eval()
     doc = _docs(cfg)[2]
