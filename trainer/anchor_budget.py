@@ -119,7 +119,7 @@ def setting_from_train_config(data: Mapping[str, Any]) -> AnchorSetting:
     recipe = RECIPES.get(model.get("recipe") or "dspark", RECIPES["dspark"])
     _, layout = read_legacy(draft.get("architecture"),
                             draft.get("layout") or recipe.draft_defaults["layout"])
-    if layout not in BLOCK_LAYOUTS:
+    if layout is None or layout not in BLOCK_LAYOUTS:
         raise ConfigError(f"model.draft.layout={layout!r} not in {LAYOUTS}")
     return AnchorSetting(num_anchors=values["num_anchors"], block_size=values["block_size"],
                          full_block=BLOCK_LAYOUTS[layout].full_block,

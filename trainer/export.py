@@ -4,8 +4,9 @@ The draft config's (architecture, layout) pair picks the format
 (``sparkforge.trainer.architectures``): the Qwen3-shaped DSpark draft both engines load (qwen3),
 the DFlash draft (qwen3 with layout dflash), the Gemma4 and Kimi K3 drafts vLLM loads (gemma4,
 kimi_k3); a deepseek_v4 draft is refused with its reasons, and a pair no engine serves (e.g.
-gemma4 with layout dflash) in one line naming it and the pairs that serve. A written draft is a ``config.json``, bare tensor keys in bf16 ``model.safetensors`` and a
-provenance file beside them. The exporter refuses drafts an engine would load wrongly or
+gemma4 with layout dflash) in one line naming it and the pairs that serve. A written draft is
+a ``config.json``, bare tensor keys in bf16 ``model.safetensors`` and a provenance file beside
+them. The exporter refuses drafts an engine would load wrongly or
 silently half-initialise, and checks its own key set and shapes before writing anything.
 """
 

@@ -172,7 +172,7 @@ def tiny_draft(architecture: str, layout: str = "dspark") -> DSparkDraftConfig:
     """The architecture's tiny CPU-test config in ``layout`` (headless when the layout is)."""
     cfg = ARCHITECTURES[architecture].tiny()  # type: ignore[index]
     heads = {} if BLOCK_LAYOUTS[layout].heads else dict(NO_HEADS)
-    return dataclasses.replace(cfg, layout=layout, **heads)
+    return dataclasses.replace(cfg, **{"layout": layout, **heads})
 
 
 def draft_class(cfg: DSparkDraftConfig) -> Callable[..., DraftModel]:

@@ -42,7 +42,7 @@ def read_legacy(architecture: str | None, layout: str | None) -> tuple[str | Non
     Warns once per rewrite (``FutureWarning``), naming the new spelling and the version that
     stops reading the old one.
     """
-    if architecture not in LEGACY_ARCHITECTURES:
+    if architecture is None or architecture not in LEGACY_ARCHITECTURES:
         return architecture, layout
     new_architecture, new_layout = LEGACY_ARCHITECTURES[architecture]
     warnings.warn(f"architecture: {architecture} is deprecated and is no longer read from "

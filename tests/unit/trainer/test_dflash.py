@@ -213,7 +213,8 @@ def test_unserved_pair_trains_and_export_refuses_it_in_one_line(tmp_path: Path) 
     message = str(err.value)
     assert "\n" not in message
     assert "architecture='gemma4' with layout='dflash': no engine serves this pair" in message
-    assert "qwen3 + dflash" in message and "gemma4 + dspark" in message
+    assert "qwen3 + dflash" in message
+    assert "gemma4 + dspark" in message
     assert not (tmp_path / "draft").exists()
 
 
@@ -232,7 +233,8 @@ def test_old_spelling_checkpoint_exports_as_qwen3_dflash(tmp_path: Path) -> None
         export_checkpoint(tmp_path / "old.ckpt", tmp_path / "old", engine="vllm")
     messages = [str(w.message) for w in caught if w.category is FutureWarning]
     assert len(messages) == 1
-    assert OLD_SPELLING in messages[0] and "0.3.0" in messages[0]
+    assert OLD_SPELLING in messages[0]
+    assert "0.3.0" in messages[0]
     saved = json.loads((tmp_path / "old" / "sparkforge_export.json").read_text())["draft_config"]
     assert (saved["architecture"], saved["layout"]) == ("qwen3", "dflash")
     new = export_draft(cfg, draft_tensors(state), tmp_path / "new", engine="vllm")
