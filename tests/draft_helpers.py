@@ -14,13 +14,11 @@ from sparkforge.trainer.run_config import RECIPES, LossSpec
 
 
 def recipe_loss(cfg: DSparkDraftConfig) -> LossSpec:
-    """The default loss of the recipe whose fixed draft fields ``cfg`` has (dspark's otherwise),
-    so a table-driven test trains each tiny draft with its own objective."""
-    for recipe in RECIPES.values():
-        if recipe.fixed and all(getattr(cfg, name) == recipe.draft_defaults[name]
-                                for name in recipe.fixed):
-            return LossSpec(objective=recipe.objective)
-    return LossSpec(objective="dspark")
+    """The loss of the recipe that trains ``cfg``'s block layout (DSpark's three terms, DFlash's
+    CE), so a table-driven test trains each tiny draft with its own objective."""
+    (objective,) = {r.objective for r in RECIPES.values()
+                    if r.draft_defaults["layout"] == cfg.layout}
+    return LossSpec(objective=objective)
 
 
 def fixed_anchor_steps(model: Any, batch: Mapping[str, Any], spec: LossSpec, steps: int, *,

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from sparkforge.shared.errors import ConfigError
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DSparkDraftConfig, read_legacy
 from sparkforge.trainer.data_plan import Batching, SplitIndex, plan_epoch
-from sparkforge.trainer.run_config import DEFAULT_MAX_SEQ_LEN
+from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS, LAYOUTS
+from sparkforge.trainer.run_config import DEFAULT_MAX_SEQ_LEN, RECIPES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,8 +116,13 @@ def setting_from_train_config(data: Mapping[str, Any]) -> AnchorSetting:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigError(f"{where}.{name} must be an integer >= {low}, got {value!r}")
         values[name] = value
+    recipe = RECIPES.get(model.get("recipe") or "dspark", RECIPES["dspark"])
+    _, layout = read_legacy(draft.get("architecture"),
+                            draft.get("layout") or recipe.draft_defaults["layout"])
+    if layout is None or layout not in BLOCK_LAYOUTS:
+        raise ConfigError(f"model.draft.layout={layout!r} not in {LAYOUTS}")
     return AnchorSetting(num_anchors=values["num_anchors"], block_size=values["block_size"],
-                         full_block=model.get("recipe") == "dflash",
+                         full_block=BLOCK_LAYOUTS[layout].full_block,
                          batch_size=values["batch_size"], row_tokens=values["max_seq_len"],
                          shuffle_buffer=values["shuffle_buffer"],
                          pool_batches=values["pool_batches"], seed=values["seed"])

@@ -1,10 +1,12 @@
 """Export a training checkpoint as the HF-style DSpark draft that vLLM (and SGLang) load as-is.
 
-The draft config's architecture picks the format (``sparkforge.trainer.architectures``): the
-Qwen3-shaped DSpark draft both engines load (qwen3), the DFlash draft (dflash), the Gemma4 and
-Kimi K3 drafts vLLM loads (gemma4, kimi_k3); a deepseek_v4 draft is refused with its reasons. A
-written draft is a ``config.json``, bare tensor keys in bf16 ``model.safetensors`` and a
-provenance file beside them. The exporter refuses drafts an engine would load wrongly or
+The draft config's (architecture, layout) pair picks the format
+(``sparkforge.trainer.architectures``): the Qwen3-shaped DSpark draft both engines load (qwen3),
+the DFlash draft (qwen3 with layout dflash), the Gemma4 and Kimi K3 drafts vLLM loads (gemma4,
+kimi_k3); a deepseek_v4 draft is refused with its reasons, and a pair no engine serves (e.g.
+gemma4 with layout dflash) in one line naming it and the pairs that serve. A written draft is
+a ``config.json``, bare tensor keys in bf16 ``model.safetensors`` and a provenance file beside
+them. The exporter refuses drafts an engine would load wrongly or
 silently half-initialise, and checks its own key set and shapes before writing anything.
 """
 
@@ -23,7 +25,13 @@ from safetensors.torch import save_file
 
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.provenance import package_version
-from sparkforge.trainer.architectures import ARCHITECTURES, Engine, architecture_of, build_draft
+from sparkforge.trainer.architectures import (
+    ARCHITECTURES,
+    Engine,
+    architecture_of,
+    build_draft,
+    serving_format,
+)
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.checkpoint import load_checkpoint
 from sparkforge.trainer.job_config import ExportConfig
@@ -85,12 +93,13 @@ def export_draft(
     eval table from ``eval_report`` when given); nothing is written if a check fails.
 
     Raises:
+        SparkforgeError: no engine serves the config's (architecture, layout) pair.
         ExportError: listing every serving and key-set problem.
     """
     out = Path(out_dir)
     tensors = {k: v for k, v in tensors.items() if include_embeddings or k not in OPTIONAL_KEYS}
-    arch = architecture_of(cfg)
-    problems = arch.serving_problems(cfg, engine) + key_problems(cfg, tensors)
+    fmt = serving_format(cfg)
+    problems = fmt.serving_problems(cfg, engine) + key_problems(cfg, tensors)
     if out.exists() and any(out.iterdir()) and not overwrite:
         problems.append(f"{out} exists and is not empty (pass --overwrite to replace it)")
     if problems:
@@ -100,7 +109,7 @@ def export_draft(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     save_file(bf16, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    config = json.dumps(arch.hf_config(cfg), indent=2, sort_keys=True)
+    config = json.dumps(fmt.hf_config(cfg), indent=2, sort_keys=True)
     (tmp / "config.json").write_text(config + "\n")
     info = {"draft_config": cfg.to_dict(), "engine_checked": engine, "versions": _versions(),
             **dict(provenance or {})}
@@ -150,16 +159,18 @@ def export_from_config(cfg: ExportConfig) -> Path:
 
 
 def config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
-    """Read an exported ``config.json`` (ours, DeepSpec's or NeMo's) with its architecture's reader.
+    """Read an exported ``config.json`` (ours, DeepSpec's or NeMo's) with its format's reader.
 
-    The architecture is the one whose served class names match ``architectures``; a config
-    without a known class name is read as Qwen3-shaped.
+    The format is the one whose served class names match ``architectures`` (``DFlashDraftModel``
+    reads as qwen3 with layout dflash); a config without a known class name is read as
+    Qwen3-shaped DSpark.
     """
     served = tuple(config.get("architectures") or ())
     for arch in ARCHITECTURES.values():
-        if served and served[0] in arch.served_as:
-            return arch.config_from_hf(config)
-    return ARCHITECTURES["qwen3"].config_from_hf(config)
+        for fmt in arch.formats.values():
+            if served and served[0] in fmt.served_as:
+                return fmt.config_from_hf(config)
+    return ARCHITECTURES["qwen3"].formats["dspark"].config_from_hf(config)
 
 
 def training_loss_settings(path: str | Path) -> dict[str, Any] | None:

@@ -75,8 +75,9 @@ class DSparkLitModule(L.LightningModule):
         draft: The draft architecture and its target-facing contract.
         loss: Loss term weights.
         recipe: ``dspark`` (Markov and confidence heads, 0.1 CE + 0.9 L1 + 1.0 BCE) or
-            ``dflash`` (the DFlash draft: no heads, CE with the DFlash decay, exported in the
-            DFlash serving format); fills the draft and loss fields left unset.
+            ``dflash`` (``layout: dflash`` on the draft's architecture: no heads, CE with the
+            DFlash decay; qwen3 exports in the DFlash serving format); fills the draft and
+            loss fields left unset.
         optimizer: Optimizer class and settings.
         scheduler: Warmup + cosine schedule.
         attn_implementation: "sdpa" (dense mask), "flex" (GPU) or "auto" (flex on CUDA).

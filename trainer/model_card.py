@@ -14,7 +14,9 @@ from typing import Any
 
 import yaml
 
+from sparkforge.trainer.architectures import serving_format
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
 
 CARD_FILE = "README.md"
 LIBRARY = "vllm"
@@ -22,13 +24,13 @@ LIBRARY = "vllm"
 
 
 def serving_method(cfg: DSparkDraftConfig) -> str:
-    """vLLM's ``speculative_config.method`` for this draft."""
-    return "dflash" if cfg.architecture == "dflash" else "dspark"
+    """vLLM's ``speculative_config.method`` for this draft (its serving format's)."""
+    return serving_format(cfg).method
 
 
 def num_speculative_tokens(cfg: DSparkDraftConfig) -> int:
     """Tokens drafted per step: the block for DSpark; the block less its anchor for DFlash."""
-    return cfg.block_size - 1 if cfg.architecture == "dflash" else cfg.block_size
+    return BLOCK_LAYOUTS[cfg.layout].num_drafts(cfg.block_size)
 
 
 def serve_command(cfg: DSparkDraftConfig, target: str, draft_dir: str) -> str:
@@ -53,7 +55,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 def _draft_section(cfg: DSparkDraftConfig, sizes: Mapping[str, int]) -> list[str]:
     rows: list[tuple[str, Any]] = [(name, f"{count:,}") for name, count in sizes.items()]
     rows += [(name, getattr(cfg, name)) for name in (
-        "architecture", "num_hidden_layers", "hidden_size", "intermediate_size",
+        "architecture", "layout", "num_hidden_layers", "hidden_size", "intermediate_size",
         "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "block_size",
         "markov_rank", "enable_confidence_head", "target_layer_ids", "num_target_layers",
         "mask_token_id")]

@@ -30,8 +30,10 @@ from sparkforge.shared.target_families import (
 from sparkforge.trainer.architectures.config import (
     Architecture,
     DSparkDraftConfig,
+    LegacyArchitecture,
     from_target_config,
 )
+from sparkforge.trainer.draft.block_layout import NO_HEADS, Layout
 from sparkforge.trainer.draft.config import MarkovHeadType
 
 RecipeName = Literal["dspark", "dflash"]
@@ -54,16 +56,15 @@ RECIPES: dict[str, Recipe] = {
     # The paper's DSpark draft: Markov head and confidence head (the draft config's defaults,
     # so the two cannot drift apart); any draft architecture.
     "dspark": Recipe(objective="dspark", draft_defaults={
-        "architecture": DSparkDraftConfig.architecture,
+        "architecture": DSparkDraftConfig.architecture, "layout": DSparkDraftConfig.layout,
         "markov_rank": DSparkDraftConfig.markov_rank,
         "enable_confidence_head": DSparkDraftConfig.enable_confidence_head,
         "confidence_head_with_markov": DSparkDraftConfig.confidence_head_with_markov}),
-    # DFlash: the DFlash block layout, no Markov or confidence head, served as a DFlash draft.
+    # DFlash: the DFlash block layout, no Markov or confidence head, on the architecture the
+    # run names (qwen3 by default: served as a DFlash draft).
     "dflash": Recipe(objective="dflash", draft_defaults={
-        "architecture": "dflash", "markov_rank": 0, "enable_confidence_head": False,
-        "confidence_head_with_markov": False}, fixed=frozenset({
-            "architecture", "markov_rank", "enable_confidence_head",
-            "confidence_head_with_markov"})),
+        "architecture": DSparkDraftConfig.architecture, "layout": "dflash", **NO_HEADS},
+        fixed=frozenset({"layout", *NO_HEADS})),
 }
 
 
@@ -92,11 +93,14 @@ class DraftSpec:
     """K: tokens drafted per pass."""
     num_anchors: int = DSparkDraftConfig.num_anchors
     """A: blocks sampled per sequence per step."""
-    architecture: Architecture | None = None
-    """The draft's layer stack: ``qwen3`` (every engine loads it, any target), ``deepseek_v4`` (a
+    architecture: Architecture | LegacyArchitecture | None = None
+    """The draft's backbone: ``qwen3`` (every engine loads it, any target), ``deepseek_v4`` (a
     DeepSeek-V4 target's attention; export refused for now), ``gemma4`` / ``kimi_k3`` (the
-    drafts vLLM's Gemma4 / Kimi-K3 DSpark classes load) or ``dflash`` (the DFlash draft);
-    None: the recipe's (dspark: qwen3)."""
+    drafts vLLM's Gemma4 / Kimi-K3 DSpark classes load); None: qwen3. The old ``dflash`` reads
+    as qwen3 with layout dflash (deprecated, dropped in 0.3.0)."""
+    layout: Layout | None = None
+    """The block layout: ``dspark`` or ``dflash`` (``DSparkDraftConfig.layout``); None: the
+    recipe's (the dflash recipe needs dflash)."""
     markov_rank: int | None = None
     """r: rank of the Markov bigram bias; 0 disables the head. None: the recipe's (dspark 256,
     dflash 0)."""
@@ -182,6 +186,7 @@ class DraftSpec:
             "num_hidden_layers": spec.num_hidden_layers, "block_size": spec.block_size,
             "num_anchors": spec.num_anchors, "markov_rank": spec.markov_rank,
             "markov_head_type": spec.markov_head_type, "architecture": spec.architecture,
+            "layout": spec.layout,
             "enable_confidence_head": spec.enable_confidence_head,
             "confidence_head_with_markov": spec.confidence_head_with_markov, **spec.overrides})
 

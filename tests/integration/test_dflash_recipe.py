@@ -51,7 +51,8 @@ def test_dflash_trains_exports_loads_in_vllm_and_evaluates(
     ckpt = dflash_run / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert saved["hyper_parameters"]["recipe"] == "dflash"
-    assert saved["draft_config"]["architecture"] == "dflash"
+    assert (saved["draft_config"]["architecture"], saved["draft_config"]["layout"]) == (
+        "qwen3", "dflash")
     assert not any(k.startswith(("model.markov_head", "model.confidence_head"))
                    for k in saved["state_dict"])
     draft = tmp_path / "draft"

@@ -1,33 +1,38 @@
 """Draft architectures: the only place an architecture is named.
 
-Each architecture is a folder here (``qwen3/``, ``dflash/``, ``gemma4/``, ``kimi_k3/``,
-``deepseek_v4/``) holding its layers (``model.py``), its serving format (``export.py``) and,
-when it has them, its own config fields, checks and derivation from a target (``config.py``),
-plus one entry of ``ARCHITECTURES``. Training, export and eval look the architecture up here.
-Importing this package does not import torch: ``build_draft`` imports the model it builds.
+Each architecture is a backbone, a folder here (``qwen3/``, ``gemma4/``, ``kimi_k3/``,
+``deepseek_v4/``) holding its layers (``model.py``), its serving formats (``export.py``; the
+qwen3 backbone's DFlash one is ``qwen3/dflash_export.py``) and, when it has them, its own config
+fields, checks and derivation from a target (``config.py``), plus one entry of
+``ARCHITECTURES``. A draft is an (architecture, block layout) pair: every backbone trains every
+layout (``sparkforge.trainer.draft.block_layout``), and ``formats`` says which pairs an engine
+serves. Training, export and eval look the pair up here. Importing this package does not
+import torch: ``build_draft`` imports the model it builds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures.config import Architecture, DSparkDraftConfig
 from sparkforge.trainer.architectures.deepseek_v4 import config as deepseek_v4_config
 from sparkforge.trainer.architectures.deepseek_v4 import export as deepseek_v4_export
 from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
-from sparkforge.trainer.architectures.dflash import config as dflash_config
-from sparkforge.trainer.architectures.dflash import export as dflash_export
-from sparkforge.trainer.architectures.dflash.tiny import draft_tiny_dflash
 from sparkforge.trainer.architectures.gemma4 import export as gemma4_export
 from sparkforge.trainer.architectures.gemma4.tiny import draft_tiny_gemma4
 from sparkforge.trainer.architectures.kimi_k3 import config as kimi_k3_config
 from sparkforge.trainer.architectures.kimi_k3 import export as kimi_k3_export
 from sparkforge.trainer.architectures.kimi_k3.tiny import draft_tiny_kimi_k3
+from sparkforge.trainer.architectures.qwen3 import dflash_export
 from sparkforge.trainer.architectures.qwen3 import export as qwen3_export
 from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS, LAYOUTS, NO_HEADS, Layout
 
 if TYPE_CHECKING:
     from sparkforge.trainer.draft.model import DraftModel
@@ -44,24 +49,36 @@ def _no_target_fields(tc: Any, model_type: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DraftArchitecture:
-    """How to configure, build, check and export drafts of one architecture."""
+class ServingFormat:
+    """How one (architecture, layout) pair is exported and read back."""
 
-    name: Architecture
-    model: str
-    """``module:attribute`` of the model class (or function) built as
-    ``model(cfg, *, embed_weight=None, lm_head_weight=None, attn_implementation="sdpa")``."""
     served_as: tuple[str, ...]
-    """``architectures`` names of the exported ``config.json`` that this architecture reads back."""
-    expected_shapes: Callable[[DSparkDraftConfig], dict[str, tuple[int, ...]]]
-    """Every required exported tensor and its shape; ``embed_tokens``/``lm_head`` are optional
-    unless listed here."""
+    """``architectures`` names of the exported ``config.json`` that this format reads back
+    (empty: no engine serves it, and ``serving_problems`` says why)."""
+    method: str
+    """vLLM's ``speculative_config.method`` for it."""
     hf_config: Callable[[DSparkDraftConfig], dict[str, Any]]
     """The exported ``config.json`` contents."""
     serving_problems: Callable[[DSparkDraftConfig, Engine], list[str]]
     """Reasons an engine could not serve this draft correctly (empty when it can)."""
     config_from_hf: Callable[[Mapping[str, Any]], DSparkDraftConfig]
     """Read an exported ``config.json`` back into a draft config."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DraftArchitecture:
+    """How to configure, build, check and export drafts of one architecture (backbone)."""
+
+    name: Architecture
+    model: str
+    """``module:attribute`` of the model class (or function) built as
+    ``model(cfg, *, embed_weight=None, lm_head_weight=None, attn_implementation="sdpa")``; it
+    runs the config's block layout."""
+    expected_shapes: Callable[[DSparkDraftConfig], dict[str, tuple[int, ...]]]
+    """Every required exported tensor and its shape (the config's heads included);
+    ``embed_tokens``/``lm_head`` are optional unless listed here."""
+    formats: Mapping[Layout, ServingFormat]
+    """The serving format of each layout an export exists for; another layout trains only."""
     fields: type | None = None
     """The dataclass of the config fields only this architecture reads (None: none)."""
     problems: Callable[[DSparkDraftConfig], list[str]] = _no_problems
@@ -69,7 +86,8 @@ class DraftArchitecture:
     target_fields: Callable[[Any, str], dict[str, Any]] = _no_target_fields
     """Its own fields copied from a target's text config (and its ``model_type``)."""
     tiny: Callable[[], DSparkDraftConfig]
-    """A small config of this architecture for CPU tests (the shared tests build each one)."""
+    """A small ``dspark`` config of this architecture for CPU tests (``tiny_draft`` gives it
+    in every layout; the shared tests build each one)."""
 
     @property
     def own_fields(self) -> frozenset[str]:
@@ -77,47 +95,84 @@ class DraftArchitecture:
         return frozenset(f.name for f in fields(self.fields)) if self.fields else frozenset()
 
 
+_QWEN3_DSPARK = ServingFormat(
+    served_as=("Qwen3DSparkModel",), method="dspark", hf_config=qwen3_export.hf_config,
+    serving_problems=qwen3_export.serving_problems,
+    config_from_hf=qwen3_export.draft_config_from_hf)
+_QWEN3_DFLASH = ServingFormat(
+    served_as=(dflash_export.SERVED_AS,), method="dflash", hf_config=dflash_export.hf_config,
+    serving_problems=dflash_export.serving_problems,
+    config_from_hf=dflash_export.draft_config_from_hf)
+
 ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
     "qwen3": DraftArchitecture(
         name="qwen3", model="sparkforge.trainer.draft.model:DSparkDraftModel",
-        served_as=("Qwen3DSparkModel",),
-        expected_shapes=qwen3_export.expected_shapes, hf_config=qwen3_export.hf_config,
-        serving_problems=qwen3_export.serving_problems,
-        config_from_hf=qwen3_export.draft_config_from_hf, tiny=draft_tiny),
-    "dflash": DraftArchitecture(
-        name="dflash", model="sparkforge.trainer.architectures.dflash.model:dflash_draft",
-        served_as=(dflash_export.SERVED_AS,), problems=dflash_config.problems,
-        expected_shapes=dflash_export.expected_shapes, hf_config=dflash_export.hf_config,
-        serving_problems=dflash_export.serving_problems,
-        config_from_hf=dflash_export.draft_config_from_hf, tiny=draft_tiny_dflash),
+        expected_shapes=qwen3_export.expected_shapes,
+        formats={"dspark": _QWEN3_DSPARK, "dflash": _QWEN3_DFLASH}, tiny=draft_tiny),
     "deepseek_v4": DraftArchitecture(
         name="deepseek_v4",
         model="sparkforge.trainer.architectures.deepseek_v4.model:DeepseekV4DSparkModel",
-        served_as=(), fields=deepseek_v4_config.DeepseekV4Fields,
+        fields=deepseek_v4_config.DeepseekV4Fields,
         problems=deepseek_v4_config.problems, target_fields=deepseek_v4_config.target_fields,
         expected_shapes=deepseek_v4_export.expected_shapes,
-        hf_config=deepseek_v4_export.refuse_hf_config,
-        serving_problems=deepseek_v4_export.serving_problems,
-        config_from_hf=deepseek_v4_export.refuse_config_from_hf, tiny=draft_tiny_deepseek_v4),
+        formats={"dspark": ServingFormat(
+            served_as=(), method="dspark", hf_config=deepseek_v4_export.refuse_hf_config,
+            serving_problems=deepseek_v4_export.serving_problems,
+            config_from_hf=deepseek_v4_export.refuse_config_from_hf)},
+        tiny=draft_tiny_deepseek_v4),
     "gemma4": DraftArchitecture(
         name="gemma4", model="sparkforge.trainer.architectures.gemma4.model:Gemma4DSparkModel",
-        served_as=("Gemma4DSparkModel",),
-        expected_shapes=gemma4_export.expected_shapes, hf_config=gemma4_export.hf_config,
-        serving_problems=gemma4_export.serving_problems,
-        config_from_hf=gemma4_export.draft_config_from_hf, tiny=draft_tiny_gemma4),
+        expected_shapes=gemma4_export.expected_shapes,
+        formats={"dspark": ServingFormat(
+            served_as=("Gemma4DSparkModel",), method="dspark", hf_config=gemma4_export.hf_config,
+            serving_problems=gemma4_export.serving_problems,
+            config_from_hf=gemma4_export.draft_config_from_hf)},
+        tiny=draft_tiny_gemma4),
     "kimi_k3": DraftArchitecture(
         name="kimi_k3", model="sparkforge.trainer.architectures.kimi_k3.model:K3DSparkModel",
-        served_as=(kimi_k3_export.SERVED_AS,), fields=kimi_k3_config.KimiK3Fields,
+        fields=kimi_k3_config.KimiK3Fields,
         problems=kimi_k3_config.problems, target_fields=kimi_k3_config.target_fields,
-        expected_shapes=kimi_k3_export.expected_shapes, hf_config=kimi_k3_export.hf_config,
-        serving_problems=kimi_k3_export.serving_problems,
-        config_from_hf=kimi_k3_export.draft_config_from_hf, tiny=draft_tiny_kimi_k3),
+        expected_shapes=kimi_k3_export.expected_shapes,
+        formats={"dspark": ServingFormat(
+            served_as=(kimi_k3_export.SERVED_AS,), method="dspark",
+            hf_config=kimi_k3_export.hf_config, serving_problems=kimi_k3_export.serving_problems,
+            config_from_hf=kimi_k3_export.draft_config_from_hf)},
+        tiny=draft_tiny_kimi_k3),
 }
+
+DRAFT_PAIRS: tuple[tuple[str, str], ...] = tuple(itertools.product(ARCHITECTURES, LAYOUTS))
+"""Every (architecture, layout) pair a draft trains as: each backbone runs each layout."""
+SERVED_PAIRS: tuple[tuple[str, str], ...] = tuple(
+    (arch.name, layout) for arch in ARCHITECTURES.values()
+    for layout, fmt in arch.formats.items() if fmt.served_as)
+"""The pairs an engine serves (an export exists and loads)."""
 
 
 def architecture_of(cfg: DSparkDraftConfig) -> DraftArchitecture:
     """The architecture entry a draft config names."""
     return ARCHITECTURES[cfg.architecture]
+
+
+def serving_format(cfg: DSparkDraftConfig) -> ServingFormat:
+    """The serving format of the config's (architecture, layout) pair.
+
+    Raises:
+        SparkforgeError: no format exists for the pair, naming it and the pairs that serve.
+    """
+    fmt = architecture_of(cfg).formats.get(cfg.layout)
+    if fmt is None:
+        served = ", ".join(f"{a} + {lay}" for a, lay in SERVED_PAIRS)
+        raise SparkforgeError(f"architecture={cfg.architecture!r} with layout={cfg.layout!r}: "
+                              f"no engine serves this pair, so it trains but does not export "
+                              f"(served: {served})")
+    return fmt
+
+
+def tiny_draft(architecture: str, layout: str = "dspark") -> DSparkDraftConfig:
+    """The architecture's tiny CPU-test config in ``layout`` (headless when the layout is)."""
+    cfg = ARCHITECTURES[architecture].tiny()  # type: ignore[index]
+    heads = {} if BLOCK_LAYOUTS[layout].heads else dict(NO_HEADS)
+    return dataclasses.replace(cfg, **{"layout": layout, **heads})
 
 
 def draft_class(cfg: DSparkDraftConfig) -> Callable[..., DraftModel]:

@@ -1,20 +1,24 @@
 """The draft config of every architecture: the shared fields plus each architecture's own.
 
-``DSparkDraftConfig`` is ``DraftConfig`` (``sparkforge.trainer.draft.config``) with the
-``architecture`` name and the fields each architecture folder declares; it runs the named
-architecture's checks on top of the generic ones, and refuses another architecture's fields
-when they are set. Checkpoints and exports store it as one flat JSON object.
+``DSparkDraftConfig`` is ``DraftConfig`` (``sparkforge.trainer.draft.config``, which holds the
+block ``layout``) with the ``architecture`` name (the backbone) and the fields each architecture
+folder declares; it runs the named architecture's checks on top of the generic ones, and refuses
+another architecture's fields when they are set. Checkpoints and exports store it as one flat
+JSON object. It is also where a dropped architecture name is read (``LEGACY_ARCHITECTURES``), so
+YAML, checkpoints and exported configs all go through the one rewrite.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from sparkforge.trainer.architectures.deepseek_v4.config import DeepseekV4Fields
 from sparkforge.trainer.architectures.kimi_k3.config import KimiK3Fields
+from sparkforge.trainer.draft.block_layout import Layout
 from sparkforge.trainer.draft.config import (
     DraftConfig,
     target_fields,
@@ -22,27 +26,56 @@ from sparkforge.trainer.draft.config import (
     text_config,
 )
 
-Architecture = Literal["qwen3", "deepseek_v4", "dflash", "gemma4", "kimi_k3"]
-"""The draft architectures, each a folder of ``sparkforge.trainer.architectures``."""
+Architecture = Literal["qwen3", "deepseek_v4", "gemma4", "kimi_k3"]
+"""The draft architectures (backbones), each a folder of ``sparkforge.trainer.architectures``."""
 DRAFT_ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
+
+LegacyArchitecture = Literal["dflash"]
+"""Dropped ``architecture`` names that still read (``LEGACY_ARCHITECTURES``)."""
+LEGACY_ARCHITECTURES: Mapping[LegacyArchitecture, tuple[Architecture, Layout]] = {
+    "dflash": ("qwen3", "dflash")}
+"""Dropped ``architecture`` names and the (architecture, layout) each one means; read, with a
+warning, until sparkforge 0.3.0."""
+LEGACY_DROPPED_IN = "0.3.0"
+
+
+def read_legacy(architecture: str | None, layout: str | None) -> tuple[str | None, str | None]:
+    """``(architecture, layout)``, a dropped architecture name rewritten as the pair it means.
+
+    Warns once per rewrite (``FutureWarning``), naming the new spelling and the version that
+    stops reading the old one.
+    """
+    if architecture not in get_args(LegacyArchitecture):
+        return architecture, layout
+    new_architecture, new_layout = LEGACY_ARCHITECTURES[cast(LegacyArchitecture, architecture)]
+    warnings.warn(f"architecture: {architecture} is deprecated and is no longer read from "
+                  f"sparkforge {LEGACY_DROPPED_IN}: write architecture: {new_architecture}, "
+                  f"layout: {new_layout}", FutureWarning, stacklevel=2)
+    return new_architecture, new_layout
 
 
 @dataclass(frozen=True, kw_only=True)
 class _Named:
     architecture: Architecture = "qwen3"
-    """The draft's layer stack and serving format (``Architecture``): ``qwen3`` is the
-    Qwen3-shaped draft every engine loads, for targets of any family; ``deepseek_v4`` follows a
-    DeepSeek-V4 target's attention (its sizes below come from that target); ``dflash`` is the
-    Qwen3-shaped backbone with the DFlash block layout and no Markov or confidence head, served
-    as a DFlash draft (vLLM ``method: dflash``); ``gemma4`` is the Gemma4 draft vLLM's
-    ``Gemma4DSparkForCausalLM`` loads (k_eq_v attention, sandwich norms); ``kimi_k3`` is the
-    MLA draft vLLM's ``K3DSparkForCausalLM`` loads (its MLA sizes below come from a Kimi
-    target)."""
+    """The draft's backbone (``Architecture``); with ``layout`` it picks the serving format:
+    ``qwen3`` is the Qwen3-shaped draft every engine loads, for targets of any family (with
+    ``layout: dflash``, the DFlash draft vLLM serves with ``method: dflash``); ``deepseek_v4``
+    follows a DeepSeek-V4 target's attention (its sizes below come from that target);
+    ``gemma4`` is the Gemma4 draft vLLM's ``Gemma4DSparkForCausalLM`` loads (k_eq_v attention,
+    sandwich norms); ``kimi_k3`` is the MLA draft vLLM's ``K3DSparkForCausalLM`` loads (its MLA
+    sizes below come from a Kimi target). The old ``dflash`` still reads, as ``qwen3`` with
+    ``layout: dflash`` (``LEGACY_ARCHITECTURES``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class DSparkDraftConfig(KimiK3Fields, DeepseekV4Fields, _Named, DraftConfig):
     """A draft config of any architecture: the shared fields, its name and its own fields."""
+
+    def __post_init__(self) -> None:
+        architecture, layout = read_legacy(self.architecture, self.layout)
+        object.__setattr__(self, "architecture", architecture)
+        object.__setattr__(self, "layout", layout)
+        super().__post_init__()
 
     def problems(self) -> list[str]:
         """The generic problems, then the named architecture's, then another one's fields set."""

@@ -1,41 +1,13 @@
-"""Anchor sampling, the block layouts of DSpark and DFlash, and the per-slot evaluation mask.
+"""Anchor sampling under a block layout (``block_layout``) and the per-slot evaluation mask.
 
 Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True, kw_only=True)
-class BlockLayout:
-    """Which slots of a block ``[anchor, MASK x (block_size-1)]`` draft, and which anchors train.
-
-    Draft position j always predicts the token at anchor+j+1; the layouts differ in the block
-    slot that computes it.
-    """
-
-    first_draft_slot: int
-    """Block slot of draft position 0: 0 for DSpark (the anchor slot predicts anchor+1, so a
-    block drafts block_size tokens), 1 for DFlash (slot k predicts the token at anchor+k, the
-    anchor slot drafts nothing, so a block drafts block_size-1 tokens)."""
-    full_block: bool
-    """An anchor needs its whole block inside the sequence (DFlash), instead of only a
-    supervised first target (DSpark)."""
-    prefix_mask: bool
-    """A draft position trains only if every earlier one of its block does (DSpark's cumulative
-    product); DFlash masks each position on its own."""
-
-    def num_drafts(self, block_size: int) -> int:
-        """Draft tokens per block."""
-        return block_size - self.first_draft_slot
-
-
-DSPARK_LAYOUT = BlockLayout(first_draft_slot=0, full_block=False, prefix_mask=True)
-DFLASH_LAYOUT = BlockLayout(first_draft_slot=1, full_block=True, prefix_mask=False)
+from sparkforge.trainer.draft.block_layout import DSPARK_LAYOUT, BlockLayout
 
 
 def document_bounds(document_ids_BS: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

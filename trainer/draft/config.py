@@ -1,7 +1,8 @@
 """The draft config every architecture shares: generic fields and checks, saved as JSON.
 
 An architecture adds its own fields and checks by subclassing ``DraftConfig`` (see
-``sparkforge.trainer.architectures.config``); nothing here names an architecture.
+``sparkforge.trainer.architectures.config``); nothing here names an architecture. The block
+layout is a generic field (``block_layout``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sparkforge.shared.layer_ids import (
 )
 from sparkforge.shared.target_config import TargetConfig
 from sparkforge.shared.target_families import family_of
+from sparkforge.trainer.draft.block_layout import Layout, layout_problems
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,10 @@ class DraftConfig:
     anchor slot predicts anchor+1), DFlash K-1 (slot k predicts the token at anchor+k)."""
     num_anchors: int = 512
     """A: blocks sampled per sequence in training (fixed count, dummies padded)."""
+    layout: Layout = "dspark"
+    """The block layout (``block_layout.Layout``): ``dspark`` (K drafts per block, Markov and
+    confidence heads) or ``dflash`` (the anchor slot drafts nothing, so K-1 drafts and K >= 2;
+    whole-block anchors; no heads), on any architecture's backbone."""
     markov_rank: int = 256
     """r: rank of the Markov bigram bias; 0 disables the head."""
     markov_head_type: MarkovHeadType = "vanilla"
@@ -154,7 +160,7 @@ def _generic_problems(cfg: DraftConfig) -> list[str]:
         problems.append("confidence_head_with_markov=True needs markov_rank > 0")
     if cfg.head_dim % 2:
         problems.append(f"head_dim={cfg.head_dim} must be even for RoPE")
-    return problems
+    return problems + layout_problems(cfg)
 
 
 def _warn_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> None:

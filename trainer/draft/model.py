@@ -5,7 +5,7 @@ export is a plain ``state_dict`` save.
 
 Shape legend of every trainer module: a name ending ``_BAK`` is a tensor of shape [B, A, K].
 B batch, S context length, C = S-1 anchor candidates, A anchors, K draft positions per block
-(the block size for DSpark, one less for DFlash: see ``anchors.BlockLayout``), Q block
+(the block size for DSpark, one less for DFlash: see ``block_layout.BlockLayout``), Q block
 queries, P key/value positions, H hidden, F captured target layers, X = F*H concatenated
 features, N attention heads, G kv heads, D head_dim, V vocab, W supervised rows (the slots of
 [B, A, K] with weight > 0, flattened), T tokens of one sequence; lowercase letters are counts:
@@ -23,7 +23,7 @@ from torch import nn
 
 from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.draft import passes
-from sparkforge.trainer.draft.anchors import DSPARK_LAYOUT, BlockLayout
+from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
 from sparkforge.trainer.draft.config import DraftConfig
 from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm
@@ -61,7 +61,8 @@ class DraftModel(nn.Module):
         embed_weight: Target ``embed_tokens.weight`` [V, H]; copied and frozen.
         lm_head_weight: Target ``lm_head.weight`` [V, H]; copied and frozen (also the teacher).
         attn_implementation: "sdpa" (dense mask; CPU and reference) or "flex" (BlockMask).
-        layout: Which block slots draft and which anchors train (DSpark's, or DFlash's).
+
+    The block layout (which slots draft, which anchors train) is the config's ``layout``.
 
     Raises:
         ConfigError: the config names another architecture than ``architecture``.
@@ -98,7 +99,6 @@ class DraftModel(nn.Module):
         embed_weight: torch.Tensor | None = None,
         lm_head_weight: torch.Tensor | None = None,
         attn_implementation: AttnImpl = "sdpa",
-        layout: BlockLayout = DSPARK_LAYOUT,
     ) -> None:
         super().__init__()
         got = getattr(config, "architecture", None)
@@ -107,7 +107,7 @@ class DraftModel(nn.Module):
                               f"architecture {self.architecture!r}")
         self.config = config
         self.attn_implementation = attn_implementation
-        self.layout = layout
+        self.layout = BLOCK_LAYOUTS[config.layout]
         h, v, eps = config.hidden_size, config.vocab_size, config.rms_norm_eps
         self.embed_tokens = nn.Embedding(v, h)
         setattr(self, self.context_names[0], nn.Linear(config.num_features * h, h, bias=False))

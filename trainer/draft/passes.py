@@ -17,7 +17,6 @@ from torch import nn
 
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.draft.anchors import (
-    BlockLayout,
     anchor_candidates,
     build_eval_mask,
     document_bounds,
@@ -25,6 +24,7 @@ from sparkforge.trainer.draft.anchors import (
     sample_anchors,
 )
 from sparkforge.trainer.draft.attention_mask import dense_allowed, flex_block_mask
+from sparkforge.trainer.draft.block_layout import BlockLayout
 from sparkforge.trainer.draft.config import DraftConfig
 from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
 from sparkforge.trainer.draft.rope import RotaryEmbedding

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from sparkforge.trainer.architectures import ARCHITECTURES, build_draft
+from sparkforge.trainer.architectures import DRAFT_PAIRS, build_draft, tiny_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 
@@ -39,19 +39,19 @@ def tiny_cfg() -> DSparkDraftConfig:
     return draft_tiny()
 
 
-TINY_DRAFTS: dict[str, Callable[[], DSparkDraftConfig]] = {
-    name: arch.tiny for name, arch in ARCHITECTURES.items()}
-"""The tiny config of each draft architecture."""
+PAIR_IDS = [f"{arch}-{layout}" for arch, layout in DRAFT_PAIRS]
+"""Test ids of ``DRAFT_PAIRS``, every (architecture, layout) pair a draft trains as."""
+
+
+def build_tiny(seed: int = 0, attn: str = "sdpa", architecture: str = "qwen3",
+               layout: str = "dspark", **overrides: Any) -> tuple[Any, Batch]:
+    """A seeded tiny draft of the pair (``tiny_draft``) with field overrides, and a batch."""
+    cfg = dataclasses.replace(tiny_draft(architecture, layout), **overrides)
+    torch.manual_seed(seed)
+    return build_draft(cfg, attn_implementation=attn), make_batch(cfg, seed=seed)
 
 
 @pytest.fixture
 def build() -> Callable[..., tuple[Any, Batch]]:
-    """Factory: a seeded tiny draft (draft_tiny() by default) with field overrides, and a batch."""
-
-    def _build(seed: int = 0, attn: str = "sdpa", architecture: str = "qwen3",
-               **overrides: Any) -> tuple[Any, Batch]:
-        cfg = dataclasses.replace(TINY_DRAFTS[architecture](), **overrides)
-        torch.manual_seed(seed)
-        return build_draft(cfg, attn_implementation=attn), make_batch(cfg, seed=seed)
-
-    return _build
+    """Factory: ``build_tiny`` (draft_tiny() by default)."""
+    return build_tiny

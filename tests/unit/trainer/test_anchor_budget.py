@@ -49,5 +49,12 @@ def test_setting_reads_the_train_config_and_names_a_bad_field() -> None:
         "num_anchors": 64}}, "data": {"batch_size": 4, "max_seq_len": 2048}})
     assert (setting.num_anchors, setting.full_block, setting.batch_size,
             setting.row_tokens) == (64, True, 4, 2048)
+    # The layout decides, on any backbone; the old architecture name still means dflash.
+    assert setting_from_train_config({"model": {"draft": {"layout": "dflash",
+                                                          "architecture": "gemma4"}}}).full_block
+    with pytest.warns(FutureWarning, match="architecture: qwen3, layout: dflash"):
+        assert setting_from_train_config({"model": {"draft": {"architecture": "dflash"}}}
+                                         ).full_block
+    assert not setting_from_train_config({"model": {"draft": {}}}).full_block
     with pytest.raises(ValueError, match=r"data.max_seq_len must be an integer >= 1, got 'long'"):
         setting_from_train_config({"data": {"max_seq_len": "long"}})

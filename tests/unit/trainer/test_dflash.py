@@ -1,31 +1,46 @@
-"""The DFlash recipe: block layout, objective (against a hand computation), recipe, export."""
+"""The DFlash recipe: block layout, objective (against a hand computation), recipe, export, and
+the old ``architecture: dflash`` spelling (still read as qwen3 + ``layout: dflash``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import make_batch
 from safetensors.torch import load_file
 
-from sparkforge.trainer.architectures import build_draft
+from sparkforge.shared.errors import SparkforgeError
+from sparkforge.trainer.architectures import SERVED_PAIRS, build_draft, tiny_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
-from sparkforge.trainer.draft.anchors import DFLASH_LAYOUT, anchor_candidates
+from sparkforge.trainer.cli import train_cli
+from sparkforge.trainer.draft.anchors import anchor_candidates
+from sparkforge.trainer.draft.block_layout import DFLASH_LAYOUT, NO_HEADS
 from sparkforge.trainer.draft.model import DSparkDraftModel, DSparkOutput
-from sparkforge.trainer.export import ExportError, export_draft, key_problems, load_draft
+from sparkforge.trainer.export import (
+    ExportError,
+    draft_tensors,
+    export_checkpoint,
+    export_draft,
+    key_problems,
+    load_draft,
+)
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import DraftSpec, LossSpec
 
+ROOT = Path(__file__).resolve().parents[3]
+OLD_SPELLING = "architecture: qwen3, layout: dflash"
+
 
 def _dflash_cfg(**overrides: object) -> DSparkDraftConfig:
-    return dataclasses.replace(draft_tiny(), architecture="dflash", markov_rank=0,
-                               enable_confidence_head=False, confidence_head_with_markov=False,
-                               block_size=5, **overrides)
+    return dataclasses.replace(draft_tiny(), layout="dflash", **NO_HEADS, block_size=5,
+                               **overrides)
 
 
 def _pair() -> tuple[DSparkDraftModel, DSparkDraftModel]:
@@ -33,7 +48,7 @@ def _pair() -> tuple[DSparkDraftModel, DSparkDraftModel]:
     cfg = _dflash_cfg()
     torch.manual_seed(0)
     dflash = build_draft(cfg).eval()
-    dspark = DSparkDraftModel(dataclasses.replace(cfg, architecture="qwen3")).eval()
+    dspark = DSparkDraftModel(dataclasses.replace(cfg, layout="dspark")).eval()
     dspark.load_state_dict(dflash.state_dict())
     return dflash, dspark
 
@@ -76,24 +91,33 @@ def test_dflash_objective_is_cross_entropy_only() -> None:
 
 
 def test_dflash_recipe_fills_the_draft_and_refuses_heads() -> None:
-    """recipe dflash sets architecture dflash and no heads; a Markov rank set against it fails."""
+    """recipe dflash sets layout dflash and no heads on the run's architecture (default qwen3);
+    a Markov rank or a dspark layout set against it fails."""
     spec = DraftSpec(mask_token_id=3, hidden_size=64, vocab_size=256, num_target_layers=4)
     got = spec.for_recipe("dflash")
-    assert (got.architecture, got.markov_rank, got.enable_confidence_head,
-            got.confidence_head_with_markov) == ("dflash", 0, False, False)
+    assert (got.architecture, got.layout, got.markov_rank, got.enable_confidence_head,
+            got.confidence_head_with_markov) == ("qwen3", "dflash", 0, False, False)
+    gemma4 = dataclasses.replace(spec, architecture="gemma4").for_recipe("dflash")
+    assert (gemma4.architecture, gemma4.layout) == ("gemma4", "dflash")
     dspark = spec.for_recipe("dspark")
-    assert (dspark.architecture, dspark.markov_rank, dspark.enable_confidence_head) == (
-        "qwen3", 256, True)
+    assert (dspark.architecture, dspark.layout, dspark.markov_rank,
+            dspark.enable_confidence_head) == ("qwen3", "dspark", 256, True)
     with pytest.raises(ValueError, match="model.draft.markov_rank=16: the dflash recipe needs 0"):
         dataclasses.replace(spec, markov_rank=16).for_recipe("dflash")
+    with pytest.raises(ValueError, match="model.draft.layout='dspark': the dflash recipe needs"):
+        dataclasses.replace(spec, layout="dspark").for_recipe("dflash")
 
 
-def test_dflash_config_refuses_heads_and_a_one_slot_block() -> None:
-    """A dflash draft config with a Markov rank, a confidence head or K=1 is refused by name."""
+@pytest.mark.parametrize("architecture", ["qwen3", "gemma4"])
+def test_dflash_layout_refuses_heads_and_a_one_slot_block(architecture: str) -> None:
+    """A dflash layout with a Markov rank, a confidence head or K=1 is refused by name, on any
+    backbone; an unknown layout is refused naming the field."""
     with pytest.raises(ValueError, match="invalid DSparkDraftConfig") as err:
-        dataclasses.replace(draft_tiny(), architecture="dflash", block_size=1)
+        dataclasses.replace(tiny_draft(architecture), layout="dflash", block_size=1)
     for field in ("markov_rank=16", "enable_confidence_head", "block_size=1"):
         assert field in str(err.value)
+    with pytest.raises(ValueError, match="layout='medusa' not in"):
+        dataclasses.replace(draft_tiny(), layout="medusa")
 
 
 def test_full_block_anchor_rule() -> None:
@@ -171,6 +195,73 @@ def test_dflash_export_key_set_config_and_round_trip(tmp_path: Path) -> None:
     assert back.num_draft_tokens == 4
     for name, value in saved.items():
         assert torch.equal(back.state_dict()[name], value.float()), name
+
+
+def test_unserved_pair_trains_and_export_refuses_it_in_one_line(tmp_path: Path) -> None:
+    """gemma4 + dflash trains (finite loss, gradients on the backbone) but no engine serves it:
+    export refuses it in one line naming the pair and the pairs that serve, writing nothing."""
+    cfg = tiny_draft("gemma4", "dflash")
+    torch.manual_seed(0)
+    model = build_draft(cfg)
+    out = model(**make_batch(cfg))
+    assert out.draft_logits.shape[2] == cfg.block_size - 1
+    compute_dspark_loss(out, LossSpec(objective="dflash")).loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    assert ("gemma4", "dflash") not in SERVED_PAIRS
+    with pytest.raises(SparkforgeError) as err:
+        export_draft(cfg, draft_tensors(model.state_dict(), prefix=""), tmp_path / "draft")
+    message = str(err.value)
+    assert "\n" not in message
+    assert "architecture='gemma4' with layout='dflash': no engine serves this pair" in message
+    assert "qwen3 + dflash" in message
+    assert "gemma4 + dspark" in message
+    assert not (tmp_path / "draft").exists()
+
+
+def test_old_spelling_checkpoint_exports_as_qwen3_dflash(tmp_path: Path) -> None:
+    """A checkpoint whose stored draft config says ``architecture: dflash`` reads as qwen3 +
+    dflash with one FutureWarning naming the new spelling and 0.3.0, and exports the same
+    config.json and model.safetensors bytes as the new spelling's config."""
+    dflash, _ = _pair()
+    cfg = dflash.config
+    old = {**cfg.to_dict(), "architecture": "dflash"}
+    del old["layout"]
+    state = {f"model.{k}": v for k, v in dflash.state_dict().items()}
+    torch.save({"draft_config": old, "state_dict": state}, tmp_path / "old.ckpt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_checkpoint(tmp_path / "old.ckpt", tmp_path / "old", engine="vllm")
+    messages = [str(w.message) for w in caught if w.category is FutureWarning]
+    assert len(messages) == 1
+    assert OLD_SPELLING in messages[0]
+    assert "0.3.0" in messages[0]
+    saved = json.loads((tmp_path / "old" / "sparkforge_export.json").read_text())["draft_config"]
+    assert (saved["architecture"], saved["layout"]) == ("qwen3", "dflash")
+    new = export_draft(cfg, draft_tensors(state), tmp_path / "new", engine="vllm")
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "old" / name).read_bytes() == (new / name).read_bytes(), name
+
+
+def test_old_spelling_still_loads_from_a_train_yaml(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A train YAML with ``architecture: dflash`` (and ``recipe: dflash``) still parses and builds
+    a qwen3 draft with layout dflash, warning once with the new spelling."""
+    monkeypatch.chdir(tmp_path)
+    config = yaml.safe_load((ROOT / "trainer" / "examples" / "tiny.yaml").read_text())
+    config["model"]["recipe"] = "dflash"
+    del config["model"]["draft"]["markov_rank"]
+    config["model"]["draft"]["architecture"] = "dflash"
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cli = train_cli(["--config", str(path)])
+    target = {"model_type": "qwen3", "hidden_size": 128, "vocab_size": 1024,
+              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 32, "intermediate_size": 256}
+    with pytest.warns(FutureWarning, match=OLD_SPELLING) as caught:
+        cfg = cli.model.draft.draft_config(target)
+    assert len([w for w in caught if w.category is FutureWarning]) == 1
+    assert (cfg.architecture, cfg.layout, cfg.markov_rank) == ("qwen3", "dflash", 0)
+    assert cli.model.loss_spec.objective == "dflash"
 
 
 def test_dflash_export_refuses_missing_and_head_tensors(tmp_path: Path) -> None:

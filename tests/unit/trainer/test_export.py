@@ -175,9 +175,12 @@ def test_every_config_architecture_has_a_table_entry() -> None:
     """The torch-free name list a config validates against is exactly the architecture table."""
     from sparkforge.trainer.architectures import ARCHITECTURES
     from sparkforge.trainer.architectures.config import DRAFT_ARCHITECTURES
+    from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS, LAYOUTS
 
     assert set(DRAFT_ARCHITECTURES) == set(ARCHITECTURES)
     assert all(name == arch.name for name, arch in ARCHITECTURES.items())
+    assert set(LAYOUTS) == set(BLOCK_LAYOUTS)
+    assert all(set(arch.formats) <= set(LAYOUTS) for arch in ARCHITECTURES.values())
 
 
 def test_unknown_architecture_is_a_config_error() -> None:

@@ -1,5 +1,5 @@
-"""Every draft architecture: shapes, frozen pieces, determinism, RoPE pin, attention paths,
-padding (the DSpark model checklist, run once per entry of the architecture table)."""
+"""Every draft: shapes, frozen pieces, determinism, RoPE pin, attention paths, padding (the DSpark
+model checklist, run once per (architecture, layout) pair of the tables, ``DRAFT_PAIRS``)."""
 
 from __future__ import annotations
 
@@ -10,38 +10,45 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import PAIR_IDS, build_tiny
+from draft_helpers import recipe_loss
 
 from sparkforge.shared.errors import ConfigError
-from sparkforge.trainer.architectures import ARCHITECTURES, build_draft, draft_class
+from sparkforge.trainer.architectures import ARCHITECTURES, DRAFT_PAIRS, build_draft, draft_class
+from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
 from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.draft.rope import compute_inv_freq
 from sparkforge.trainer.loss import compute_dspark_loss
-from sparkforge.trainer.run_config import LossSpec
 
 Build = Callable[..., Any]
-# The DSpark architectures (Markov and confidence heads, K drafts per block); the DFlash draft
-# has neither head and drafts K-1 tokens per block: tests/unit/trainer/test_dflash.py covers it.
-DSPARK_ARCHITECTURES = sorted(set(ARCHITECTURES) - {"dflash"})
 
 
-@pytest.fixture(params=DSPARK_ARCHITECTURES)
+@pytest.fixture(params=DRAFT_PAIRS, ids=PAIR_IDS)
 def build(request: pytest.FixtureRequest, build: Build) -> Build:
-    """The conftest factory, once per DSpark draft architecture."""
-    return functools.partial(build, architecture=request.param)
+    """The conftest factory, once per (architecture, layout) pair."""
+    architecture, layout = request.param
+    return functools.partial(build, architecture=architecture, layout=layout)
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [{}, {"markov_head_type": "gated"}, {"markov_head_type": "rnn"},
-     {"markov_rank": 0, "confidence_head_with_markov": False},
-     {"confidence_head_with_markov": False}, {"enable_confidence_head": False}],
-    ids=["vanilla", "gated", "rnn", "rank0", "conf_no_markov", "no_conf"],
-)
-def test_forward_shapes_and_finite(build: Build, overrides: dict[str, Any]) -> None:
-    """logits/teacher [B,A,K,V]; ids, eval, confidence [B,A,K]; keep [B,A]; all finite."""
-    model, batch = build(**overrides)
+# Head settings: every one on a layout with heads (DSpark), the headless default on the others.
+HEAD_CASES = {"vanilla": {}, "gated": {"markov_head_type": "gated"},
+              "rnn": {"markov_head_type": "rnn"},
+              "rank0": {"markov_rank": 0, "confidence_head_with_markov": False},
+              "conf_no_markov": {"confidence_head_with_markov": False},
+              "no_conf": {"enable_confidence_head": False}}
+FORWARD_CASES = [(arch, layout, name) for arch, layout in DRAFT_PAIRS for name in HEAD_CASES
+                 if BLOCK_LAYOUTS[layout].heads or name == "vanilla"]
+
+
+@pytest.mark.parametrize(("architecture", "layout", "case"), FORWARD_CASES,
+                         ids=["-".join(c) for c in FORWARD_CASES])
+def test_forward_shapes_and_finite(architecture: str, layout: str, case: str) -> None:
+    """logits/teacher [B,A,K,V] (K = the layout's drafts per block: 4 of a DSpark block of 4,
+    3 of a DFlash one); ids, eval, confidence [B,A,K]; keep [B,A]; all finite."""
+    overrides = HEAD_CASES[case]
+    model, batch = build_tiny(architecture=architecture, layout=layout, **overrides)
     out = model(**batch)
-    b, a, k, v = 2, 8, 4, 256
+    b, a, k, v = 2, 8, {"dspark": 4, "dflash": 3}[layout], 256
     assert out.draft_logits.shape == out.target_logits.shape == (b, a, k, v)
     for t in (out.target_ids, out.eval_mask, out.prev_token_ids):
         assert t.shape == (b, a, k)
@@ -54,17 +61,19 @@ def test_forward_shapes_and_finite(build: Build, overrides: dict[str, Any]) -> N
         assert out.confidence_logits.shape == (b, a, k)
         assert out.confidence_logits.dtype == torch.float32
         assert torch.isfinite(out.confidence_logits).all()
-    assert (model.markov_head is None) == (overrides.get("markov_rank") == 0)
+    assert (model.markov_head is None) == (overrides.get("markov_rank") == 0
+                                           or not BLOCK_LAYOUTS[layout].heads)
 
 
 def test_labels_teacher_index_and_prev_tokens(build: Build) -> None:
-    """Slot k: target = ids[a+k+1], teacher = lm_head(last[a+k]), prev = ids[a+k]."""
+    """Draft position k: target = ids[a+k+1], teacher = lm_head(last[a+k]), prev = ids[a+k]."""
     model, batch = build()
     out = model(**batch)
     ids, last = batch["input_ids"], batch["target_last_hidden_states"]
+    assert out.eval_mask.any()
     for b, n in zip(*out.eval_mask[..., 0].nonzero(as_tuple=True), strict=True):
         a = int(out.anchor_positions[b, n])
-        for k in range(int(out.eval_mask[b, n].sum())):
+        for k in out.eval_mask[b, n].nonzero().flatten().tolist():
             assert out.target_ids[b, n, k] == ids[b, a + k + 1]
             assert out.prev_token_ids[b, n, k] == ids[b, a + k]
             torch.testing.assert_close(out.target_logits[b, n, k], model.lm_head(last[b, a + k]))
@@ -78,7 +87,7 @@ def test_embeddings_and_head_frozen_copies(build: Build) -> None:
     model.set_target_weights(emb, head)
     assert torch.equal(model.embed_tokens.weight, emb)
     assert torch.equal(model.lm_head.weight, head)
-    compute_dspark_loss(model(**batch), LossSpec()).loss.backward()
+    compute_dspark_loss(model(**batch), recipe_loss(model.config)).loss.backward()
     assert model.embed_tokens.weight.grad is None
     assert model.lm_head.weight.grad is None
     assert not model.embed_tokens.weight.requires_grad
@@ -97,7 +106,7 @@ def test_every_trainable_parameter_gets_a_finite_gradient(build: Build) -> None:
     """The loss reaches every trainable parameter (backbone, Markov, confidence), finitely."""
     for head_type in ("vanilla", "gated", "rnn"):
         model, batch = build(markov_head_type=head_type)
-        compute_dspark_loss(model(**batch), LossSpec()).loss.backward()
+        compute_dspark_loss(model(**batch), recipe_loss(model.config)).loss.backward()
         for name, p in model.named_parameters():
             if p.requires_grad:
                 assert p.grad is not None, name
@@ -112,7 +121,7 @@ def test_forward_is_deterministic_under_a_seed(build: Build) -> None:
         model, batch = build(seed=0)
         torch.manual_seed(seed)
         out = model(**batch)
-        loss = compute_dspark_loss(out, LossSpec()).loss
+        loss = compute_dspark_loss(out, recipe_loss(model.config)).loss
         outs.append((out.anchor_positions, out.draft_logits, loss))
     assert torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[0][1], outs[1][1])
@@ -157,7 +166,10 @@ def test_sdpa_and_flex_agree(build: Build) -> None:
         b = flex(**batch, anchor_positions=a.anchor_positions,
                  block_keep_mask=a.block_keep_mask)
     torch.testing.assert_close(b.draft_logits, a.draft_logits, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(b.confidence_logits, a.confidence_logits, rtol=1e-4, atol=1e-5)
+    assert (a.confidence_logits is None) == (sdpa.confidence_head is None)
+    if sdpa.confidence_head is not None:
+        torch.testing.assert_close(b.confidence_logits, a.confidence_logits, rtol=1e-4,
+                                   atol=1e-5)
 
 
 def test_training_block_equals_cached_inference_block(build: Build) -> None:
@@ -171,7 +183,8 @@ def test_training_block_equals_cached_inference_block(build: Build) -> None:
             cache = model.extend_context(model.empty_cache(),
                                          batch["target_hidden_states"][:1, :a])
             hid, base = model.draft_block(batch["input_ids"][:1, a], cache)
-            bias = model.markov_head(out.prev_token_ids[:1, n], hid)
+            head = model.markov_head
+            bias = 0.0 if head is None else head(out.prev_token_ids[:1, n], hid)
             torch.testing.assert_close(base + bias, out.draft_logits[:1, n], rtol=1e-4,
                                        atol=1e-5)
 
@@ -194,8 +207,9 @@ def test_right_padding_is_invisible(build: Build) -> None:
     assert torch.equal(got.anchor_positions, ref.anchor_positions)
     m = ref.eval_mask
     torch.testing.assert_close(got.draft_logits[m], ref.draft_logits[m])
-    torch.testing.assert_close(compute_dspark_loss(got, LossSpec()).loss,
-                               compute_dspark_loss(ref, LossSpec()).loss)
+    spec = recipe_loss(model.config)
+    torch.testing.assert_close(compute_dspark_loss(got, spec).loss,
+                               compute_dspark_loss(ref, spec).loss)
 
 
 def test_dummy_blocks_give_no_nan(build: Build) -> None:
@@ -205,7 +219,7 @@ def test_dummy_blocks_give_no_nan(build: Build) -> None:
     out = model(**batch)
     assert not out.block_keep_mask.any()
     assert torch.isfinite(out.draft_logits).all()
-    loss = compute_dspark_loss(out, LossSpec())
+    loss = compute_dspark_loss(out, recipe_loss(model.config))
     loss.loss.backward()
     assert loss.loss.item() == 0.0
     grads = [p.grad for p in model.parameters() if p.grad is not None]

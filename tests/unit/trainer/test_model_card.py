@@ -49,13 +49,13 @@ def test_card_header_and_sections() -> None:
     assert "lr: 0.001" in text
 
 
-@pytest.mark.parametrize(("architecture", "method", "tokens"), [("qwen3", "dspark", 7),
-                                                                  ("dflash", "dflash", 6)])
-def test_serve_command_method_and_tokens(architecture: str, method: str, tokens: int) -> None:
+@pytest.mark.parametrize(("layout", "method", "tokens"), [("dspark", "dspark", 7),
+                                                            ("dflash", "dflash", 6)])
+def test_serve_command_method_and_tokens(layout: str, method: str, tokens: int) -> None:
     """DSpark drafts the whole block; DFlash the block less its anchor (block_size - 1)."""
-    heads = {} if architecture != "dflash" else {
+    heads = {} if layout != "dflash" else {
         "markov_rank": 0, "enable_confidence_head": False, "confidence_head_with_markov": False}
-    cfg = dataclasses.replace(draft_tiny(), block_size=7, architecture=architecture, **heads)
+    cfg = dataclasses.replace(draft_tiny(), block_size=7, layout=layout, **heads)
     assert serve_command(cfg, "t", "d") == (
         "vllm serve t --speculative-config "
         f"'{{\"method\": \"{method}\", \"model\": \"d\", \"num_speculative_tokens\": {tokens}}}'")

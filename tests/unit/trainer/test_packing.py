@@ -6,18 +6,18 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import TINY_DRAFTS
+from conftest import PAIR_IDS
 from draft_helpers import recipe_loss
 
-from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.architectures import DRAFT_PAIRS, build_draft, tiny_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.anchors import (
-    DFLASH_LAYOUT,
     anchor_candidates,
     document_bounds,
     sample_anchors,
 )
 from sparkforge.trainer.draft.attention_mask import dense_allowed
+from sparkforge.trainer.draft.block_layout import DFLASH_LAYOUT
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 
@@ -78,11 +78,10 @@ FIELDS = ("draft_logits", "target_ids", "eval_mask", "prev_token_ids", "confiden
           "target_logits")
 
 
-@pytest.mark.parametrize("architecture", list(TINY_DRAFTS))
-def test_packed_row_equals_each_document_alone(architecture: str) -> None:
-    """Same anchors: per-anchor outputs, teacher targets and gradients match the unpacked runs
-    (each architecture's tiny draft under its recipe's loss)."""
-    cfg = TINY_DRAFTS[architecture]()
+@pytest.mark.parametrize(("architecture", "layout"), DRAFT_PAIRS, ids=PAIR_IDS)
+def test_packed_row_equals_each_document_alone(architecture: str, layout: str) -> None:
+    """Same anchors: per-anchor outputs, teacher targets and gradients match the unpacked runs."""
+    cfg = tiny_draft(architecture, layout)
     spec = recipe_loss(cfg)
     torch.manual_seed(0)
     model = build_draft(cfg, attn_implementation="sdpa")
@@ -128,7 +127,7 @@ def test_packed_row_equals_each_document_alone(architecture: str) -> None:
 
 def test_packed_flex_mask_matches_the_dense_mask() -> None:
     """The flex BlockMask path gives the dense-mask forward on a packed row (eager, CPU)."""
-    cfg = TINY_DRAFTS["qwen3"]()
+    cfg = tiny_draft("qwen3")
     torch.manual_seed(0)
     sdpa = build_draft(cfg, attn_implementation="sdpa").eval()
     flex = build_draft(cfg, attn_implementation="flex").eval()
@@ -171,7 +170,7 @@ def test_packed_mask_hides_other_documents() -> None:
 
 def test_a_document_alone_in_a_padded_packed_row_equals_the_unpacked_row() -> None:
     """A one-document packed row (sampled anchors) gives the plain padded row's result."""
-    cfg = TINY_DRAFTS["qwen3"]()
+    cfg = tiny_draft("qwen3")
     torch.manual_seed(0)
     model = build_draft(cfg).eval()
     doc = _docs(cfg)[2]

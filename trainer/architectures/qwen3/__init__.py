@@ -1,1 +1,1 @@
-"""The Qwen3 draft architecture: the shared draft as is, and its serving format."""
+"""The Qwen3 draft architecture: the shared draft as is, and its DSpark and DFlash formats."""

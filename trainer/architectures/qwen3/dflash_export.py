@@ -1,4 +1,4 @@
-"""The DFlash serving format: what vLLM loads with ``speculative_config.method: dflash``.
+"""The qwen3 backbone's DFlash format (``layout: dflash``): what vLLM loads with ``method: dflash``.
 
 vLLM 0.32 resolves ``architectures: ["DFlashDraftModel"]`` to ``DFlashQwen3ForCausalLM``: a
 Qwen3 backbone (``model_type: qwen3``) whose ``dflash_config`` holds ``mask_token_id`` and the
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.architectures.qwen3 import export as export_qwen3
 from sparkforge.trainer.architectures.qwen3.export import backbone_config
+from sparkforge.trainer.draft.block_layout import NO_HEADS
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine
@@ -27,7 +28,7 @@ SERVED_AS = "DFlashDraftModel"
 def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     """Reasons ``engine`` could not serve this draft correctly (empty when it can).
 
-    The config itself already refuses heads on a DFlash draft; what is left is what no
+    The config itself already refuses heads on a ``dflash`` layout; what is left is what no
     Qwen3-shaped format can express.
     """
     return export_qwen3.backbone_problems(cfg, engine)
@@ -49,13 +50,8 @@ def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     return out
 
 
-def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
-    """Every required tensor and its shape: the backbone's 11 per draft layer + 3 shared."""
-    return export_qwen3.expected_shapes(cfg)
-
-
 def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
-    """Read a DFlash ``config.json`` (``dflash_config`` values win over top-level ones)."""
-    flat = {**config, **(config.get("dflash_config") or {}), "markov_rank": 0,
-            "enable_confidence_head": False, "confidence_head_with_markov": False}
-    return dataclasses.replace(export_qwen3.draft_config_from_hf(flat), architecture="dflash")
+    """Read a DFlash ``config.json`` as a qwen3 draft with ``layout: dflash`` (``dflash_config``
+    values win over top-level ones)."""
+    flat = {**config, **(config.get("dflash_config") or {}), **NO_HEADS}
+    return dataclasses.replace(export_qwen3.draft_config_from_hf(flat), layout="dflash")
