@@ -49,8 +49,9 @@ def test_demo_runs_every_stage_and_reports_acceptance(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("target", "processor"), [
-    ("tiny-vl", "Gemma4ImageProcessorPil"), ("tiny-vl-minimax", "MiniMaxM3VLImageProcessor")])
+# One VL target: the MiniMax-M3 VL one runs the same demo stages (its capture and parity on image
+# rows: test_vl_pipeline.py); a second demo run would add about 3 minutes to CI.
+@pytest.mark.parametrize(("target", "processor"), [("tiny-vl", "Gemma4ImageProcessorPil")])
 def test_demo_on_the_tiny_vl_target_decodes_image_prompts(tmp_path: Path, target: str,
                                                           processor: str) -> None:
     """`sparkforge demo --target tiny-vl` (Gemma4) or `tiny-vl-minimax` (MiniMax-M3 VL) captures
