@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ddp_ranks import start_ranks
 from ddp_worker import OPTIMIZER, SCHEDULER, SPEC, STEPS
 
 from sparkforge.trainer.data import collate
@@ -23,17 +22,10 @@ WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
 def _launch(cache: str, out: Path, worker: Path = WORKER) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "NODE_RANK": "0",
-               "WANDB_MODE": "offline", "WANDB_SILENT": "true",
-               "PYTHONPATH": str(WORKER.parent)}  # workers import ddp_worker's settings
-        procs.append(subprocess.Popen([sys.executable, "-P", str(worker), cache, str(out)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    procs = start_ranks([sys.executable, "-P", str(worker), cache, str(out)],
+                        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+                             "PYTHONPATH": str(WORKER.parent)},  # workers import ddp_worker
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     logs = [p.communicate(timeout=300)[0].decode() for p in procs]
     for p, log in zip(procs, logs, strict=True):
         assert p.returncode == 0, log[-4000:]

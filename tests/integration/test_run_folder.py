@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ddp_ranks import start_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_YAML = ROOT / "trainer" / "examples" / "tiny.yaml"
@@ -67,16 +66,8 @@ def test_unconfigured_run_writes_only_its_printed_run_folder(tiny_cache: str,
 def test_ddp_ranks_share_one_run_folder(tiny_cache: str, tmp_path: Path) -> None:
     """Two CPU DDP ranks, started as torchrun starts them, print the same run folder and write
     the checkpoint and config.yaml there, nothing outside runs/."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "NODE_RANK": "0"}
-        procs.append(subprocess.Popen(
-            _cmd(tiny_cache, 2, "--trainer.devices", "2", "--trainer.strategy", "ddp"),
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    procs = start_ranks(_cmd(tiny_cache, 2, "--trainer.devices", "2", "--trainer.strategy", "ddp"),
+                        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-4000:]
