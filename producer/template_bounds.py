@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from sparkforge.shared.errors import ConfigError
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 
 CHECK_SECONDS = 10.0
 """Wall-clock limit for rendering the probe conversation (a real template takes milliseconds)."""
@@ -30,7 +30,7 @@ TEMPLATE_ROW_SECONDS = 60.0
 """Default limit of one row's rendering and tokenizing (a real template takes milliseconds)."""
 
 
-class TemplateTimeout(Exception):  # noqa: N818 - the row's skip reason, not a failure
+class TemplateTimeout(SparkforgeError):  # noqa: N818 - the row's skip reason, not a failure
     """A row's template rendering ran past its time limit."""
 
 
