@@ -6,8 +6,9 @@ the weights are random (std 0.08, so next-token distributions are not near-unifo
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +300,19 @@ VL_MODEL_TYPES = ("gemma4", "minimax_m3_vl")
 """``--model_type`` values that build a multimodal top level and write image chats."""
 
 
+def _builder(model_type: str) -> Callable[..., Path]:
+    """The function that writes a tiny target of ``model_type`` (the multimodal ones with their
+    image processor; those modules import this one, so they load here, late)."""
+    if model_type == "minimax_m3_vl":
+        from sparkforge.app.tiny_minimax_vl import build_tiny_minimax_vl
+
+        return build_tiny_minimax_vl
+    builders: dict[str, Callable[..., Path]] = {
+        "qwen3": build_tiny_target, "deepseek_v4": build_tiny_deepseek_v4,
+        "gemma4": functools.partial(build_tiny_gemma4, multimodal=True)}
+    return builders[model_type]
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m sparkforge.app.tiny_target OUT [--rows N] [--model_type T]``: a tiny target
     (Qwen3, DeepSeek-V4, or a multimodal top level with its image processor: Gemma4 or
@@ -314,25 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model_type", choices=("qwen3", "deepseek_v4", *VL_MODEL_TYPES),
                         default="qwen3")
     args = parser.parse_args(argv)
-    sizes = {"num_hidden_layers": args.num_hidden_layers, "seed": args.seed}
-    if args.model_type in VL_MODEL_TYPES:
-        from sparkforge.app.tiny_minimax_vl import build_tiny_minimax_vl
-        from sparkforge.app.tiny_vl import image_conversations
-
-        if args.model_type == "gemma4":
-            build_tiny_gemma4(args.out_dir, multimodal=True, **sizes)
-        else:
-            build_tiny_minimax_vl(args.out_dir, **sizes)
-        if args.rows:
-            write_chats(args.out_dir / "chat.jsonl", image_conversations(
-                args.rows, args.out_dir / "images", seed=args.seed))
-        return 0
-    build = build_tiny_deepseek_v4 if args.model_type == "deepseek_v4" else build_tiny_target
-    build(args.out_dir, **sizes)
+    _builder(args.model_type)(args.out_dir, num_hidden_layers=args.num_hidden_layers,
+                              seed=args.seed)
     if args.rows:
-        write_chats(args.out_dir / "chat.jsonl", demo_conversations(args.rows, seed=args.seed))
-    return 0
+        if args.model_type in VL_MODEL_TYPES:
+            from sparkforge.app.tiny_vl import image_conversations
 
+            rows = image_conversations(args.rows, args.out_dir / "images", seed=args.seed)
+        else:
+            rows = demo_conversations(args.rows, seed=args.seed)
+        write_chats(args.out_dir / "chat.jsonl", rows)
+    return 0
 
 if __name__ == "__main__":
     raise SystemExit(main())
