@@ -71,8 +71,14 @@ def test_ddp_ranks_are_disjoint_and_match_single_process(tiny_cache: str, tmp_pa
     final = torch.load(tmp_path / "final.pt")
     initial = torch.load(tmp_path / "initial.pt")
     assert not torch.equal(final["fc.weight"], initial["fc.weight"])
+    # Adam divides by sqrt(v), so an entry whose gradient is near zero turns float32 summation
+    # order (gloo's all-reduce against one process's sum) into a visible step (4e-5 on a 3e-3
+    # step, seen on one CPU); a wrong gradient moves the whole tensor, so the check is the
+    # difference's norm against the update's.
     for name, value in final.items():
-        torch.testing.assert_close(replayed[name], value, rtol=1e-5, atol=1e-6, msg=name)
+        update = (value - initial[name]).norm().item()
+        off = (replayed[name] - value).norm().item()
+        assert off <= 1e-3 * update + 1e-7, f"{name}: off by {off:.3g}, update {update:.3g}"
 
 
 @pytest.mark.slow
