@@ -123,8 +123,15 @@ INVALID = [
 ]
 
 
+def _case_id(path: str, value: Any, match: str) -> str:
+    """A test id that is the same in every process (pytest-xdist compares them): a deletion or
+    a function is named by its path and the error it expects, not by its address."""
+    shown = "deleted" if value is _DELETE else match if callable(value) else repr(value)
+    return f"{path}={shown}"[:60]
+
+
 @pytest.mark.parametrize(("path", "value", "error", "match"), INVALID,
-                         ids=[f"{p}={v!r}"[:60] for p, v, _, _ in INVALID])
+                         ids=[_case_id(p, v, m) for p, v, _, m in INVALID])
 def test_invalid_manifest_is_named(path: str, value: Any, error: type, match: str) -> None:
     """A bad field raises ManifestError naming the field and, where useful, the value."""
     data = copy.deepcopy(_example())
