@@ -236,16 +236,9 @@ def _temperature_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _converged_gain(curve: list[dict[str, float]], window: int = 5) -> float | None:
-    """Relative gain of teacher-forced tau (running mean of ``window`` log points) over the
-    last fifth of the run; None for a curve too short to tell."""
-    taus = [c["tau"] for c in curve]
-    if len(taus) < 5 * window:
-        return None
-    start = int(len(taus) * 0.8)
-    before = sum(taus[start - window:start]) / window
-    end = sum(taus[-window:]) / window
-    return end / before - 1.0
+def _gain_last_fifth(curve: list[dict[str, float]], steps: int, window: int) -> float:
+    """Relative gain of tau (mean of ``window`` points) from 80% of the run to its end."""
+    return _tau_at(curve, steps, window) / _tau_at(curve, 0.8 * steps, window) - 1.0
 
 
 def _tau_at(curve: list[dict[str, float]], step: float, window: int = 3) -> float:
@@ -255,7 +248,11 @@ def _tau_at(curve: list[dict[str, float]], step: float, window: int = 3) -> floa
 
 
 def _converged_study(out: Path, ns: argparse.Namespace, results: Path) -> int:
-    """dspark and dflash trained for --converge_steps on the T=1 cache: curves and ratios."""
+    """dspark and dflash trained for --converge_steps on the T=1 cache: curves and ratios.
+
+    Convergence is judged on the held-out teacher-forced tau (the validation split, once an
+    epoch): training-batch tau also counts what the draft memorises of chats it has seen many
+    times, and goes on rising after the held-out tau has stopped."""
     timings: dict[str, float] = {}
     cache = _regen_cache(out, ns, "1.0", timings)
     records = {name: _train_and_eval(out, ns, f"converged_{name}", cache, DRAFTS[name][1],
@@ -263,7 +260,10 @@ def _converged_study(out: Path, ns: argparse.Namespace, results: Path) -> int:
                for name in ("dspark", "dflash")}
     by = {name: {"T0": _cell(rec["T0.0"]), "T1": _cell(rec["T1.0"]),
                  "teacher_forced_tau": rec["T1.0"]["teacher_forced"]["metrics"]["tau"],
-                 "gain_last_fifth": _converged_gain(rec["curve"]),
+                 "gain_last_fifth": _gain_last_fifth(rec["val_curve"], ns.converge_steps, 1),
+                 "train_gain_last_fifth": _gain_last_fifth(rec["curve"], ns.converge_steps, 5),
+                 "val_tau_at_short_run": _tau_at(rec["val_curve"], ns.steps, 1),
+                 "val_tau_at_end": _tau_at(rec["val_curve"], ns.converge_steps, 1),
                  "train_tau_at_short_run": _tau_at(rec["curve"], ns.steps),
                  "train_tau_at_end": _tau_at(rec["curve"], ns.converge_steps),
                  "train_s": rec["train_s"]} for name, rec in records.items()}
@@ -271,20 +271,21 @@ def _converged_study(out: Path, ns: argparse.Namespace, results: Path) -> int:
              for k in ("T0", "T1")}
     ratio["teacher_forced_converged"] = (by["dspark"]["teacher_forced_tau"]
                                          / by["dflash"]["teacher_forced_tau"])
-    ratio["train_tau_short_run"] = (by["dspark"]["train_tau_at_short_run"]
-                                    / by["dflash"]["train_tau_at_short_run"])
-    ratio["train_tau_converged"] = (by["dspark"]["train_tau_at_end"]
-                                    / by["dflash"]["train_tau_at_end"])
+    for key in ("val_tau", "train_tau"):
+        ratio[f"{key}_short_run"] = (by["dspark"][f"{key}_at_short_run"]
+                                     / by["dflash"][f"{key}_at_short_run"])
+        ratio[f"{key}_converged"] = by["dspark"][f"{key}_at_end"] / by["dflash"][f"{key}_at_end"]
     (results / "converged.json").write_text(json.dumps(
         {"command": _command(), "steps": ns.converge_steps, "short_run_steps": ns.steps,
          "drafts": by, "ratios": ratio, "timings_s": timings,
-         "curves": {n: r["curve"] for n, r in records.items()}}, indent=1) + "\n")
+         "curves": {n: r["curve"] for n, r in records.items()},
+         "val_curves": {n: r["val_curve"] for n, r in records.items()}}, indent=1) + "\n")
     _plot_converged(records, ns.steps, results)
     for name, row in by.items():
-        gain = row["gain_last_fifth"]
         print(f"{name}: spec. tau T=0 {_ci(row['T0'])}, T=1 {_ci(row['T1'])}, teacher-forced "
-              f"{row['teacher_forced_tau']:.3f}; tau gain over the last fifth "
-              f"{'-' if gain is None else f'{gain:+.1%}'}")
+              f"{row['teacher_forced_tau']:.3f}; gain over the last fifth: held-out tau "
+              f"{row['gain_last_fifth']:+.1%}, training-batch tau "
+              f"{row['train_gain_last_fifth']:+.1%}")
     print("; ".join(f"dspark/dflash {k} {v:.3f}" for k, v in ratio.items()))
     return 0
 
@@ -297,10 +298,13 @@ def _plot_converged(records: dict[str, dict[str, Any]], short: int, results: Pat
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, rec in records.items():
-        ax.plot([c["step"] for c in rec["curve"]], [c["tau"] for c in rec["curve"]], label=name)
+        line, = ax.plot([c["step"] for c in rec["val_curve"]],
+                        [c["tau"] for c in rec["val_curve"]], marker="o", label=f"{name}, held-out")
+        ax.plot([c["step"] for c in rec["curve"]], [c["tau"] for c in rec["curve"]],
+                color=line.get_color(), alpha=0.4, label=f"{name}, training batches")
     ax.axvline(short, color="k", linestyle=":", label=f"short run ({short} steps)")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("teacher-forced tau (training batches)")
+    ax.set_ylabel("teacher-forced tau")
     ax.set_title("DSpark vs DFlash recipe on the code target, trained to convergence")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -367,7 +371,8 @@ def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
     # Fit time: from the logger's first file to the last checkpoint (process start-up excluded).
     started = next(run_dir.rglob("hparams.yaml")).stat().st_mtime
     record: dict[str, Any] = {"train_s": ckpt.stat().st_mtime - started,
-                              "curve": _curve(next(run_dir.rglob("metrics.csv")))}
+                              "curve": _curve(next(run_dir.rglob("metrics.csv"))),
+                              "val_curve": _val_curve(next(run_dir.rglob("metrics.csv")))}
     for temp in temperatures:
         eval_dir = out / "eval" / f"{name}_T{temp}"
         if not (eval_dir / "eval_report.json").is_file():
@@ -389,6 +394,13 @@ def _curve(path: Path) -> list[dict[str, float]]:
                 rows.append({"step": float(row["step"]), "loss": float(row["train/loss"]),
                              "tau": float(row["train/tau"])})
     return rows
+
+
+def _val_curve(path: Path) -> list[dict[str, float]]:
+    """Step and teacher-forced tau of every validation pass (the held-out split)."""
+    with path.open() as f:
+        return [{"step": float(row["step"]), "tau": float(row["val/tau"])}
+                for row in csv.DictReader(f) if row.get("val/tau")]
 
 
 def _summary(name: str, rec: dict[str, Any]) -> dict[str, Any]:
