@@ -87,9 +87,14 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
         "metrics": ratios,
         "accept_rate_by_position": [ratios.get(f"accept_rate@{j}", 0.0) for j in range(k)]}
     if per_sample:
-        num, den = (np.concatenate(parts) for parts in zip(*per_sample, strict=True))
+        num, den, full_num, full_den = (np.concatenate(parts)
+                                        for parts in zip(*per_sample, strict=True))
         report["samples"] = int((den > 0).sum())
         report["tau_ci95"] = list(ratio_ci(num, den, seed=cfg.seed))
+        report["full_blocks"] = {
+            "tau": float(full_num.sum() / full_den.sum()) if full_den.sum() else 0.0,
+            "tau_ci95": list(ratio_ci(full_num, full_den, seed=cfg.seed)),
+            "blocks": int(full_den.sum()), "cut_blocks": int(den.sum() - full_den.sum())}
     if blocks:
         accept, conf, valid = (np.concatenate(parts) for parts in zip(*blocks, strict=True))
         has_conf = draft.confidence_head is not None
@@ -103,13 +108,21 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
     return report
 
 
-def _sample_tau_sums(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Per sample of the batch: the sum of its blocks' expected lengths, and its block count
-    (the teacher-forced tau's numerator and denominator, as ``metric_sums`` counts them)."""
+def _sample_tau_sums(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """Per sample of the batch: the sum of its blocks' expected lengths and its block count
+    (the teacher-forced tau's numerator and denominator, as ``metric_sums`` counts them), then
+    the same over its full blocks only (every slot inside the sample's supervised tokens).
+
+    A block cut by the end of the sample (or of its reply) stops there as if rejected, which
+    speculative decoding never does: its rounds are counted whole past ``max_new_tokens`` and
+    eos. The full blocks are what the two taus are compared on (``matched_eval``)."""
     ev = out.eval_mask.double()
     surv = torch.cumprod(accept_BAK.double() * ev, dim=-1)
-    on = (out.block_keep_mask & out.eval_mask.any(-1)).double()
-    return (((1.0 + surv.sum(-1)) * on).sum(-1).cpu().numpy(), on.sum(-1).cpu().numpy())
+    length = 1.0 + surv.sum(-1)
+    on = out.block_keep_mask & out.eval_mask.any(-1)
+    full = (on & out.eval_mask.bool().all(-1)).double()
+    return tuple(t.cpu().numpy() for t in ((length * on).sum(-1), on.double().sum(-1),
+                                           (length * full).sum(-1), full.sum(-1)))
 
 
 def _block_rows(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, ...]:

@@ -25,7 +25,7 @@ def _verdict(matched: Mapping[str, Any]) -> str:
         return f"  not compared: {matched.get('note', 'no teacher-forced interval')}"
     lo, hi = agreement["difference_ci95"]
     word = "agree" if agreement["agree"] else "DISAGREE"
-    return (f"  speculative - teacher-forced: {agreement['difference']:+.3f}, 95% CI "
+    return (f"  speculative - teacher-forced (full blocks): {agreement['difference']:+.3f}, 95% CI "
             f"[{lo:+.3f}, {hi:+.3f}]: {word} (eval split regenerated at the eval temperature)")
 
 
@@ -60,6 +60,11 @@ def summary_lines(report: Mapping[str, Any]) -> str:
                  forced["metrics"]["tau"], forced.get("tau_ci95")),
             _row("  acceptance by position:", _values(forced["accept_rate_by_position"])),
         ]
+        full = forced.get("full_blocks")
+        if full:
+            total = full["blocks"] + full["cut_blocks"]
+            lines.append(_tau(f"  on full blocks ({full['blocks']} of {total}):", full["tau"],
+                              full["tau_ci95"]))
     if "matched" in report:
         lines.append(_verdict(report["matched"]))
     return "\n".join(lines + _calibration(spec, forced))

@@ -4,6 +4,11 @@ Teacher-forced tau is the analytic T=1 acceptance on the eval split's own text; 
 measured on text the target samples at eval's temperature. The two estimate the same quantity only
 when eval measures at T=1 and the split was regenerated at T=1 (top_p 1, no top_k); then they
 must agree within their uncertainty. Otherwise the report says why they may differ.
+
+The teacher-forced side of the comparison counts full blocks only: a block cut by the end of its
+sample stops there as if rejected, while a speculative round is counted whole (on the code
+target's converged draft, 12% of blocks were cut and lowered teacher-forced tau from 4.18 to
+4.05, against 4.21 measured).
 """
 
 from __future__ import annotations
@@ -61,9 +66,9 @@ def matched_report(sampling: list[dict[str, Any]], temperature: float,
     elif abs(temperature - FORCED_TEMPERATURE) > 1e-6:  # matched, but not at T=1
         report["note"] = (f"teacher-forced tau is the analytic acceptance at T=1; eval measures "
                           f"at T={temperature}, so the two need not agree")
-    forced_ci = forced.get("tau_ci95")
+    full = forced.get("full_blocks")
     at_forced = abs(temperature - FORCED_TEMPERATURE) <= 1e-6
-    if matched and at_forced and forced_ci is not None and speculative.get("tau_ci95"):
+    if matched and at_forced and full is not None and speculative.get("tau_ci95"):
         report["agreement"] = agreement(speculative["tau"], speculative["tau_ci95"],
-                                        forced["metrics"]["tau"], forced_ci)
+                                        full["tau"], full["tau_ci95"])
     return report

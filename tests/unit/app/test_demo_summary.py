@@ -15,7 +15,9 @@ def _report(**matched: object) -> dict:
                             "calibration": {"temperature": 1.0, "ece": 0.04, "abs_error": 0.3,
                                             "count": 94}},
             "teacher_forced": {"metrics": {"tau": 2.25}, "tau_ci95": [2.0, 2.5], "samples": 9,
-                               "accept_rate_by_position": [0.8, 0.6, 0.4]},
+                               "accept_rate_by_position": [0.8, 0.6, 0.4],
+                               "full_blocks": {"tau": 2.375, "tau_ci95": [2.125, 2.625],
+                                               "blocks": 30, "cut_blocks": 6}},
             "matched": matched}
 
 
@@ -30,8 +32,10 @@ def test_summary_lists_both_taus_with_intervals_and_every_position() -> None:
     assert lines[2].split(":")[1].split() == ["40", "36", "18"]
     assert "2.250  95% CI [2.000, 2.500]" in lines[3]
     assert lines[4].split(":")[1].split() == ["0.80", "0.60", "0.40"]
-    assert "+0.250, 95% CI [-0.100, +0.600]: agree" in lines[5]
-    assert "speculative at T=1: ECE 0.040, abs error 0.300 over 94 slots" in lines[6]
+    assert "on full blocks (30 of 36):" in lines[5]
+    assert "2.375  95% CI [2.125, 2.625]" in lines[5]
+    assert "+0.250, 95% CI [-0.100, +0.600]: agree" in lines[6]
+    assert "speculative at T=1: ECE 0.040, abs error 0.300 over 94 slots" in lines[7]
     refused = summary_lines(_report(agreement=dict(agreement, agree=False)))
     assert "DISAGREE" in refused
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from sparkforge.app.tiny_target import demo_conversations
 from sparkforge.trainer.architectures.config import from_target_config
 from sparkforge.trainer.draft.model import DSparkDraftModel
-from sparkforge.trainer.eval import EvalConfig, run_eval
+from sparkforge.trainer.eval import EvalConfig, _sample_tau_sums, run_eval
 from sparkforge.trainer.export import export_checkpoint, training_loss_settings
 from sparkforge.trainer.run_config import LossSpec
 
@@ -88,6 +89,9 @@ def test_eval_decodes_prompts_from_a_chat_file(tiny_target: Path, tiny_cache: st
     assert forced["samples"] >= 1
     assert forced["tau_ci95"][0] <= forced["metrics"]["tau"] <= forced["tau_ci95"][1]
     assert forced["calibration"]["temperature"] == 1.0
+    full = forced["full_blocks"]
+    assert full["blocks"] > 0
+    assert full["tau_ci95"][0] <= full["tau"] <= full["tau_ci95"][1]
     # the tiny cache's data was written by hand, not regenerated: no verdict, and why
     assert report["matched"]["matched"] is None
     assert "not regenerated" in report["matched"]["note"]
@@ -110,3 +114,18 @@ def test_eval_needs_a_cache_or_prompts() -> None:
     """Without either source of prompts the config is refused, naming both flags."""
     with pytest.raises(ValueError, match="--cache or --prompts"):
         EvalConfig(draft="d", target="t", out_dir="o")
+
+
+def test_full_block_sums_leave_out_blocks_cut_by_the_sample_end() -> None:
+    """By hand: a cut block counts its missing slots as rejections in the headline sums and is
+    left out of the full-block sums; a block not kept is in neither."""
+    eval_mask = torch.tensor([[[1, 1, 1], [1, 0, 0]], [[1, 1, 1], [1, 1, 1]]])
+    accept = torch.tensor([[[0.5, 0.5, 0.5], [0.8, 0.9, 0.9]], [[0.7, 0.7, 0.7], [1.0, 0.0, 1.0]]])
+    keep = torch.tensor([[True, True], [False, True]])
+    out = SimpleNamespace(eval_mask=eval_mask, block_keep_mask=keep)
+    num, den, full_num, full_den = _sample_tau_sums(out, accept)
+    # sample 0: 1 + .5 + .25 + .125 (full) and 1 + .8 (cut); sample 1: 1 + 1 + 0 + 0 (full)
+    assert num.tolist() == pytest.approx([1.875 + 1.8, 2.0])
+    assert den.tolist() == [2.0, 1.0]
+    assert full_num.tolist() == pytest.approx([1.875, 2.0])
+    assert full_den.tolist() == [1.0, 1.0]

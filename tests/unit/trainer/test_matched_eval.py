@@ -10,7 +10,8 @@ from sparkforge.shared.header import SamplingInfo
 from sparkforge.trainer.matched_eval import matched_report, split_sampling
 
 SPEC = {"tau": 3.0, "tau_ci95": [2.8, 3.2], "rounds": 40}
-FORCED = {"metrics": {"tau": 3.1}, "tau_ci95": [3.0, 3.2]}
+FORCED = {"metrics": {"tau": 3.1}, "tau_ci95": [3.0, 3.2],
+          "full_blocks": {"tau": 3.1, "tau_ci95": [3.0, 3.2], "blocks": 90, "cut_blocks": 10}}
 
 
 def _manifest(typed: tuple[SamplingInfo, ...], resolved: list[dict]) -> SimpleNamespace:
@@ -60,3 +61,16 @@ def test_default_eval_measures_at_the_default_regeneration_temperature() -> None
     sampling = [{"temperature": regen.temperature, "top_p": regen.top_p, "top_k": regen.top_k}]
     evaluation = EvalConfig(draft="d", target="t", out_dir="o", cache="c")
     assert matched_report(sampling, evaluation.temperature, SPEC, FORCED)["matched"] is True
+
+
+def test_the_taus_are_compared_on_full_blocks() -> None:
+    """The verdict uses the teacher-forced tau of full blocks (a cut block stops as if rejected,
+    a speculative round never does), not the headline tau over every block."""
+    matched = [{"temperature": 1.0, "top_p": 1.0, "top_k": -1}]
+    cut_low = {**FORCED, "metrics": {"tau": 2.5}, "tau_ci95": [2.4, 2.6]}
+    report = matched_report(matched, 1.0, SPEC, cut_low)
+    assert report["agreement"]["difference"] == pytest.approx(3.0 - 3.1)
+    assert report["agreement"]["agree"] is True
+    far = {**FORCED, "full_blocks": {**FORCED["full_blocks"], "tau": 2.5,
+                                     "tau_ci95": [2.4, 2.6]}}
+    assert matched_report(matched, 1.0, SPEC, far)["agreement"]["agree"] is False
