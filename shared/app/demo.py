@@ -54,13 +54,14 @@ class DemoConfig:
     target: Literal["code", "tiny", "tiny-vl", "tiny-vl-minimax"] = "code"
     """The shipped code target (trained), the random tiny one, or a tiny multimodal one with
     image rows: Gemma4 (``tiny-vl``) or MiniMax-M3 VL (``tiny-vl-minimax``)."""
-    rows: int = 160
-    """Chat rows to build (a fifth of them are the eval split)."""
+    rows: int = 384
+    """Chat rows to build (a fifth of them are the eval split). At 160 the code target's
+    confidence head ends at ECE 0.090 at T=1, at 384 at 0.039 (goal 0.05), for 20 s more."""
     train_steps: int = 150
     """Optimizer steps of the train stage (the code target's draft costs about 1.2 CPU-seconds a
     step on one core)."""
     num_prompts: int = 32
-    """Eval-split prompts decoded speculatively (every one of the default rows' eval split)."""
+    """Eval-split prompts decoded speculatively (of the default rows' 70-odd eval samples)."""
 
 
 def _example(package: str, name: str) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def producer_config(out: Path, *, target: str = "code") -> dict[str, Any]:
     return _merge(_example("producer", TARGETS[target][1]), {
         "data": str(data), "output": str(out / "cache"),
         "engine": {"model": str(out / "target")}, "scratch_dir": str(out / "scratch"),
-        "eval_fraction": 0.2,  # 32 of the default 160 rows; a few even from the test's 24
+        "eval_fraction": 0.2,  # 70-odd of the default 384 rows; a few even from the test's 24
         "parity_samples": 4,  # vLLM vs transformers on 4 rows before capturing
     })
 
