@@ -370,9 +370,9 @@ def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
               *extra], timings, f"train {name}")
     # Fit time: from the logger's first file to the last checkpoint (process start-up excluded).
     started = next(run_dir.rglob("hparams.yaml")).stat().st_mtime
-    record: dict[str, Any] = {"train_s": ckpt.stat().st_mtime - started,
-                              "curve": _curve(next(run_dir.rglob("metrics.csv"))),
-                              "val_curve": _val_curve(next(run_dir.rglob("metrics.csv")))}
+    curve, val_curve = _curves(next(run_dir.rglob("metrics.csv")))
+    record: dict[str, Any] = {"train_s": ckpt.stat().st_mtime - started, "curve": curve,
+                              "val_curve": val_curve}
     for temp in temperatures:
         eval_dir = out / "eval" / f"{name}_T{temp}"
         if not (eval_dir / "eval_report.json").is_file():
@@ -385,22 +385,18 @@ def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
     return record
 
 
-def _curve(path: Path) -> list[dict[str, float]]:
-    """Step, train loss and teacher-forced tau of every logged window."""
-    rows = []
+def _curves(path: Path) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """From one read of the CSV log: step, train loss and teacher-forced tau of every logged
+    window, and step and teacher-forced tau of every validation pass (the held-out split)."""
+    train, val = [], []
     with path.open() as f:
         for row in csv.DictReader(f):
             if row.get("train/loss") and row.get("train/tau"):
-                rows.append({"step": float(row["step"]), "loss": float(row["train/loss"]),
-                             "tau": float(row["train/tau"])})
-    return rows
-
-
-def _val_curve(path: Path) -> list[dict[str, float]]:
-    """Step and teacher-forced tau of every validation pass (the held-out split)."""
-    with path.open() as f:
-        return [{"step": float(row["step"]), "tau": float(row["val/tau"])}
-                for row in csv.DictReader(f) if row.get("val/tau")]
+                train.append({"step": float(row["step"]), "loss": float(row["train/loss"]),
+                              "tau": float(row["train/tau"])})
+            if row.get("val/tau"):
+                val.append({"step": float(row["step"]), "tau": float(row["val/tau"])})
+    return train, val
 
 
 def _summary(name: str, rec: dict[str, Any]) -> dict[str, Any]:

@@ -91,10 +91,11 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
                                         for parts in zip(*per_sample, strict=True))
         report["samples"] = int((den > 0).sum())
         report["tau_ci95"] = list(ratio_ci(num, den, seed=cfg.seed))
+        full = int(full_den.sum())
         report["full_blocks"] = {
-            "tau": float(full_num.sum() / full_den.sum()) if full_den.sum() else 0.0,
+            "tau": float(full_num.sum() / full) if full else 0.0,
             "tau_ci95": list(ratio_ci(full_num, full_den, seed=cfg.seed)),
-            "blocks": int(full_den.sum()), "cut_blocks": int(den.sum() - full_den.sum())}
+            "blocks": full, "cut_blocks": int(den.sum()) - full}
     if blocks:
         accept, conf, valid = (np.concatenate(parts) for parts in zip(*blocks, strict=True))
         has_conf = draft.confidence_head is not None
