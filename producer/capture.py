@@ -214,7 +214,7 @@ class UnitCapturer:
         pending = []
         for raw in rows:
             encoded = (unreadable_reason(raw.error) if raw.row is None
-                       else self.encoder.encode(raw.row))
+                       else self.encoder.encode(raw.row, folder=raw.folder))
             if isinstance(encoded, SkipReason):
                 skipped[encoded.value] += 1
                 continue

@@ -75,6 +75,13 @@ class SkipReason(StrEnum):
     """A message carries an image part and the target (or backend) captures text only."""
     IMAGE_MISSING = ImageProblem.MISSING.value
     IMAGE_UNREADABLE = ImageProblem.UNREADABLE.value
+    IMAGE_NOT_A_FILE = ImageProblem.NOT_A_FILE.value
+    IMAGE_TOO_MANY_BYTES = ImageProblem.TOO_MANY_BYTES.value
+    IMAGE_READ_TIMEOUT = ImageProblem.READ_TIMEOUT.value
+    IMAGE_PROTOCOL_REFUSED = ImageProblem.PROTOCOL_REFUSED.value
+    IMAGE_SOURCE_REFUSED = ImageProblem.SOURCE_REFUSED.value
+    IMAGE_PATH_REFUSED = ImageProblem.PATH_REFUSED.value
+    IMAGE_ADDRESS_REFUSED = ImageProblem.ADDRESS_REFUSED.value
     IMAGE_UNDECODABLE = ImageProblem.UNDECODABLE.value
     IMAGE_TOO_LARGE = ImageProblem.TOO_LARGE.value
     TOO_MANY_IMAGES = ImageProblem.TOO_MANY.value
@@ -255,8 +262,9 @@ class ChatEncoder:
         self._reasoning_ignored = reasoning == "keep" and "reasoning_content" not in self.template
         self._probe()
 
-    def encode(self, row: Mapping[str, Any]) -> Encoded | SkipReason:
-        """Tokenize one row (``messages`` or pre-tokenized ``input_ids`` + ``loss_mask``)."""
+    def encode(self, row: Mapping[str, Any], *, folder: str | None = None) -> Encoded | SkipReason:
+        """Tokenize one row (``messages`` or pre-tokenized ``input_ids`` + ``loss_mask``) of the
+        data file in ``folder`` (where its relative image paths resolve)."""
         if "messages" not in row and "input_ids" in row:
             encoded = self._pretokenized(row)
         else:
@@ -275,13 +283,15 @@ class ChatEncoder:
                 )
             encoded = self.encode_messages(messages, tools=tools)
             if not isinstance(encoded, SkipReason):
-                encoded = self.attach_images(row, encoded)
+                encoded = self.attach_images(row, encoded, folder=folder)
         if isinstance(encoded, SkipReason):
             return encoded
         return self._fit(encoded)
 
-    def attach_images(self, row: Mapping[str, Any], encoded: Encoded) -> Encoded | SkipReason:
+    def attach_images(self, row: Mapping[str, Any], encoded: Encoded, *,
+                      folder: str | None) -> Encoded | SkipReason:
         """An image row's pixel values and expanded image spans (text-only encoder: as is)."""
+        del row, folder
         return encoded
 
     def encode_messages(

@@ -12,6 +12,11 @@ from sparkforge.shared.dataset import MAX_LINE_BYTES
 from sparkforge.shared.dtypes import HiddenDtype
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.fields import shorten
+from sparkforge.shared.image_sources import (
+    DEFAULT_IMAGE_READ_TIMEOUT_S,
+    DEFAULT_MAX_IMAGE_BYTES,
+    parse_image_sources,
+)
 from sparkforge.shared.images import DEFAULT_MAX_IMAGE_PIXELS
 from sparkforge.shared.layout import AuxCodec, CacheSpec
 from sparkforge.shared.mix import MixSource
@@ -23,6 +28,7 @@ RUN_LOCAL_FIELDS = frozenset({
     "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
     "finalize", "progress", "writer_queue_units", "writer_threads", "non_finite",
     "max_image_pixels",  # an image cache records it in producer_config.resolved.images
+    "image_sources", "max_image_bytes", "image_read_timeout_s",  # where images may come from
     "template_row_seconds",  # a wall-clock limit, like max_retries: the machine's, not the data's
 })
 RUN_LOCAL_ENGINE_FIELDS = frozenset({
@@ -85,6 +91,14 @@ class ProducerConfig:
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     """Image rows of a VL target: images with more pixels (width x height) are skipped
     (``image_too_large``), checked before they are decoded."""
+    image_sources: list[str] = field(default_factory=list)
+    """Where image parts may be read from besides data URIs, inline bytes and the data file's
+    own folder: local folders and remote prefixes (``s3://bucket/prefix``, ``gs://bucket``,
+    ``https://host[:port]/prefix``). Anything else is skipped as ``image_*_refused``."""
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    """Largest encoded image read; a larger one is skipped (``image_too_many_bytes``)."""
+    image_read_timeout_s: float = DEFAULT_IMAGE_READ_TIMEOUT_S
+    """Longest read of one image; a slower one is skipped (``image_read_timeout``)."""
     eval_fraction: float = 0.0
     """Fraction of rows put in the eval split (seeded hash of each row's content); 1.0 makes an
     eval-only cache (for ``sparkforge eval``)."""
@@ -144,12 +158,17 @@ class ProducerConfig:
         positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
                     "max_consecutive_failures", "read_batch_rows", "max_line_bytes",
                     "writer_queue_units",
-                    "max_image_pixels")
+                    "max_image_pixels", "max_image_bytes")
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if not self.template_row_seconds > 0:
-            problems.append(f"--template_row_seconds must be > 0, got {self.template_row_seconds}")
+        for name in ("template_row_seconds", "image_read_timeout_s"):
+            if not getattr(self, name) > 0:
+                problems.append(f"--{name} must be > 0, got {getattr(self, name)}")
+        try:
+            parse_image_sources(self.image_sources)
+        except ValueError as exc:
+            problems.append(str(exc))
         for name in ("topk", "max_retries", "parity_samples", "writer_threads"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} must be >= 0, got {getattr(self, name)}")

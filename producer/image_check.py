@@ -17,6 +17,7 @@ from sparkforge.producer.capture import sample_source_hash
 from sparkforge.producer.inputs import InputRows
 from sparkforge.shared import storage
 from sparkforge.shared.commit import parse_commit_bytes
+from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.images import ImageProblem, images_sha256, read_images, row_has_images
 from sparkforge.shared.layout import commit_key
 from sparkforge.shared.writer import CacheMismatchError, CacheWriter
@@ -26,7 +27,7 @@ MAX_LISTED = 5
 
 def check_committed_images(
     writer: CacheWriter, units: Iterable[int], inputs: InputRows, *, rows_per_unit: int,
-    storage_options: Mapping[str, Any], batch_rows: int = 1024,
+    reader: ImageReader, storage_options: Mapping[str, Any], batch_rows: int = 1024,
 ) -> int:
     """Compare the images of ``units``' committed image rows with what was captured.
 
@@ -48,7 +49,7 @@ def check_committed_images(
         if raw_row.index not in stored or not row_has_images(raw_row.row):
             continue
         assert raw_row.row is not None
-        encoded = read_images(raw_row.row["messages"], storage_options)
+        encoded = read_images(raw_row.row["messages"], reader, folder=raw_row.folder)
         now = (encoded.value if isinstance(encoded, ImageProblem) else
                sample_source_hash(raw_row.content_hash, images_sha256(encoded)))
         checked += 1

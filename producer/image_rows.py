@@ -2,11 +2,11 @@
 
 :class:`ImageChatEncoder` is a :class:`ChatEncoder` whose rows may carry image parts: they reach
 the template as ``{"type": "image"}`` parts (one image token each). An image row's images are read
-(data URI, local path or fsspec URI with the run's storage options), checked against the pixel
-limit and decoded; the target's own image processing gives the pixel values and expands each image
-token into its span. Image spans are never supervised (loss mask 0) but stay in the row as
-context. A bad image skips the row with its own reason (``image_missing``, ``image_unreadable``,
-``image_undecodable``, ``image_too_large``, ``too_many_images``).
+under the run's allow-list and limits (``sparkforge.shared.image_sources``), checked against the
+pixel limit and decoded; the target's own image processing gives the pixel values and expands
+each image token into its span. Image spans are never supervised (loss mask 0) but stay in the
+row as context. A bad image skips the row with its own reason
+(``sparkforge.shared.images.ImageProblem``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 
 from sparkforge.producer.chat import ChatEncoder, Encoded, SkipReason
 from sparkforge.shared.image_inputs import TargetImages
+from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.images import (
     DEFAULT_MAX_IMAGE_PIXELS,
     ImageProblem,
@@ -31,10 +32,10 @@ class ImageChatEncoder(ChatEncoder):
 
     def __init__(self, tokenizer: Any, *, images: TargetImages,
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-                 storage_options: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+                 image_reader: ImageReader | None = None, **kwargs: Any) -> None:
         self.images = images
         self.max_image_pixels = max_image_pixels
-        self.storage_options = dict(storage_options or {})
+        self.image_reader = image_reader or ImageReader()
         super().__init__(tokenizer, **kwargs)
 
     @property
@@ -43,13 +44,14 @@ class ImageChatEncoder(ChatEncoder):
         assert self.images is not None
         return self.images
 
-    def attach_images(self, row: Mapping[str, Any], encoded: Encoded) -> Encoded | SkipReason:
+    def attach_images(self, row: Mapping[str, Any], encoded: Encoded, *,
+                      folder: str | None) -> Encoded | SkipReason:
         """Load the row's images, expand its image tokens; refuse a row whose image spans would
         not fit in ``max_seq_len`` (a cut inside or before an image)."""
         if not row_has_images(row):
             return encoded
-        loaded = load_images(row["messages"], max_pixels=self.max_image_pixels,
-                             storage_options=self.storage_options)
+        loaded = load_images(row["messages"], self.image_reader, folder=folder,
+                             max_pixels=self.max_image_pixels)
         if isinstance(loaded, ImageProblem):
             return SkipReason(loaded.value)
         expanded = self.target_images.expand(encoded.input_ids, encoded.loss_mask, loaded)

@@ -46,6 +46,7 @@ from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, defaul
 from sparkforge.shared import storage
 from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.image_inputs import target_images
+from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.io_errors import storage_errors
 from sparkforge.shared.layer_ids import (
     HfIndices,
@@ -126,7 +127,14 @@ def chat_encoder(cfg: ProducerConfig, model_dir: Path, tokenizer: Any) -> ChatEn
     if images is None:
         return ChatEncoder(tokenizer, **kwargs)
     return ImageChatEncoder(tokenizer, images=images, max_image_pixels=cfg.max_image_pixels,
-                            storage_options=cfg.storage_options, **kwargs)
+                            image_reader=image_reader(cfg), **kwargs)
+
+
+def image_reader(cfg: ProducerConfig) -> ImageReader:
+    """How the run reads image sources: its allow-list, storage options and limits."""
+    return ImageReader.from_options(cfg.image_sources, storage_options=cfg.storage_options,
+                                    max_bytes=cfg.max_image_bytes,
+                                    timeout_s=cfg.image_read_timeout_s)
 
 
 def make_source(
@@ -237,8 +245,8 @@ def run(
         with storage_errors("output", cfg.output):
             checked = check_committed_images(
                 writer, sorted(set(mine) - set(todo)), prep.inputs,
-                rows_per_unit=cfg.rows_per_unit, storage_options=cfg.storage_options,
-                batch_rows=cfg.read_batch_rows)
+                rows_per_unit=cfg.rows_per_unit, reader=prep.encoder.image_reader,
+                storage_options=cfg.storage_options, batch_rows=cfg.read_batch_rows)
         logger.info("images of %d committed image rows unchanged", checked)
     summary = RunSummary(output=cfg.output, worker=share, units_owned=len(mine),
                          units_todo=len(todo), num_rows=prep.num_rows,
@@ -335,7 +343,8 @@ def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> l
     want_images = isinstance(prep.encoder, ImageChatEncoder)
     for n, raw in enumerate(prep.inputs.rows(batch_rows=cfg.read_batch_rows,
                                              storage_options=cfg.storage_options)):
-        encoded = unreadable_reason(raw.error) if raw.row is None else prep.encoder.encode(raw.row)
+        encoded = (unreadable_reason(raw.error) if raw.row is None
+                   else prep.encoder.encode(raw.row, folder=raw.folder))
         if not isinstance(encoded, SkipReason):
             (text if encoded.model_inputs is None else image).append(CaptureRequest(
                 sample_id=raw.index, input_ids=encoded.input_ids,

@@ -7,6 +7,7 @@ StorageError naming it; a line that is not a JSON object is a row with an ``erro
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -66,6 +67,18 @@ class RawRow:
     row: Mapping[str, Any] | None
     content_hash: str
     error: str | None = None
+    folder: str | None = None
+    """The folder of the row's data file (a local path or a remote URI), against which its
+    relative image paths resolve; None for a Hub dataset."""
+
+
+def data_folder(source: DataSource) -> str | None:
+    """The folder a source's rows resolve relative image paths in (None: a Hub dataset)."""
+    if source.format == "hf":
+        spec = hf_dataset.parse_spec(source.uri)
+        return spec.name if spec.on_disk else None
+    folder = source.uri.rsplit("/", 1)[0]
+    return folder.removeprefix("file://") if folder.startswith("file:///") else folder
 
 
 def row_hash(data: bytes) -> str:
@@ -271,7 +284,7 @@ def iter_rows(
     options = dict(storage_options or {})
     offset = 0
     for source in sources:
-        base = offset
+        base, folder = offset, data_folder(source)
 
         def local_wanted(i: int, base: int = base) -> bool:
             return wanted is None or bool(wanted(base + i))
@@ -284,6 +297,5 @@ def iter_rows(
         )
         with storage_errors("data", source.uri):
             for raw in rows:
-                yield RawRow(index=base + raw.index, row=raw.row, content_hash=raw.content_hash,
-                             error=raw.error)
+                yield dataclasses.replace(raw, index=base + raw.index, folder=folder)
         offset += source.num_rows

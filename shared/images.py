@@ -3,22 +3,22 @@
 A message's ``content`` may be a list of parts. Image parts come in the OpenAI form
 ``{"type": "image_url", "image_url": {"url": ...}}`` (``input_image`` with ``image_url`` too) and
 the Hugging Face form ``{"type": "image", "url" | "path" | "image": ...}``. The source is a data
-URI (``data:image/png;base64,...``), a local path or an fsspec URI (``s3://...``), read with the
-run's storage options. Every failure is a typed reason, so a run counts bad images and carries on.
+URI (``data:image/png;base64,...``), a local path or a remote URI (``s3://...``, ``https://...``),
+read by an :class:`~sparkforge.shared.image_sources.ImageReader` under the operator's allow-list.
+Every failure is a typed reason, so a run counts bad images and carries on.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fsspec
+if TYPE_CHECKING:
+    from sparkforge.shared.image_sources import ImageReader
 
 IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
 DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
@@ -32,7 +32,23 @@ class ImageProblem(StrEnum):
     MISSING = "image_missing"
     """An image part without a source, or a path/object that does not exist."""
     UNREADABLE = "image_unreadable"
-    """The source exists but its bytes cannot be read (a malformed data URI, an I/O error)."""
+    """The source exists but its bytes cannot be read (a malformed data URI, an I/O error, a
+    store client's failure, an HTTP answer other than 200)."""
+    NOT_A_FILE = "image_not_a_file"
+    """A local path that is a folder, a FIFO or a device (never opened for reading)."""
+    TOO_MANY_BYTES = "image_too_many_bytes"
+    """More encoded bytes than ``max_image_bytes`` (the read stops there)."""
+    READ_TIMEOUT = "image_read_timeout"
+    """Not read within ``image_read_timeout_s``."""
+    PROTOCOL_REFUSED = "image_protocol_refused"
+    """A protocol no operator may allow (ftp, hf, ...) or a chained one (``simplecache::``)."""
+    SOURCE_REFUSED = "image_source_refused"
+    """A remote URI under no ``--image_sources`` prefix (nor the data file's remote folder)."""
+    PATH_REFUSED = "image_path_refused"
+    """A local path outside the data file's folder and every ``--image_sources`` folder."""
+    ADDRESS_REFUSED = "image_address_refused"
+    """An allowed host that resolves to a link-local or cloud metadata address (never
+    contacted), or does not resolve."""
     UNDECODABLE = "image_undecodable"
     """The bytes are no image PIL can decode."""
     TOO_LARGE = "image_too_large"
@@ -94,30 +110,6 @@ def _part_source(part: Mapping[str, Any]) -> str | bytes | None:
     return None
 
 
-def read_image_bytes(
-    source: str | bytes, storage_options: Mapping[str, Any] | None = None
-) -> bytes | ImageProblem:
-    """The encoded bytes of one image source."""
-    if isinstance(source, bytes):
-        return source
-    if source.startswith("data:"):
-        header, sep, payload = source.partition(",")
-        if not sep or not header.endswith(";base64"):
-            return ImageProblem.UNREADABLE
-        try:
-            return base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            return ImageProblem.UNREADABLE
-    try:
-        with fsspec.open(source, "rb", **dict(storage_options or {})) as f:
-            data: bytes = f.read()
-    except FileNotFoundError:
-        return ImageProblem.MISSING
-    except (OSError, ValueError):  # permissions, a folder, an unknown protocol
-        return ImageProblem.UNREADABLE
-    return data
-
-
 def decode_image(data: bytes, max_pixels: int) -> Any:
     """An RGB PIL image of ``data``, or the problem (the pixel limit checked before decoding)."""
     from PIL import Image, UnidentifiedImageError
@@ -135,13 +127,14 @@ def decode_image(data: bytes, max_pixels: int) -> Any:
 
 
 def read_images(
-    messages: Sequence[Mapping[str, Any]], storage_options: Mapping[str, Any] | None = None
+    messages: Sequence[Mapping[str, Any]], reader: ImageReader, *, folder: str | None
 ) -> list[bytes] | ImageProblem:
-    """The encoded bytes of every image of ``messages``, in order; the first problem wins."""
+    """The encoded bytes of every image of ``messages`` (a row of the data file in ``folder``),
+    in order; the first problem wins."""
     sources = image_sources(messages)
     if isinstance(sources, ImageProblem):
         return sources
-    return _each(sources, lambda source: read_image_bytes(source, storage_options))
+    return _each(sources, lambda source: reader.read(source, folder=folder))
 
 
 def _each(items: Sequence[Any], step: Any) -> list[Any] | ImageProblem:
@@ -165,11 +158,12 @@ def images_sha256(encoded: Sequence[bytes]) -> str:
 
 
 def load_images(
-    messages: Sequence[Mapping[str, Any]], *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-    storage_options: Mapping[str, Any] | None = None,
+    messages: Sequence[Mapping[str, Any]], reader: ImageReader, *, folder: str | None,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> LoadedImages | ImageProblem:
-    """Read, check and decode every image of ``messages``; the first problem wins."""
-    encoded = read_images(messages, storage_options)
+    """Read, check and decode every image of ``messages`` (see :func:`read_images`); the first
+    problem wins."""
+    encoded = read_images(messages, reader, folder=folder)
     if isinstance(encoded, ImageProblem):
         return encoded
     images = _each(encoded, lambda data: decode_image(data, max_pixels))

@@ -13,6 +13,7 @@ disk never reaches the draft.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,5 @@ def iter_mix_rows(plan: Sequence[MixEntry], *, wanted: Callable[[int], bool] | N
             for raw in iter_rows(entry.files, wanted=by_row.__contains__, batch_rows=batch_rows,
                                  storage_options=storage_options):
                 for sample_id in by_row[raw.index]:
-                    yield RawRow(index=sample_id, row=raw.row, content_hash=raw.content_hash,
-                                 error=raw.error)
+                    yield dataclasses.replace(raw, index=sample_id)
         offset += len(entry.draws)

@@ -20,6 +20,7 @@ import numpy as np
 from sparkforge.shared.dataset import describe_sources, iter_rows
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.image_inputs import TargetImages
+from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.images import ImageProblem, load_images, row_has_images, template_parts
 
 logger = logging.getLogger(__name__)
@@ -51,11 +52,11 @@ class Prompt:
 
 
 def _image_prompt(messages: list[dict[str, Any]], tokenizer: Any, images: TargetImages | None,
-                  storage_options: Mapping[str, Any] | None) -> Prompt | str:
+                  reader: ImageReader, folder: str | None) -> Prompt | str:
     """An image prompt rendered and expanded, or the reason it is skipped."""
     if images is None:
         return "image_content"
-    loaded = load_images(messages, storage_options=storage_options)
+    loaded = load_images(messages, reader, folder=folder)
     if isinstance(loaded, ImageProblem):
         return loaded.value
     parts = [{**m, "content": template_parts(m["content"])} if isinstance(m.get("content"), list)
@@ -73,7 +74,8 @@ def _image_prompt(messages: list[dict[str, Any]], tokenizer: Any, images: Target
 
 def chat_prompts(uri: str, tokenizer: Any, num: int, *,
                  storage_options: Mapping[str, Any] | None = None,
-                 images: TargetImages | None = None) -> list[Prompt]:
+                 images: TargetImages | None = None,
+                 image_reader: ImageReader | None = None) -> list[Prompt]:
     """The first ``num`` usable prompts of a chat JSONL/Parquet source.
 
     Rows without a usable prompt are skipped and counted by reason (logged).
@@ -90,7 +92,8 @@ def chat_prompts(uri: str, tokenizer: Any, num: int, *,
             skipped[why] += 1
             continue
         if row_has_images({"messages": messages}):
-            prompt = _image_prompt(messages, tokenizer, images, storage_options)
+            prompt = _image_prompt(messages, tokenizer, images, image_reader or ImageReader(),
+                                   raw.folder)
             if isinstance(prompt, str):
                 skipped[prompt] += 1
                 continue

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from sparkforge.manifests.open import open_cache
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.image_inputs import TargetImages, target_images
+from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import loads_as_image_text
 from sparkforge.trainer.bootstrap import ratio_ci
@@ -214,7 +215,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
 
         prompts = chat_prompts(cfg.prompts, AutoTokenizer.from_pretrained(cfg.target),
                                cfg.num_prompts, storage_options=cfg.storage_options,
-                               images=images)
+                               images=images, image_reader=ImageReader.from_options(
+                                   cfg.image_sources, storage_options=cfg.storage_options))
     else:
         prompts = _held_out_prompts(reader, cfg.num_prompts, images)
     speculative = _decode(target, draft, prompts, cfg, device)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.image_sources import parse_image_sources
 from sparkforge.trainer.architectures import Engine
 
 
@@ -47,6 +48,9 @@ class EvalConfig:
     """Chat JSONL/Parquet (file, folder or glob, any fsspec URI) whose prompts are decoded."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """fsspec options of the cache (e.g. S3 endpoint)."""
+    image_sources: list[str] = field(default_factory=list)
+    """Image prompts of a VL target: where their images may be read from besides data URIs,
+    inline bytes and the prompts file's own folder (as ``sparkforge produce --image_sources``)."""
     num_prompts: int = 64
     """Held-out prompts decoded speculatively. On the shipped code target at T=1 the 95% interval
     of tau was +-6.8% at 32 prompts of 64 tokens, so 64 prompts give about +-5% (it shrinks as
@@ -77,5 +81,9 @@ class EvalConfig:
             problems.append("eval needs --cache or --prompts (or both)")
         problems += [f"eval.policy_thresholds: {t} is outside [0, 1]"
                      for t in self.policy_thresholds if not 0.0 <= t <= 1.0]
+        try:
+            parse_image_sources(self.image_sources)
+        except ValueError as exc:
+            problems.append(str(exc))
         if problems:
             raise SparkforgeError("invalid eval config:\n  " + "\n  ".join(problems))

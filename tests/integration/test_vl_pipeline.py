@@ -27,7 +27,9 @@ from sparkforge.app.tiny_target import main as tiny_target_main
 
 pytestmark = pytest.mark.slow  # ~1 min on 2 cores
 
-BAD = {"image_missing": {"type": "image", "path": "/nonexistent.png"},
+BAD = {"image_missing": {"type": "image", "path": "images/nonexistent.png"},
+       "image_path_refused": {"type": "image", "path": "/etc/hostname"},
+       "image_source_refused": {"type": "image", "url": "http://169.254.169.254/latest/"},
        "image_unreadable": {"type": "image_url", "image_url": {"url": "data:image/png;base64,%"}},
        "image_undecodable": {"type": "image_url", "image_url": {
            "url": "data:image/png;base64,bm90IGFuIGltYWdl"}}}

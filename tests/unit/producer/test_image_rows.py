@@ -141,7 +141,7 @@ def test_image_rows_equal_the_one_row_vl_forward(vl_targets: dict[str, Path], fa
     vl_target = vl_targets[family]
     encoder = _encoder(vl_target)
     rows = image_conversations(6, tmp_path)
-    encoded = [encoder.encode(r) for r in rows]
+    encoded = [encoder.encode(r, folder=str(tmp_path)) for r in rows]
     assert all(not isinstance(e, SkipReason) for e in encoded)
     requests = [CaptureRequest(sample_id=i, input_ids=e.input_ids, model_inputs=e.model_inputs)
                 for i, e in enumerate(encoded)]  # type: ignore[union-attr]
@@ -202,7 +202,8 @@ def _row_with(part: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("part", "reason"), [
-    ({"type": "image", "path": "/nonexistent/a.png"}, "image_missing"),
+    ({"type": "image", "path": "/nonexistent/a.png"}, "image_path_refused"),
+    ({"type": "image", "url": "http://169.254.169.254/latest/meta-data/"}, "image_source_refused"),
     ({"type": "image_url", "image_url": {"url": "data:image/png;base64,%%"}}, "image_unreadable"),
     ({"type": "image", "image": b"GIF89a broken"}, "image_undecodable"),
     ({"type": "image", "image": png_bytes(Image.new("RGB", (300, 300)))}, "image_too_large"),

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from sparkforge.app.tiny_vl import data_uri, png_bytes, tiny_image
+from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.images import (
     ImageProblem,
     image_sources,
@@ -46,7 +47,7 @@ def test_data_uri_path_and_bytes_decode_to_the_same_pixels(tmp_path: Path) -> No
     image = tiny_image(3)
     path = tmp_path / "a.png"
     path.write_bytes(png_bytes(image))
-    loaded = [load_images(_user(part)) for part in (
+    loaded = [load_images(_user(part), ImageReader(), folder=str(tmp_path)) for part in (
         {"type": "image_url", "image_url": {"url": data_uri(image)}},
         {"type": "image", "path": str(path)},
         {"type": "image", "image": png_bytes(image)})]
@@ -59,25 +60,27 @@ def test_data_uri_path_and_bytes_decode_to_the_same_pixels(tmp_path: Path) -> No
 def test_the_hash_follows_the_image_bytes_and_their_order(tmp_path: Path) -> None:
     """Another image, or the same two in the other order, is another hash."""
     a, b = ({"type": "image_url", "image_url": {"url": data_uri(tiny_image(s))}} for s in (1, 2))
-    hashes = [load_images(_user(*parts)).sha256 for parts in  # type: ignore[union-attr]
+    hashes = [load_images(_user(*parts), ImageReader(),  # type: ignore[union-attr]
+                          folder=None).sha256 for parts in
               ((a,), (b,), (a, b), (b, a))]
     assert len(set(hashes)) == 4
 
 
 def test_an_fsspec_uri_is_read_with_the_storage_options(moto_server: dict[str, Any]) -> None:
-    """An s3:// image is read with the run's storage options (a real S3 emulator)."""
+    """An s3:// image under an allowed prefix is read with the run's storage options (a real S3
+    emulator)."""
     import fsspec
 
     image = tiny_image(5)
     uri = f"s3://{moto_server['bucket']}/images/a.png"
     with fsspec.open(uri, "wb", **moto_server["storage_options"]) as f:
         f.write(png_bytes(image))
-    got = load_images(_user({"type": "image", "url": uri}),
-                      storage_options=moto_server["storage_options"])
+    reader = ImageReader.from_options([f"s3://{moto_server['bucket']}/images"],
+                                      storage_options=moto_server["storage_options"])
+    got = load_images(_user({"type": "image", "url": uri}), reader, folder=None)
     assert not isinstance(got, ImageProblem)
     assert np.array_equal(np.asarray(got.images[0]), np.asarray(image))
-    missing = load_images(_user({"type": "image", "url": uri + ".gone"}),
-                          storage_options=moto_server["storage_options"])
+    missing = load_images(_user({"type": "image", "url": uri + ".gone"}), reader, folder=None)
     assert missing is ImageProblem.MISSING
 
 
@@ -85,7 +88,8 @@ def test_an_fsspec_uri_is_read_with_the_storage_options(moto_server: dict[str, A
     ({"type": "image_url", "image_url": {}}, ImageProblem.MISSING),
     ({"type": "image"}, ImageProblem.MISSING),
     ({"type": "image", "path": "{tmp}/nowhere.png"}, ImageProblem.MISSING),
-    ({"type": "image", "path": "{tmp}"}, ImageProblem.UNREADABLE),
+    ({"type": "image", "path": "{tmp}"}, ImageProblem.NOT_A_FILE),
+    ({"type": "image", "path": "/etc/hostname"}, ImageProblem.PATH_REFUSED),
     ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@notbase64@@"}},
      ImageProblem.UNREADABLE),
     ({"type": "image_url", "image_url": {"url": "data:image/png,plain"}}, ImageProblem.UNREADABLE),
@@ -100,5 +104,7 @@ def test_each_bad_image_has_its_own_problem(part: dict[str, Any], problem: Image
     fixed = {k: (v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v)
              for k, v in part.items()}
     good = {"type": "image_url", "image_url": {"url": data_uri(tiny_image(0))}}
-    assert load_images(_user(good, fixed), max_pixels=64 * 64) is problem
-    assert not isinstance(load_images(_user(good), max_pixels=64 * 64), ImageProblem)
+    reader, folder = ImageReader(), str(tmp_path)
+    assert load_images(_user(good, fixed), reader, folder=folder, max_pixels=64 * 64) is problem
+    assert not isinstance(load_images(_user(good), reader, folder=folder, max_pixels=64 * 64),
+                          ImageProblem)
