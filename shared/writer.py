@@ -161,9 +161,13 @@ class CacheWriter:
                      unit, attempt, len(rows), len(slots))
 
     def _claim_attempt(self, unit: int) -> int:
-        taken = storage.list_names(self.loc, f"_attempts/unit_{unit:08d}")
-        start = max((int(n) for n in taken if n.isdigit()), default=-1) + 1
-        for attempt in range(start, MAX_ATTEMPTS):
+        """Claim the unit's first free attempt number by exclusive create, probing from 0.
+
+        A claim costs one create per earlier attempt of this unit and lists nothing: on S3,
+        listing a unit's missing ``_attempts/`` folder falls back to listing its parent, one
+        page per 1,000 units already claimed, so every commit grew with the units before it.
+        """
+        for attempt in range(MAX_ATTEMPTS):
             try:
                 storage.exclusive_create(self.loc, attempt_key(unit, attempt), b"")
                 return attempt

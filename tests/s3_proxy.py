@@ -1,0 +1,116 @@
+"""An HTTP proxy in front of an S3 endpoint that counts requests by kind and can add latency.
+
+Tests count the requests a job sends (``LIST`` pages, ``GET``, ``PUT``, ``HEAD``); benchmarks also
+delay every request by ``latency_s`` to stand in for a remote object store. Point s3fs at
+:attr:`S3Proxy.endpoint` instead of the server's own endpoint.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+_HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length",
+                          "proxy-connection", "te", "trailer", "upgrade"})
+
+
+def request_kind(method: str, path: str) -> str:
+    """``LIST`` for a bucket listing (a GET with ``list-type``, ``prefix`` or ``delimiter`` on the
+    bucket), else the HTTP method."""
+    parts = urlsplit(path)
+    query = parse_qs(parts.query, keep_blank_values=True)
+    on_bucket = parts.path.strip("/").count("/") == 0
+    if method == "GET" and on_bucket and ({"list-type", "prefix", "delimiter"} & set(query)):
+        return "LIST"
+    return method
+
+
+class S3Proxy:
+    """Forwards every request to ``upstream`` (``http://host:port``), one kept-alive connection
+    per client connection, after sleeping ``latency_s``; ``counts`` tallies the kinds."""
+
+    def __init__(self, upstream: str, *, latency_s: float = 0.0) -> None:
+        self.upstream = urlsplit(upstream)
+        self.latency_s = latency_s
+        self.counts: Counter[str] = Counter()
+        self.log: list[tuple[str, str]] = []
+        """(kind, path) of every request since the last :meth:`reset`."""
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        """The proxy's own URL, for ``endpoint_url``."""
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def count(self, kind: str, path: str) -> None:
+        """Tally one request."""
+        with self._lock:
+            self.counts[kind] += 1
+            self.log.append((kind, path))
+
+    def reset(self) -> Counter[str]:
+        """The counts so far, then start again from zero."""
+        with self._lock:
+            counts, self.counts, self.log = self.counts, Counter(), []
+        return counts
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler(proxy: S3Proxy) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        upstream: http.client.HTTPConnection | None = None
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+            """Quiet: a benchmark sends hundreds of thousands of requests."""
+
+        def _forward(self) -> None:
+            body = self._body()
+            proxy.count(request_kind(self.command, self.path), self.path)
+            if proxy.latency_s:
+                time.sleep(proxy.latency_s)
+            if self.upstream is None:
+                self.upstream = http.client.HTTPConnection(
+                    proxy.upstream.hostname, proxy.upstream.port, timeout=300)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+            self.upstream.request(self.command, self.path, body=body, headers=headers)
+            response = self.upstream.getresponse()
+            data = response.read()
+            self.send_response_only(response.status, response.reason)
+            for key, value in response.getheaders():
+                if key.lower() not in _HOP_HEADERS:
+                    self.send_header(key, value)
+            length = response.getheader("Content-Length") if self.command == "HEAD" else None
+            self.send_header("Content-Length", length or str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        def _body(self) -> bytes | None:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                chunks = []
+                while size := int(self.rfile.readline().split(b";")[0], 16):
+                    chunks.append(self.rfile.read(size))
+                    self.rfile.readline()
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(chunks)
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(length) if length else None
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+    return Handler
