@@ -237,6 +237,9 @@ class UnitCapturer:
             if item is None:
                 raise RuntimeError(f"capture backend returned sample {result.sample_id}, which "
                                    "was not requested or was already returned")
+            if result.skipped is not None:
+                skipped[result.skipped] += 1
+                continue
             error = result.error or _check_result(result, item, self.num_layers, self.topk)
             if error is not None:
                 failed += 1

@@ -84,6 +84,8 @@ class SkipReason(StrEnum):
     IMAGE_ADDRESS_REFUSED = ImageProblem.ADDRESS_REFUSED.value
     IMAGE_UNDECODABLE = ImageProblem.UNDECODABLE.value
     IMAGE_TOO_LARGE = ImageProblem.TOO_LARGE.value
+    IMAGE_SHAPE_UNSUPPORTED = ImageProblem.SHAPE_UNSUPPORTED.value
+    IMAGE_PROCESSING_FAILED = ImageProblem.PROCESSING_FAILED.value
     TOO_MANY_IMAGES = ImageProblem.TOO_MANY.value
     """Image rows of a VL target (``sparkforge.shared.images.ImageProblem`` says which is which)."""
     NON_FINITE_ACTIVATIONS = "non_finite_activations"

@@ -17,6 +17,7 @@ so its states are those of the VL forward a serving engine runs on the same prom
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -27,9 +28,12 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 from sparkforge.producer.source import CaptureRequest, CaptureResult
 from sparkforge.producer.target_head import TargetHead
 from sparkforge.shared.hidden_features import layer_feature, served_hidden_states
+from sparkforge.shared.images import ImageProblem
 from sparkforge.shared.layer_ids import check_hf_ids
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import family_of, loads_as_image_text
+
+logger = logging.getLogger(__name__)
 
 
 class HfSource:
@@ -87,10 +91,24 @@ class HfSource:
     def capture(
         self, requests: Sequence[CaptureRequest], *, topk: int | None = None
     ) -> Iterator[CaptureResult]:
-        """Run ``requests`` in right-padded batches; yield one result each, in request order."""
+        """Run ``requests`` in right-padded batches; yield one result each, in request order.
+
+        An image row whose forward raises is answered with the skip reason
+        ``image_processing_failed`` (its images, not the engine, are at fault).
+        """
         k = self.topk if topk is None else topk
         for batch in self._batches(requests):
-            yield from self._forward(batch, k)
+            if batch[0].model_inputs is None:
+                yield from self._forward(batch, k)
+                continue
+            try:
+                results = list(self._forward(batch, k))
+            except (IndexError, ValueError, RuntimeError) as exc:
+                logger.warning("the vision forward failed on sample %d: %s: %s",
+                               batch[0].sample_id, type(exc).__name__, str(exc)[:200])
+                results = [CaptureResult(sample_id=batch[0].sample_id,
+                                         skipped=ImageProblem.PROCESSING_FAILED.value)]
+            yield from results
 
     def _batches(self, requests: Sequence[CaptureRequest]) -> Iterator[list[CaptureRequest]]:
         batch: list[CaptureRequest] = []

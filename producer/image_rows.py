@@ -22,6 +22,7 @@ from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.images import (
     DEFAULT_MAX_IMAGE_PIXELS,
     ImageProblem,
+    image_sources,
     load_images,
     row_has_images,
 )
@@ -47,19 +48,27 @@ class ImageChatEncoder(ChatEncoder):
     def attach_images(self, row: Mapping[str, Any], encoded: Encoded, *,
                       folder: str | None) -> Encoded | SkipReason:
         """Load the row's images, expand its image tokens; refuse a row whose image spans would
-        not fit in ``max_seq_len`` (a cut inside or before an image)."""
+        not fit in ``max_seq_len`` (a cut inside or before an image) as soon as that is known:
+        before any read when even one-token spans would not fit, else at the first image whose
+        size (read from its header) ends its span too late, before the next image is read."""
         if not row_has_images(row):
             return encoded
+        sources = image_sources(row["messages"])
+        if isinstance(sources, ImageProblem):
+            return SkipReason(sources.value)
+        slots = np.flatnonzero(encoded.input_ids == self.target_images.image_token_id)
+        # The k-th span ends at slot_k + 2 (k + 1) at the earliest (one image token each).
+        if slots.size != len(sources) or (
+                slots.size and slots[-1] + 2 * slots.size >= self.max_seq_len):
+            return SkipReason.TOO_MANY_IMAGES
         loaded = load_images(row["messages"], self.image_reader, folder=folder,
-                             max_pixels=self.max_image_pixels)
+                             max_pixels=self.max_image_pixels,
+                             admit=_SpanFit(self.target_images, slots, self.max_seq_len))
         if isinstance(loaded, ImageProblem):
             return SkipReason(loaded.value)
         expanded = self.target_images.expand(encoded.input_ids, encoded.loss_mask, loaded)
         if isinstance(expanded, ImageProblem):
             return SkipReason(expanded.value)
-        ends = np.flatnonzero(expanded.input_ids == self.target_images.eoi_token_id)
-        if ends.size and ends[-1] >= self.max_seq_len:
-            return SkipReason.TOO_MANY_IMAGES
         return Encoded(expanded.input_ids, expanded.loss_mask,
                        model_inputs=expanded.model_inputs, images_sha256=expanded.images_sha256)
 
@@ -71,3 +80,25 @@ class ImageChatEncoder(ChatEncoder):
         return Encoded(fitted.input_ids, fitted.loss_mask, images_sha256=fitted.images_sha256,
                        model_inputs={**fitted.model_inputs,
                                      **self.target_images.token_types(fitted.input_ids)})
+
+
+class _SpanFit:
+    """Places a row's image spans one image at a time, from each image's size: refuses an image
+    the processing cannot take, or whose span ends past ``max_seq_len``."""
+
+    def __init__(self, images: TargetImages, slots: np.ndarray, max_seq_len: int) -> None:
+        self.images, self.slots, self.max_seq_len = images, slots.tolist(), max_seq_len
+        self.shift = 0
+        """Tokens the spans placed so far add before the next slot."""
+        self.placed = 0
+
+    def __call__(self, width: int, height: int) -> ImageProblem | None:
+        n = self.images.num_tokens(width, height)
+        if isinstance(n, ImageProblem):
+            return n
+        end = self.slots[self.placed] + self.shift + n + 1  # boi, n image tokens, eoi
+        if end >= self.max_seq_len:
+            return ImageProblem.TOO_MANY
+        self.shift += n + 1
+        self.placed += 1
+        return None

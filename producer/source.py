@@ -40,6 +40,9 @@ class CaptureResult:
     topk_logprobs: torch.Tensor | None = None
     """[T, k] float32 log-probabilities matching ``topk_ids``."""
     error: str | None = None
+    skipped: str | None = None
+    """Set when the row's own input made the forward fail (an image row whose vision forward
+    raised): the skip reason it is counted under, not a failed request."""
 
 
 class HiddenStateSource(Protocol):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ import numpy as np
 
 from sparkforge.shared.images import ImageProblem, LoadedImages
 
+logger = logging.getLogger(__name__)
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
@@ -80,6 +82,8 @@ class TargetImages:
             )
 
             self._gemma4 = Gemma4ImageProcessorPil.from_pretrained(str(model_dir))
+            self._positions = int(config.get("vision_config", {}).get(
+                "position_embedding_size", 1 << 62))
             self.image_token_id = int(config["image_token_id"])
             self.boi_token_id = int(config["boi_token_id"])
             self.eoi_token_id = int(config["eoi_token_id"])
@@ -106,6 +110,36 @@ class TargetImages:
         got = self._minimax(images)
         return got, [self._minimax.num_tokens(g) for g in got["image_grid_thw"].tolist()]
 
+    def num_tokens(self, width: int, height: int) -> int | ImageProblem:
+        """Image tokens of a ``width`` x ``height`` image, computed from its size alone as the
+        processor sizes it; ``SHAPE_UNSUPPORTED`` for a size it cannot take."""
+        try:
+            if self.family.model_type == "gemma4":
+                return self._gemma4_tokens(width, height)
+            return self._minimax.num_tokens_of_size(height, width)
+        except ValueError as exc:  # the processor's own refusal (aspect ratio, ...)
+            logger.warning("image of %d x %d refused: %s", width, height, exc)
+            return ImageProblem.SHAPE_UNSUPPORTED
+
+    def _gemma4_tokens(self, width: int, height: int) -> int | ImageProblem:
+        from transformers.models.gemma4.image_processing_pil_gemma4 import (
+            get_aspect_ratio_preserving_size,
+        )
+
+        proc = self._gemma4
+        max_patches = proc.max_soft_tokens * proc.pooling_kernel_size ** 2
+        resized = (get_aspect_ratio_preserving_size(
+            height=height, width=width, patch_size=proc.patch_size, max_patches=max_patches,
+            pooling_kernel_size=proc.pooling_kernel_size) if proc.do_resize else (height, width))
+        rows, cols = (side // proc.patch_size for side in resized)
+        # The vision tower looks each patch's column and row up in a table of this many.
+        if max(rows, cols) > self._positions or rows * cols > max_patches:
+            logger.warning("image of %d x %d refused: its %d x %d patch grid does not fit the "
+                           "vision tower (at most %d patches per side, %d in all)", width, height,
+                           cols, rows, self._positions, max_patches)
+            return ImageProblem.SHAPE_UNSUPPORTED
+        return rows * cols // proc.pooling_kernel_size ** 2
+
     def identity(self) -> dict[str, Any]:
         """What the manifest records about the image processing."""
         return {"processor": self.family.processor,
@@ -118,12 +152,24 @@ class TargetImages:
         """Pixel values of ``images`` and the ids with each image token expanded to its span.
 
         Returns ``TOO_MANY`` when the rendering holds another number of image tokens than there
-        are images (a template that drops or repeats image parts).
+        are images (a template that drops or repeats image parts), ``SHAPE_UNSUPPORTED`` for
+        an image the processing cannot take and ``PROCESSING_FAILED`` when the processor raises.
         """
         slots = np.flatnonzero(input_ids == self.image_token_id)
         if slots.size != len(images.images):
             return ImageProblem.TOO_MANY
-        inputs, counts = self.pixels(images.images)
+        expected = [self.num_tokens(*image.size) for image in images.images]
+        for n in expected:
+            if isinstance(n, ImageProblem):
+                return n
+        try:
+            inputs, counts = self.pixels(images.images)
+        except Exception as exc:  # noqa: BLE001 - one row's images, counted as its skip reason
+            logger.warning("image processor failed on a row: %s: %s", type(exc).__name__, exc)
+            return ImageProblem.PROCESSING_FAILED
+        if counts != expected:  # would mean num_tokens no longer follows the processor
+            logger.warning("image processor gave %s image tokens, expected %s", counts, expected)
+            return ImageProblem.PROCESSING_FAILED
         ids_parts, mask_parts, start = [], [], 0
         for slot, n in zip(slots.tolist(), counts, strict=True):
             ids_parts += [input_ids[start:slot],

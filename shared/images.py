@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -53,6 +53,11 @@ class ImageProblem(StrEnum):
     """The bytes are no image PIL can decode."""
     TOO_LARGE = "image_too_large"
     """More pixels than ``max_image_pixels``."""
+    SHAPE_UNSUPPORTED = "image_shape_unsupported"
+    """A size the target's image processing cannot take (an aspect ratio past its limit, a patch
+    grid past its vision tower's position table), refused before the forward."""
+    PROCESSING_FAILED = "image_processing_failed"
+    """The target's image processor or its vision forward raised on the row's images."""
     TOO_MANY = "too_many_images"
     """The image placeholders do not fit in ``max_seq_len`` (or the template dropped some)."""
 
@@ -110,14 +115,23 @@ def _part_source(part: Mapping[str, Any]) -> str | bytes | None:
     return None
 
 
-def decode_image(data: bytes, max_pixels: int) -> Any:
-    """An RGB PIL image of ``data``, or the problem (the pixel limit checked before decoding)."""
+Admit = Callable[[int, int], "ImageProblem | None"]
+"""``(width, height) -> problem or None``: a caller's check of an image's size, before it is
+decoded (and before the row's next image is read)."""
+
+
+def decode_image(data: bytes, max_pixels: int, admit: Admit | None = None) -> Any:
+    """An RGB PIL image of ``data``, or the problem (the pixel limit and ``admit`` checked on
+    the header, before decoding)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         image = Image.open(io.BytesIO(data))
         if image.width * image.height > max_pixels:
             return ImageProblem.TOO_LARGE
+        problem = None if admit is None else admit(image.width, image.height)
+        if problem is not None:
+            return problem
         image.load()
         return image.convert("RGB")
     except Image.DecompressionBombError:
@@ -159,16 +173,24 @@ def images_sha256(encoded: Sequence[bytes]) -> str:
 
 def load_images(
     messages: Sequence[Mapping[str, Any]], reader: ImageReader, *, folder: str | None,
-    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, admit: Admit | None = None,
 ) -> LoadedImages | ImageProblem:
-    """Read, check and decode every image of ``messages`` (see :func:`read_images`); the first
-    problem wins."""
-    encoded = read_images(messages, reader, folder=folder)
-    if isinstance(encoded, ImageProblem):
-        return encoded
-    images = _each(encoded, lambda data: decode_image(data, max_pixels))
-    if isinstance(images, ImageProblem):
-        return images
+    """Read, check and decode every image of ``messages`` (a row of the data file in
+    ``folder``), one image after the other; the first problem wins, and no image after it is
+    read. ``admit`` sees each image's size before it is decoded."""
+    sources = image_sources(messages)
+    if isinstance(sources, ImageProblem):
+        return sources
+    encoded, images = [], []
+    for source in sources:
+        data = reader.read(source, folder=folder)
+        if isinstance(data, ImageProblem):
+            return data
+        image = decode_image(data, max_pixels, admit)
+        if isinstance(image, ImageProblem):
+            return image
+        encoded.append(data)
+        images.append(image)
     return LoadedImages(images=tuple(images), sha256=images_sha256(encoded))
 
 

@@ -99,12 +99,25 @@ class MiniMaxM3VLPixels:
         """Image tokens of one image: its merged patches."""
         return int(np.prod(grid_thw)) // self.merge_size ** 2
 
+    def resized(self, height: int, width: int) -> tuple[int, int]:
+        """The size an image is resized to before patchifying.
+
+        Raises:
+            ValueError: The aspect ratio exceeds 200.
+        """
+        return smart_resize(height, width, factor=self.patch_size * self.merge_size,
+                            min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+
+    def num_tokens_of_size(self, height: int, width: int) -> int:
+        """Image tokens of a ``height`` x ``width`` image (see :meth:`resized`)."""
+        new_h, new_w = self.resized(height, width)
+        return self.num_tokens([1, new_h // self.patch_size, new_w // self.patch_size])
+
     def _resize(self, image: Any) -> Any:
         import torch
 
         height, width = image.shape[-2:]
-        new_h, new_w = smart_resize(height, width, factor=self.patch_size * self.merge_size,
-                                    min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        new_h, new_w = self.resized(height, width)
         if (new_h, new_w) == (height, width):
             return image
         # torch's own uint8 kernel, which torchvision's uint8 resize calls on the CPU (the

@@ -24,6 +24,7 @@ from sparkforge.producer.hf_source import HfSource
 from sparkforge.producer.image_rows import ImageChatEncoder
 from sparkforge.producer.source import CaptureRequest
 from sparkforge.shared.image_inputs import target_images
+from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.target_config import read_target_config
 
 LAYER_IDS = (1, 2, 3)
@@ -273,3 +274,128 @@ def test_a_rerun_detects_a_changed_image_behind_an_unchanged_path(vl_target: Pat
         run(cfg)
     image_path.write_bytes(original)
     assert run(cfg).units_todo == 0
+
+
+# Sizes (width, height) around each tiny target's limits: the tiny Gemma4's vision tower places
+# at most 64 patches of 4 pixels per side (its processor up to 140), MiniMax-M3 VL's processor
+# refuses aspect ratios past 200.
+SHAPES = [(1, 1), (28, 20), (300, 7), (7, 300), (60, 4), (4, 60), (1000, 2), (2, 1000),
+          (1, 100_000)]
+
+
+@pytest.fixture(scope="module")
+def vl_sources(vl_targets: dict[str, Path]) -> dict[str, HfSource]:
+    """One fp32 HF backend per tiny VL family."""
+    return {family: HfSource(str(target), layer_ids=LAYER_IDS, dtype="float32")
+            for family, target in vl_targets.items()}
+
+
+def _forward_unchecked(source: HfSource, images: Any, image: Any) -> None:
+    """The processor and the VL forward on one image, without the size check."""
+    inputs, _ = images.pixels([image])
+    ids = torch.tensor([[images.image_token_id] * 4])
+    source.model(input_ids=ids, **inputs, **images.token_types(ids))
+
+
+@pytest.mark.parametrize("family", ["gemma4", "minimax_m3_vl"])
+def test_only_images_the_target_cannot_take_are_refused(
+        vl_targets: dict[str, Path], vl_sources: dict[str, HfSource], family: str) -> None:
+    """Every size the encoder admits gets the processor's token count and captures; every size it
+    refuses (image_shape_unsupported, before the forward) is one on which the processor or the
+    vision forward fails."""
+    encoder = _encoder(vl_targets[family], max_seq_len=512)
+    images = encoder.target_images
+    refused = []
+    for width, height in SHAPES:
+        image = Image.new("RGB", (width, height), (200, 30, 90))
+        got = encoder.encode(_image_row(image))
+        if got == SkipReason.IMAGE_SHAPE_UNSUPPORTED:
+            refused.append((width, height))
+            with pytest.raises((IndexError, ValueError)):
+                _forward_unchecked(vl_sources[family], images, image)
+            continue
+        assert not isinstance(got, SkipReason), (width, height, got)
+        assert images.pixels([image])[1] == [images.num_tokens(width, height)]
+        result = next(iter(vl_sources[family].capture([CaptureRequest(
+            sample_id=0, input_ids=got.input_ids, model_inputs=got.model_inputs)])))
+        assert result.error is None
+        assert result.skipped is None
+        assert result.aux_hidden is not None
+    assert refused, "no size tried reaches the limits"
+
+
+def test_an_image_of_exactly_max_image_pixels_is_refused_from_its_header(vl_target: Path) -> None:
+    """A valid 1 x 16,777,216 PNG (exactly the default max_image_pixels), which the tiny Gemma4's
+    vision tower cannot place, is skipped by its size before it is decoded."""
+    data = png_bytes(Image.new("RGB", (16_777_216, 1)))
+    got = _encoder(vl_target).encode(_row_with({"type": "image", "image": data}))
+    assert got == SkipReason.IMAGE_SHAPE_UNSUPPORTED
+
+
+def test_a_vision_forward_that_raises_skips_its_row_only(
+        vl_targets: dict[str, Path], vl_sources: dict[str, HfSource]) -> None:
+    """An image row whose forward raises is counted as image_processing_failed, not as a failed
+    request, and the unit's other rows are captured."""
+    from sparkforge.producer.capture import FailureRun, UnitCapturer
+    from sparkforge.producer.splits import SplitRule
+    from sparkforge.shared.dataset import RawRow
+
+    encoder = _encoder(vl_targets["gemma4"])
+    good = _image_row(tiny_image(0))
+    broken = encoder.encode(good)
+    assert not isinstance(broken, SkipReason)
+    assert broken.model_inputs is not None
+    positions = broken.model_inputs["image_position_ids"]
+    poisoned = {**broken.model_inputs, "image_position_ids": positions.clamp(min=0) + 10_000}
+
+    class Poisoning(ImageChatEncoder):
+        """Hands the backend out-of-range patch positions for the row marked ``poison``."""
+
+        def encode(self, row: Any, *, folder: str | None = None) -> Any:
+            got = super().encode({k: v for k, v in row.items() if k != "poison"}, folder=folder)
+            return (type(got)(got.input_ids, got.loss_mask, model_inputs=poisoned,
+                              images_sha256=got.images_sha256) if "poison" in row else got)
+
+    poisoning = Poisoning(encoder.tokenizer, images=encoder.target_images, max_seq_len=512)
+    capturer = UnitCapturer(poisoning, SplitRule(0.0, None, 0), len(LAYER_IDS), "float32", 0,
+                            FailureRun(1))
+    rows = [RawRow(index=i, row=row, content_hash=str(i))
+            for i, row in enumerate([good, {**good, "poison": True}, good])]
+    records, accounting = capturer.capture(vl_sources["gemma4"], rows)
+    assert [r.sample_id for r in records] == [0, 2]
+    assert accounting.skipped == {"image_processing_failed": 1}
+    assert accounting.failed == 0
+
+
+class _CountingReader(ImageReader):
+    """The real reader, counting the images it is asked to read."""
+
+    def read(self, source: str | bytes, *, folder: str | None) -> bytes | Any:
+        object.__setattr__(self, "reads", getattr(self, "reads", 0) + 1)
+        return super().read(source, folder=folder)
+
+
+@pytest.mark.parametrize(("num_images", "fitting", "reads"), [
+    (200, None, 0),  # 200 one-token spans cannot fit in 512: refused before any read
+    (3, 1, 2),       # the first image's span fits, the second's does not: the third is unread
+])
+def test_images_past_max_seq_len_are_refused_before_they_are_read(
+        vl_target: Path, tmp_path: Path, num_images: int, fitting: int | None,
+        reads: int) -> None:
+    """A row's image count and each image's span are checked before the next image is read, so a
+    row of many slow images costs no reads past the one that does not fit."""
+    path = tmp_path / "a.png"
+    path.write_bytes(png_bytes(tiny_image(3, size=(64, 64))))
+    row = {"messages": [
+        {"role": "user", "content": [*[{"type": "image", "path": "a.png"}] * num_images,
+                                     {"type": "text", "text": "Which is which?"}]},
+        {"role": "assistant", "content": "The same one."}]}
+    max_seq_len = 512
+    if fitting is not None:  # just past the end of the first `fitting` spans
+        full = _encoder(vl_target, max_seq_len=4096).encode(row, folder=str(tmp_path))
+        assert not isinstance(full, SkipReason)
+        max_seq_len = int(np.flatnonzero(full.input_ids == 5)[fitting - 1]) + 2
+    reader = _CountingReader()
+    encoder = _encoder(vl_target, max_seq_len=max_seq_len, image_reader=reader)
+    assert encoder.encode(row, folder=str(tmp_path)) == SkipReason.TOO_MANY_IMAGES
+    assert getattr(reader, "reads", 0) == reads
