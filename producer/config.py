@@ -18,7 +18,7 @@ from sparkforge.shared.image_sources import (
     parse_image_sources,
 )
 from sparkforge.shared.images import DEFAULT_MAX_IMAGE_PIXELS
-from sparkforge.shared.layout import AuxCodec, CacheSpec
+from sparkforge.shared.layout import MAX_UNITS, AuxCodec, CacheSpec
 from sparkforge.shared.mix import MixSource
 
 # Settings that change how a run goes but not a byte of the cache: left out of the cache header, so
@@ -178,6 +178,12 @@ class ProducerConfig:
             problems.append("give exactly one of --data and --mix")
         if self.mix_rows is not None and (not self.mix or self.mix_rows < 1):
             problems.append(f"--mix_rows needs --mix and must be >= 1, got {self.mix_rows}")
+        elif self.mix_rows is not None and self.mix_rows > MAX_UNITS * self.rows_per_unit:
+            problems.append(f"--mix_rows {self.mix_rows} would need more than {MAX_UNITS:,} "
+                            f"units of --rows_per_unit {self.rows_per_unit}, the most a cache "
+                            "holds; lower it or raise --rows_per_unit")
+        if self.mix_seed < 0:
+            problems.append(f"--mix_seed must be >= 0, got {self.mix_seed}")
         if not 0.0 <= self.eval_fraction <= 1.0:
             problems.append(f"--eval_fraction must be in [0, 1], got {self.eval_fraction}")
         if self.eval_fraction > 0.0 and self.eval_ids is not None:

@@ -108,6 +108,10 @@ class SourceInfo:
     """Set when the source is a Hugging Face dataset; absent from older manifests."""
 
 
+MAX_MIX_WEIGHT = 1e12
+"""Largest weight of a mix entry a header records (weights are relative: scale them down)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class MixInfo:
     """One source of a weighted mix and what was drawn from it."""
@@ -366,7 +370,7 @@ def parse_mix(data: object, num_sources: int) -> tuple[MixInfo, ...]:
                                               "first_sample", "first_source", "num_sources"))
         entry = MixInfo(
             name=f.string(d["name"], f"{field}.name"), data=f.string(d["data"], f"{field}.data"),
-            weight=f.number(d["weight"], f"{field}.weight", lo=0.0, hi=1e12),
+            weight=f.number(d["weight"], f"{field}.weight", lo=0.0, hi=MAX_MIX_WEIGHT),
             source_rows=f.integer(d["source_rows"], f"{field}.source_rows"),
             rows=f.integer(d["rows"], f"{field}.rows"),
             first_sample=f.integer(d["first_sample"], f"{field}.first_sample"),

@@ -8,7 +8,8 @@ its share is repeated, a larger one subsampled. The mix lists source 0's draws f
 kept, a repeated row next to itself), then source 1's, ...; so the sample ids of source ``j`` are
 the contiguous range ``[first_sample_j, first_sample_j + n_j)``, which is what the per-source
 accounting of ``inspect`` reads back. The trainer shuffles units every epoch, so the order on
-disk never reaches the draft.
+disk never reaches the draft. The draws are held as the repeat count and the subsample (at most
+``N_j`` ids), never listed, so a mix of many rows costs no more memory than its sources.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from sparkforge.shared.dataset import (
     describe_sources,
     iter_rows,
 )
-from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.errors import ConfigError
+from sparkforge.shared.header import MAX_MIX_WEIGHT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,10 +51,42 @@ class MixSource:
     """Label in the summary and ``inspect`` (default: ``data``)."""
 
     def __post_init__(self) -> None:
-        if not self.data:
-            raise SparkforgeError("mix: every entry needs data")
-        if not self.weight > 0:
-            raise SparkforgeError(f"mix: {self.data}: weight must be > 0, got {self.weight}")
+        if not isinstance(self.data, str) or not self.data:
+            raise ConfigError(f"mix: every entry needs data (a path or URI), got {self.data!r}")
+        weight = self.weight
+        if (isinstance(weight, bool) or not isinstance(weight, int | float)
+                or not 0 < weight <= MAX_MIX_WEIGHT):
+            raise ConfigError(f"mix: {self.data}: weight must be a number in (0, "
+                              f"{MAX_MIX_WEIGHT:g}] (weights are relative), got {weight!r}")
+        if self.data_format not in ("auto", "jsonl", "parquet"):
+            raise ConfigError(f"mix: {self.data}: data_format must be auto, jsonl or parquet, "
+                              f"got {self.data_format!r}")
+        for name in ("column", "name"):
+            if not isinstance(getattr(self, name), str | None):
+                raise ConfigError(f"mix: {self.data}: {name} must be a string, got "
+                                  f"{getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The rows one source gives a mix, without listing them: every row ``repeats`` times, and
+    each row of ``extra`` once more (next to its other draws)."""
+
+    available: int
+    """Rows the source holds."""
+    repeats: int
+    extra: np.ndarray
+    """[< available] distinct row indices, ascending."""
+
+    def __len__(self) -> int:
+        return self.repeats * self.available + len(self.extra)
+
+    def of_row(self, row: int) -> range:
+        """Positions of ``row``'s draws among the source's draws."""
+        k = int(np.searchsorted(self.extra, row))
+        first = self.repeats * row + k
+        once_more = k < len(self.extra) and int(self.extra[k]) == row
+        return range(first, first + self.repeats + once_more)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,8 +95,8 @@ class MixEntry:
 
     source: MixSource
     files: list[DataSource]
-    draws: np.ndarray
-    """[n_j] int64 row indices into ``files`` (ascending, a repeated row repeated)."""
+    draws: Draws
+    """The ``n_j`` rows drawn from ``files``."""
 
     @property
     def label(self) -> str:
@@ -86,12 +120,12 @@ def quotas(weights: Sequence[float], num_rows: int) -> list[int]:
     return counts
 
 
-def draw_rows(available: int, wanted: int, *, seed: int, index: int) -> np.ndarray:
-    """``wanted`` row indices of ``available`` rows: whole repeats, then a seeded subsample."""
+def draw_rows(available: int, wanted: int, *, seed: int, index: int) -> Draws:
+    """``wanted`` draws of ``available`` rows: whole repeats, then a seeded subsample."""
     repeats, rest = divmod(wanted, available)
     rng = np.random.default_rng([seed, index])
-    extra = rng.choice(available, size=rest, replace=False)
-    return np.sort(np.concatenate([np.tile(np.arange(available), repeats), extra]))
+    extra = np.sort(rng.choice(available, size=rest, replace=False))
+    return Draws(available=available, repeats=repeats, extra=extra)
 
 
 def plan_mix(sources: Sequence[MixSource], *, num_rows: int | None, seed: int,
@@ -122,13 +156,17 @@ def iter_mix_rows(plan: Sequence[MixEntry], *, wanted: Callable[[int], bool] | N
     """The mix's rows in sample-id order (see the module docstring); ``wanted`` filters ids."""
     offset = 0
     for entry in plan:
-        by_row: dict[int, list[int]] = {}
-        for k, row in enumerate(entry.draws.tolist()):
-            if wanted is None or wanted(offset + k):
-                by_row.setdefault(row, []).append(offset + k)
-        if by_row:
-            for raw in iter_rows(entry.files, wanted=by_row.__contains__, batch_rows=batch_rows,
+
+        def sample_ids(row: int, base: int = offset, draws: Draws = entry.draws) -> Iterator[int]:
+            return (base + k for k in draws.of_row(row) if wanted is None or wanted(base + k))
+
+        def row_wanted(row: int, ids: Callable[[int], Iterator[int]] = sample_ids) -> bool:
+            return next(ids(row), None) is not None
+
+        ids = range(offset, offset + len(entry.draws))
+        if any(wanted is None or wanted(i) for i in ids):  # else its files are not read at all
+            for raw in iter_rows(entry.files, wanted=row_wanted, batch_rows=batch_rows,
                                  storage_options=storage_options):
-                for sample_id in by_row[raw.index]:
+                for sample_id in sample_ids(raw.index):
                     yield dataclasses.replace(raw, index=sample_id)
-        offset += len(entry.draws)
+        offset += len(ids)

@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import SplitResult
 
+from sparkforge.shared.errors import SparkforgeError
+
 METADATA_HOSTS = frozenset({"metadata", "metadata.google.internal", "metadata.goog",
                             "instance-data", "instance-data.ec2.internal"})
 """Host names of cloud metadata services (they resolve to link-local addresses too)."""
@@ -27,11 +29,11 @@ METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
 _CHUNK_BYTES = 1 << 16
 
 
-class FetchRefused(Exception):
+class FetchRefused(SparkforgeError):
     """The URL's host is one this client never contacts (the message says why)."""
 
 
-class FetchFailed(Exception):
+class FetchFailed(SparkforgeError):
     """The server could not be reached, answered no 200, sent too much or took too long."""
 
     def __init__(self, message: str, *, kind: str) -> None:

@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # the parser's own exit: 0 on --help / --print_config, 2 on error
         return int(exc.code or 0)
     except (ValueError, ArgumentError) as exc:  # a value the config dataclass refuses
-        print(f"sparkforge {name}: error: {exc}", file=sys.stderr)
+        print(f"sparkforge {name}: error: {parser_message(exc)}", file=sys.stderr)
         return USAGE
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -211,6 +211,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sparkforge {name}: error: {describe('path', exc.filename or '?', exc)}",
               file=sys.stderr)
         return 1
+
+
+_UNION_FAILED: Final = "Does not validate against any of the Union subtypes"
+
+
+def parser_message(exc: BaseException) -> str:
+    """A parser error as the value's own complaint, on one line: for a field typed ``X | None``,
+    jsonargparse reports each member's error, the value and its type on many lines; only ``X``'s
+    error is kept (after the field's key)."""
+    text = str(exc)
+    if _UNION_FAILED not in text or "Errors:" not in text:
+        return text
+    head, _, rest = text.partition("Errors:")
+    items: list[list[str]] = []
+    for line in rest.split("Given value type:", 1)[0].splitlines():
+        if line.strip().startswith("- "):
+            items.append([line.strip()[2:]])
+        elif line.strip() and items:
+            items[-1].append(line.strip())
+    errors = [" ".join(item) for item in items if item != ["Expected a <class 'NoneType'>"]]
+    key = [line.strip().rstrip(":") for line in head.splitlines()[:1]
+           if line.startswith("Parser key")]
+    return ": ".join([*key, "; ".join(errors)]) if errors else text
 
 
 def error_message(exc: BaseException) -> str:

@@ -143,3 +143,39 @@ def test_ten_thousand_layer_ids_are_a_short_config_error(
     assert "\n" not in err
     assert len(err) < 500, len(err)
     assert "ids [4, 5, 6" in err
+
+
+_MIX = "--mix"
+# (command, arguments, exit code, text the one-line error holds): hostile values of the third
+# round; each used to print a traceback or jsonargparse's multi-line union report.
+REFUSALS = [
+    ("produce", [_MIX, "[{data: d.jsonl, weight: .inf}]"], 2,
+     "weight must be a number in (0, 1e+12]"),
+    ("produce", [_MIX, "[{data: d.jsonl, weight: 1e308}, {data: d.jsonl, weight: 1e308}]"], 2,
+     "got 1e+308"),
+    ("produce", [_MIX, "[{data: d.jsonl, weight: .nan}]"], 2, "got nan"),
+    ("produce", [_MIX, "[{data: d.jsonl, weight: -1}]"], 2, "got -1.0"),
+    ("produce", [_MIX, "[{data: d.jsonl, weight: true}]"], 2, 'Parser key "weight"'),
+    ("produce", [_MIX, "[{data: d.jsonl, weight: 1}]", "--mix_seed", "-1"], 2,
+     "--mix_seed must be >= 0"),
+    ("produce", [_MIX, "[{data: d.jsonl, weight: 1}]", "--mix_rows", str(10**12)], 2,
+     "more than 10,000,000 units"),
+    ("produce", [_MIX, "[{data: d.jsonl, weight: 1}]", "--mix_rows", str(10**9)], 2,
+     "more than 10,000,000 units"),
+    ("produce", [_MIX, "[{data: d.jsonl, weight: 1}]", "--mix_rows", "many"], 2,
+     'Parser key "mix_rows": Expected a <class \'int\'>'),
+]
+
+
+@pytest.mark.parametrize(("command", "args", "code", "text"), REFUSALS,
+                         ids=[" ".join(c[1])[:60] for c in REFUSALS])
+def test_hostile_values_are_refused_in_one_line(command: str, args: list[str], code: int,
+                                                text: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Each hostile value exits with its code and one line that says what is wrong."""
+    base = ["--output", str(tmp_path / "o"), "--engine.model", str(tmp_path)]
+    assert main([command, *base, *(a.replace("{tmp}", str(tmp_path)) for a in args)]) == code
+    lines = capsys.readouterr().err.strip().splitlines()
+    # One line, or a config's list of problems with one problem in it.
+    assert len(lines) == 1 or (len(lines) == 2 and lines[0].endswith(" config:")), lines
+    assert text in lines[-1], lines
