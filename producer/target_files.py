@@ -20,7 +20,7 @@ from safetensors.torch import save as save_safetensors
 
 from sparkforge.producer.dequant import FP8, dequantize, is_quantized
 from sparkforge.producer.engine_options import EngineOptions
-from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.header import TargetInfo
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import family_of_config
@@ -33,13 +33,30 @@ _FINGERPRINT_BYTES = 1 << 20
 
 
 def resolve_model_dir(engine: EngineOptions) -> Path:
-    """A local folder holding the checkpoint: the path itself, or the Hugging Face cache copy."""
+    """A local folder holding the checkpoint: the path itself, or the Hugging Face cache copy.
+
+    Raises:
+        ConfigError: ``engine.model`` names no checkpoint folder and no Hub model it can get.
+    """
     path = Path(engine.model)
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"--engine.model {engine.model}: the folder holds no config.json "
+                              "(not a checkpoint)")
         return path
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
 
-    return Path(snapshot_download(engine.model, revision=engine.revision))
+    try:
+        return Path(snapshot_download(engine.model, revision=engine.revision))
+    except HFValidationError as exc:
+        raise ConfigError(f"--engine.model {engine.model}: neither a checkpoint folder nor a "
+                          "Hugging Face model id") from exc
+    except OSError as exc:  # not cached and not reachable, no such repo or revision
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"--engine.model {engine.model}: not a local folder, and the Hugging "
+                          f"Face Hub could not provide it ({type(exc).__name__}: {first[:200]})"
+                          ) from exc
 
 
 def content_hash(model_dir: Path) -> str:

@@ -125,6 +125,9 @@ def describe_sources(
     """
     if hf_dataset.is_hf_dataset(uri):
         return [_describe_hf(uri, column)]
+    if column is not None:
+        raise DatasetError(f"data {uri}: a conversation column ({column!r}) is read from Hugging "
+                           "Face datasets only; JSONL and Parquet rows hold 'messages'")
     options = dict(storage_options or {})
     sources = []
     with storage_errors("data", uri):
@@ -141,6 +144,10 @@ def describe_sources(
 
 def _describe_hf(uri: str, column: str | None) -> DataSource:
     dataset, identity = hf_dataset.open_dataset(hf_dataset.parse_spec(uri))
+    if column is not None and column not in dataset.column_names:
+        raise hf_dataset.HfDatasetError(
+            f"data: {uri} has no column {column!r} (--data_column); its columns: "
+            f"{', '.join(dataset.column_names)}")
     return DataSource(uri=uri, format="hf", num_rows=len(dataset),
                       content_hash=hf_dataset.content_hash(identity),
                       metadata={HF_DATASET_KEY: identity}, column=column)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.hf_disk import HfDatasetError as HfDatasetError
+from sparkforge.shared.hf_disk import load_checked
 
 HF_SCHEME: Final = "hf://"
 DEFAULT_SPLIT: Final = "train"
@@ -30,10 +31,6 @@ SHAREGPT_ROLES: Final = {"human": "user", "user": "user", "gpt": "assistant",
                          "function_call": "assistant", "observation": "tool"}
 _DISK_MARKERS: Final = ("dataset_dict.json", "state.json")
 _BATCH_ROWS: Final = 1024
-
-
-class HfDatasetError(SparkforgeError):
-    """Raised when a Hugging Face dataset cannot be found, opened or split as asked."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +43,8 @@ class HfDatasetSpec:
     revision: str | None = None
     """Hub only: a branch, tag or commit (None: the cached ``main``)."""
     on_disk: bool = False
+    split_given: bool = False
+    """``--data`` names the split (else it is the default, ``train``)."""
 
 
 def is_hf_dataset(uri: str) -> bool:
@@ -81,13 +80,28 @@ def parse_spec(uri: str) -> HfDatasetSpec:
         rest = uri.removeprefix(HF_SCHEME)
         name, _, split = rest.partition(":")
         name, _, revision = name.partition("@")
-        if not name or name.count("/") > 1:
-            raise HfDatasetError(f"data: {uri!r} is not hf://<org>/<name>[@<revision>][:<split>]")
-        return HfDatasetSpec(name=name, split=split or DEFAULT_SPLIT, revision=revision or None)
+        _check_repo_id(name, uri)
+        return HfDatasetSpec(name=name, split=split or DEFAULT_SPLIT, revision=revision or None,
+                             split_given=bool(split))
     folder, folder_split = _split_folder(uri)
     if folder is None:
         raise HfDatasetError(f"data: {uri!r} is neither hf://... nor a save_to_disk folder")
-    return HfDatasetSpec(name=str(folder), split=folder_split or DEFAULT_SPLIT, on_disk=True)
+    return HfDatasetSpec(name=str(folder), split=folder_split or DEFAULT_SPLIT, on_disk=True,
+                         split_given=folder_split is not None)
+
+
+def _check_repo_id(name: str, uri: str) -> None:
+    """Refuse a name the Hub's own rule refuses (``hf:///x``, ``hf://org/na..me``)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]
+
+    spelling = "hf://<org>/<name>[@<revision>][:<split>]"
+    if not name or name.count("/") > 1:
+        raise HfDatasetError(f"data: {uri!r} is not {spelling}")
+    try:
+        validate_repo_id(name)
+    except HFValidationError as exc:
+        raise HfDatasetError(f"data: {uri!r} is not {spelling}: {exc}") from exc
 
 
 def open_dataset(spec: HfDatasetSpec) -> tuple[Any, dict[str, Any]]:
@@ -100,7 +114,7 @@ def open_dataset(spec: HfDatasetSpec) -> tuple[Any, dict[str, Any]]:
 
     revision = spec.revision
     if spec.on_disk:
-        loaded = datasets.load_from_disk(spec.name)
+        loaded = load_checked(Path(spec.name))
     else:
         folder, revision = _cached_snapshot(spec)
         loaded = datasets.load_dataset(folder)
@@ -109,6 +123,9 @@ def open_dataset(spec: HfDatasetSpec) -> tuple[Any, dict[str, Any]]:
             raise HfDatasetError(f"data: {spec.name} has no split {spec.split!r} (splits: "
                                  f"{', '.join(sorted(loaded))})")
         loaded = loaded[spec.split]
+    elif spec.split_given and spec.split != loaded.split:
+        raise HfDatasetError(f"data: {spec.name} is one Dataset without splits, so "
+                             f"':{spec.split}' names nothing; drop it")
     identity = {"name": spec.name, "revision": revision, "split": spec.split,
                 "fingerprint": loaded._fingerprint}
     return loaded, identity
@@ -119,13 +136,27 @@ def _cached_snapshot(spec: HfDatasetSpec) -> tuple[str, str]:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    def cached(revision: str | None) -> str:
+        folder: str = snapshot_download(spec.name, repo_type="dataset", revision=revision,
+                                        local_files_only=True)
+        return folder
+
     try:
-        folder = snapshot_download(spec.name, repo_type="dataset", revision=spec.revision,
-                                   local_files_only=True)
+        folder = cached(spec.revision)
     except LocalEntryNotFoundError as exc:
-        raise HfDatasetError(
-            f"data: hf://{spec.name} is not in the local Hugging Face cache; download it first "
-            f"(hf download --repo-type dataset {spec.name})") from exc
+        fetch = f"hf download --repo-type dataset {spec.name}"
+        if spec.revision is not None:
+            try:
+                cached(None)
+            except LocalEntryNotFoundError:
+                pass
+            else:
+                raise HfDatasetError(
+                    f"data: hf://{spec.name} is in the local Hugging Face cache, but not at "
+                    f"revision {spec.revision!r}; download that revision first ({fetch} "
+                    f"--revision {spec.revision}) or name a cached one") from exc
+        raise HfDatasetError(f"data: hf://{spec.name} is not in the local Hugging Face cache; "
+                             f"download it first ({fetch})") from exc
     return folder, Path(folder).name
 
 

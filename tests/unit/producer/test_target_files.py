@@ -11,7 +11,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
 from sparkforge.producer.engine_options import EngineOptions
-from sparkforge.producer.target_files import target_files, target_identity
+from sparkforge.producer.target_files import resolve_model_dir, target_files, target_identity
 
 H, V = 8, 16
 
@@ -118,3 +118,21 @@ def test_v4_fp8_head_with_e8m0_scale_and_config_blocks(tmp_path: Path) -> None:
         for j in range(H):
             expected[i, j] = head[i, j].float() * (0.5 if i < 12 else 4.0)
     torch.testing.assert_close(weights["lm_head.weight"], expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ("/nonexistent", "neither a checkpoint folder nor a Hugging Face model id"),
+    ("{tmp}", "the folder holds no config.json"),
+    ("org/not-cached", "not a local folder, and the Hugging Face Hub could not provide it"),
+])
+def test_a_target_that_names_no_checkpoint_is_a_config_error(
+        model: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--engine.model naming nothing is one ConfigError (was HFValidationError's traceback)."""
+    import huggingface_hub.constants as hub_constants
+
+    from sparkforge.shared.errors import ConfigError
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)  # never the network
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError, match=message):
+        resolve_model_dir(EngineOptions(model=model.format(tmp=tmp_path)))
