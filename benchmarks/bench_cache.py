@@ -99,8 +99,8 @@ def read_all(uri: str, *, verify: bool, features: tuple[int, ...] | None = None)
     """Seconds to read every unit, as the trainer does."""
     reader = open_cache(uri, verify=verify, features=features)
     start = time.perf_counter()
-    for unit in reader.units():
-        reader.read_unit(unit.unit)
+    for unit in reader.unit_ids().tolist():
+        reader.read_unit(unit)
     return time.perf_counter() - start
 
 

@@ -120,8 +120,8 @@ def phase_raw_units(uri: str, verify: bool) -> dict[str, float]:
     for _pass in range(2):  # the second pass is timed, as for the loader
         t0 = time.perf_counter()
         samples = tokens = 0
-        for unit in reader.units():
-            for s in reader.read_unit(unit.unit):
+        for unit in reader.unit_ids().tolist():
+            for s in reader.read_unit(unit):
                 samples += 1
                 tokens += int(s.input_ids.shape[0])
     return {"samples": samples, "tokens": tokens, "seconds": time.perf_counter() - t0}

@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from sparkforge.manifests.index import check_index
+from sparkforge.manifests.index import INDEX_SCHEMA
 from sparkforge.manifests.objects import MAX_COMMIT_BYTES, MAX_MANIFEST_BYTES, read_json
-from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
+from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest, UnitEntry
 from sparkforge.shared import storage
-from sparkforge.shared.commit import SampleRow, UnitInfo, parse_commit_bytes
+from sparkforge.shared.cache_tables import SPLITS, SampleColumns, SlotColumns, TableError
+from sparkforge.shared.commit import UnitInfo, parse_commit_bytes
 from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.layer_ids import feature_positions
-from sparkforge.shared.layout import MANIFEST_KEY, TARGET_PREFIX, CacheSpec, commit_key
+from sparkforge.shared.layout import MANIFEST_KEY, TARGET_PREFIX, commit_key
 from sparkforge.shared.reader import CacheReader
 from sparkforge.shared.target_config import parse_target_config
 
 logger = logging.getLogger(__name__)
+HASH_BLOCK_BYTES: Final = 8 << 20
 
 
 class IndexMismatchError(ManifestError):
@@ -60,70 +65,108 @@ def cache_target_config(uri: str,
         return None
 
 
-def read_index(loc: storage.Location, manifest: CacheManifest) -> pa.Table:
-    """Load index.parquet after checking its sha256, schema and row count against the manifest.
+def read_samples(loc: storage.Location, manifest: CacheManifest, *,
+                 sources: bool = False) -> SampleColumns:
+    """index.parquet as columns, after checking its sha256, schema and row count against the
+    manifest; read twice in blocks (hash, then the needed columns), never whole in memory.
 
     Raises:
         ManifestError: the index is missing, unreadable or disagrees with the manifest.
     """
     key = manifest.storage.index_key
     try:
-        raw = storage.read_bytes(loc, key)
+        path = storage.inside_root(loc, key)
+        digest = _sha256(loc, path)
+        if digest != manifest.storage.index_sha256:
+            raise ManifestError(f"index {key}: sha256 {digest} != manifest "
+                                f"storage.index_sha256 {manifest.storage.index_sha256}")
+        with loc.fs.open(path, "rb") as f:
+            schema = pq.read_schema(f)
+            if not schema.equals(INDEX_SCHEMA):
+                raise ManifestError(f"index {key}: columns {schema.names} != "
+                                    f"{INDEX_SCHEMA.names}")
+            f.seek(0)
+            return SampleColumns.from_parquet(f, num_rows=manifest.storage.totals.samples,
+                                              sources=sources)
     except FileNotFoundError as exc:
         raise ManifestError(f"{key} is missing (manifest storage.index_key); the cache cannot "
                             "be read") from exc
-    table, problems = check_index(raw, manifest)
-    if problems or table is None:
-        raise ManifestError("; ".join(problems))
-    return table
+    except (pa.ArrowException, TableError) as exc:
+        raise ManifestError(f"index {key}: {exc}") from exc
 
 
-def units_from_index(manifest: CacheManifest, index: pa.Table) -> list[UnitInfo]:
-    """Rebuild each committed unit's sample rows (storage order) from the index."""
-    rows: dict[int, list[SampleRow]] = {u.unit: [] for u in manifest.storage.units}
-    for r in index.to_pylist():
-        unit = r.pop("unit")
-        if unit not in rows:
-            raise ManifestError(f"index row for sample {r['sample_id']} names unit {unit}, "
-                                "which the manifest does not list")
-        rows[unit].append(SampleRow(**r))
-    return [UnitInfo(unit=u.unit, attempt=u.attempt, slots=u.slots,
-                     samples=tuple(sorted(rows[u.unit], key=lambda s: s.row_offset)),
-                     accounting=u.accounting)
-            for u in manifest.storage.units]
+def _sha256(loc: storage.Location, path: str) -> str:
+    digest = hashlib.sha256()
+    with loc.fs.open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
 
 
-def unit_differences(listed: UnitInfo, committed: UnitInfo) -> list[str]:
-    """How a unit as the manifest and index describe it differs from its commit record."""
-    out = [f"{name}: manifest has {getattr(listed, name)!r}, commit record "
-           f"{getattr(committed, name)!r}" for name in ("attempt", "slots", "accounting")
-           if getattr(listed, name) != getattr(committed, name)]
-    mine = {s.sample_id: s for s in committed.samples}
-    for s in listed.samples:
-        c = mine.pop(s.sample_id, None)
-        if c is None:
-            out.append(f"sample {s.sample_id}: in index.parquet, not in the commit record")
-        elif c != s:
-            out += [f"sample {s.sample_id}: index.parquet has {k} = {getattr(s, k)!r}, commit "
-                    f"record {getattr(c, k)!r}" for k in vars(s) if getattr(s, k) != getattr(c, k)]
-    out += [f"sample {sid}: in the commit record, not in index.parquet" for sid in sorted(mine)]
+def read_slots(manifest: CacheManifest) -> SlotColumns:
+    """The committed slots as columns (from the manifest's ``storage.units``)."""
+    return SlotColumns.from_units(manifest.storage.units, tuple(manifest.storage.arrays))
+
+
+def unit_differences(entry: UnitEntry, committed: UnitInfo, samples: SampleColumns,
+                     slots: SlotColumns) -> list[str]:
+    """How a unit as the manifest, slot table and index describe it differs from its commit
+    record, compared column by column."""
+    out = [f"{name}: manifest has {getattr(entry, name)!r}, commit record "
+           f"{getattr(committed, name)!r}" for name in ("attempt", "accounting")
+           if getattr(entry, name) != getattr(committed, name)]
+    rows = slots.of_unit(entry.unit)
+    theirs = SlotColumns.from_units([committed], slots.arrays)
+    for name in ("slot", "num_rows", "crc32c"):
+        if not np.array_equal(getattr(slots, name)[rows], getattr(theirs, name)):
+            out.append(f"slots: the manifest's {name} differ from the commit record's")
+    mine = samples.of_unit(entry.unit)
+    mine = mine[np.argsort(samples.sample_id[mine])]
+    record = sorted(committed.samples, key=lambda s: s.sample_id)
+    ids = samples.sample_id[mine]
+    their_ids = np.array([s.sample_id for s in record], dtype=np.int64)
+    out += [f"sample {sid}: in index.parquet, not in the commit record"
+            for sid in np.setdiff1d(ids, their_ids)[:3].tolist()]
+    out += [f"sample {sid}: in the commit record, not in index.parquet"
+            for sid in np.setdiff1d(their_ids, ids)[:3].tolist()]
+    if out or ids.size != their_ids.size:
+        return out
+    for name in ("slot", "row_offset", "length", "num_loss_tokens", "split"):
+        have = getattr(samples, name)[mine]
+        want = np.array([_code(name, getattr(s, name)) for s in record], dtype=have.dtype)
+        for i in np.flatnonzero(have != want)[:3].tolist():
+            out.append(f"sample {int(ids[i])}: index.parquet has {name} = "
+                       f"{_shown(name, have[i])!r}, commit record {_shown(name, want[i])!r}")
     return out
 
 
-def commit_check(loc: storage.Location, spec: CacheSpec) -> Callable[[UnitInfo], None]:
-    """A reader callback: a unit's boundaries must be the ones its commit record holds.
+def _code(name: str, value: object) -> object:
+    return SPLITS.index(str(value)) if name == "split" else value
+
+
+def _shown(name: str, value: Any) -> object:
+    return SPLITS[int(value)] if name == "split" else int(value)
+
+
+def commit_check(manifest: CacheManifest) -> Callable[[int, CacheReader[CacheManifest]], None]:
+    """A reader callback: a unit's boundaries must be the ones its commit record holds (read
+    through the reader's own location, so it works in any process).
 
     Raises (from the callback):
         IndexMismatchError: naming the unit and the first differences.
     """
-    def check(listed: UnitInfo) -> None:
-        where = f"unit {listed.unit}"
+    spec = manifest.storage.spec
+    entries = {e.unit: e for e in manifest.storage.units}
+
+    def check(unit: int, reader: CacheReader[CacheManifest]) -> None:
+        where = f"unit {unit}"
         try:
-            raw = storage.read_bytes(loc, commit_key(listed.unit), max_bytes=MAX_COMMIT_BYTES)
+            raw = storage.read_bytes(reader.loc, commit_key(unit), max_bytes=MAX_COMMIT_BYTES)
         except FileNotFoundError as exc:
-            raise IndexMismatchError(f"{where}: commit record {commit_key(listed.unit)} is "
+            raise IndexMismatchError(f"{where}: commit record {commit_key(unit)} is "
                                      "missing") from exc
-        problems = unit_differences(listed, parse_commit_bytes(raw, unit=listed.unit, spec=spec))
+        problems = unit_differences(entries[unit], parse_commit_bytes(raw, unit=unit, spec=spec),
+                                    reader.samples, reader.slots)
         if problems:
             raise IndexMismatchError(f"{where}: the index or manifest disagrees with the commit "
                                      f"record: {'; '.join(problems[:3])}; run `sparkforge "
@@ -136,8 +179,8 @@ def open_cache(uri: str, *, storage_options: Mapping[str, Any] | None = None,
                features: Sequence[int] | None = None) -> CacheReader[CacheManifest]:
     """Parse and check the manifest, then return a reader over the committed units.
 
-    Sample boundaries come from the index (one read for the whole cache) and are cross-checked
-    with each unit's commit record when the unit is first read.
+    Sample boundaries come from the index (read once, into columns) and are cross-checked with
+    each unit's commit record when the unit is first read.
 
     Args:
         uri: local path or fsspec URI of the cache.
@@ -153,9 +196,10 @@ def open_cache(uri: str, *, storage_options: Mapping[str, Any] | None = None,
     """
     loc = storage.open_location(uri, storage_options)
     manifest = read_manifest(loc)
-    index = read_index(loc, manifest)
+    samples = read_samples(loc, manifest)
     positions = None if features is None else feature_positions(manifest.capture.layer_ids,
                                                                 features)
-    return CacheReader(loc, manifest.storage.spec, units_from_index(manifest, index), index,
-                       manifest, vocab_size=manifest.target.vocab_size, verify=verify,
-                       check_unit=commit_check(loc, manifest.storage.spec), aux_layers=positions)
+    units = np.array([u.unit for u in manifest.storage.units], dtype=np.int64)
+    return CacheReader(loc, manifest.storage.spec, units, samples, read_slots(manifest), manifest,
+                       vocab_size=manifest.target.vocab_size, verify=verify,
+                       check_unit=commit_check(manifest), aux_layers=positions)

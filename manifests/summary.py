@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from sparkforge.manifests.objects import (
     escaping_links,
@@ -17,10 +16,11 @@ from sparkforge.manifests.objects import (
     irregular_objects,
     stored_objects,
 )
-from sparkforge.manifests.open import read_index, read_manifest
+from sparkforge.manifests.open import read_manifest, read_samples
 from sparkforge.manifests.plan import human_bytes
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared import storage
+from sparkforge.shared.cache_tables import SPLITS, SampleColumns
 from sparkforge.shared.layer_ids import default_feature_ids, hf_to_feature
 from sparkforge.shared.layout import array_layouts, slot_key
 from sparkforge.shared.reader import read_arrays
@@ -45,7 +45,7 @@ def summarize_cache(uri: str, *,
     loc = existing_location(uri, storage_options)
     _refuse_foreign_objects(loc)
     m = read_manifest(loc)
-    index = read_index(loc, m)
+    index = read_samples(loc, m)
     splits = _split_counts(index)
     spec = m.storage.spec
     arrays, unreferenced = _array_bytes(loc, m)
@@ -101,13 +101,12 @@ def _refuse_foreign_objects(loc: storage.Location) -> None:
                                            "the cache")
 
 
-def mix_accounting(m: CacheManifest, index: pa.Table) -> list[dict[str, Any]] | None:
+def mix_accounting(m: CacheManifest, index: SampleColumns) -> list[dict[str, Any]] | None:
     """Per mix entry: its weight, rows held and drawn, samples written (and the share of the
     cache's samples and tokens), rows skipped. None when the cache was not made from a mix."""
     if m.data.mix is None:
         return None
-    ids = np.asarray(index.column("sample_id").to_numpy())
-    lengths = np.asarray(index.column("length").to_numpy())
+    ids, lengths = index.sample_id, index.length.astype(np.int64)
     total_samples, total_tokens = max(len(ids), 1), max(int(lengths.sum()), 1)
     out = []
     for entry in m.data.mix:
@@ -179,14 +178,15 @@ def _warnings(arrays: Mapping[str, Mapping[str, Any]]) -> list[str]:
             for name, a in arrays.items() if a["missing_objects"]]
 
 
-def _split_counts(index: pa.Table) -> dict[str, Counter[str]]:
-    """Samples, tokens and loss tokens per split, from the index."""
+def _split_counts(index: SampleColumns) -> dict[str, Counter[str]]:
+    """Samples, tokens and loss tokens per split, from the index columns."""
     splits: dict[str, Counter[str]] = {}
-    for split, length, loss in zip(index.column("split").to_pylist(),
-                                   index.column("length").to_pylist(),
-                                   index.column("num_loss_tokens").to_pylist(), strict=True):
-        entry = splits.setdefault(split, Counter())
-        entry.update(samples=1, tokens=length, loss_tokens=loss)
+    for code, name in enumerate(SPLITS):
+        mine = index.split == code
+        if mine.any():
+            splits[name] = Counter(samples=int(mine.sum()),
+                                   tokens=int(index.length[mine].sum(dtype=np.int64)),
+                                   loss_tokens=int(index.num_loss_tokens[mine].sum(dtype=np.int64)))
     return splits
 
 

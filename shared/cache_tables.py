@@ -14,6 +14,7 @@ from typing import Any, BinaryIO, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -40,9 +41,10 @@ class TableError(SparkforgeError):
 class SampleColumns:
     """index.parquet as columns, sorted by ``sample_id`` (strictly increasing).
 
-    ``storage_order`` lists the positions in storage order (unit, then row offset); with
-    ``unit_starts`` the samples of the k-th distinct unit ``units[k]`` are
-    ``storage_order[unit_starts[k]:unit_starts[k + 1]]``.
+    ``storage_order`` lists the positions in storage order (unit, then row offset), None when
+    that is sample-id order (as finalize writes it: then it costs nothing); with ``unit_starts``
+    the samples of the k-th distinct unit ``units[k]`` are entries
+    ``unit_starts[k]:unit_starts[k + 1]`` of that order.
     """
 
     sample_id: npt.NDArray[np.int64]
@@ -54,7 +56,7 @@ class SampleColumns:
     num_loss_tokens: npt.NDArray[np.int32]
     split: npt.NDArray[np.uint8]
     """Position of the sample's split in :data:`SPLITS`."""
-    storage_order: Ints
+    storage_order: Ints | None
     units: npt.NDArray[np.int32]
     """Distinct units, increasing."""
     unit_starts: Ints
@@ -75,14 +77,14 @@ class SampleColumns:
         """
         ids = np.asarray(columns["sample_id"], dtype=np.int64)
         if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
-            raise TableError("index: sample_id is not unique and increasing")
+            raise TableError("sample_id not unique and increasing")
         split = np.asarray(columns["split"], dtype=np.uint8)
         if split.size and int(split.max()) >= len(SPLITS):
-            raise TableError(f"index: a split outside {list(SPLITS)}")
+            raise TableError(f"a split outside {list(SPLITS)}")
         unit = np.asarray(columns["unit"], dtype=np.int32)
         row_offset = np.asarray(columns["row_offset"], dtype=np.int64)
         order = storage_order(unit, row_offset)
-        units, starts = group_starts(unit[order])
+        units, starts = group_starts(unit if order is None else unit[order])
         source_row = columns.get("source_row")
         source_hash = columns.get("source_hash")
         return cls(sample_id=ids, unit=unit, slot=np.asarray(columns["slot"], dtype=np.int64),
@@ -102,23 +104,24 @@ class SampleColumns:
         out: dict[str, np.ndarray] = {
             n: np.empty(num_rows, dtype="S64" if n == "source_hash" else _DTYPES[n])
             for n in names}
-        codes = {name.encode(): i for i, name in enumerate(SPLITS)}
         at = 0
         for batch in pq.ParquetFile(source).iter_batches(batch_size=1 << 16, columns=names):
             n = batch.num_rows
             if at + n > num_rows:
-                raise TableError(f"index: more than the {num_rows} rows the manifest records")
+                raise TableError(f"more rows than manifest storage.totals.samples {num_rows}")
             for name in names:
                 column = batch.column(name)
                 if name == "split":
-                    out[name][at:at + n] = _split_codes(column, codes)
-                elif name == "source_hash":
-                    out[name][at:at + n] = column.cast("binary").to_numpy(zero_copy_only=False)
+                    column = pc.fill_null(pc.index_in(column, value_set=pa.array(SPLITS)), 255)
+                if name == "source_hash":
+                    fixed = column.cast(pa.binary(64))
+                    out[name][at:at + n] = np.frombuffer(fixed.buffers()[1], dtype="S64",
+                                                         count=n, offset=fixed.offset * 64)
                 else:
-                    out[name][at:at + n] = column.to_numpy(zero_copy_only=False)
+                    out[name][at:at + n] = _integers(column, name)
             at += n
         if at != num_rows:
-            raise TableError(f"index: {at} rows, the manifest records {num_rows}")
+            raise TableError(f"{at} rows != manifest storage.totals.samples {num_rows}")
         return cls.from_columns(out)
 
     def positions(self, sample_ids: Sequence[int] | np.ndarray) -> Ints:
@@ -139,8 +142,19 @@ class SampleColumns:
         """Positions of a unit's samples in storage order (empty for a unit with none)."""
         k = int(np.searchsorted(self.units, unit))
         if k == self.units.size or int(self.units[k]) != unit:
-            return self.storage_order[:0]
-        return self.storage_order[int(self.unit_starts[k]):int(self.unit_starts[k + 1])]
+            return np.zeros(0, dtype=np.int64)
+        return self.in_storage_order(slice(int(self.unit_starts[k]), int(self.unit_starts[k + 1])))
+
+    def in_storage_order(self, entries: slice | npt.NDArray[np.bool_] = slice(None)) -> Ints:
+        """Positions of ``entries`` of the storage order (a slice of it, or a mask over the
+        samples, kept in storage order)."""
+        if isinstance(entries, slice):
+            if self.storage_order is not None:
+                return self.storage_order[entries]
+            return np.arange(len(self), dtype=np.int64)[entries]
+        if self.storage_order is None:
+            return np.flatnonzero(entries)
+        return self.storage_order[entries[self.storage_order]]
 
     def in_split(self, split: str) -> npt.NDArray[np.bool_]:
         """Mask of the samples of ``split``."""
@@ -154,7 +168,8 @@ class SampleColumns:
 
 
 class _UnitSlots(Protocol):
-    unit: int
+    @property
+    def unit(self) -> int: ...
 
     @property
     def slots(self) -> Sequence[Any]: ...
@@ -232,13 +247,13 @@ class SlotColumns:
         return dict(zip(self.arrays, self.crc32c[row].tolist(), strict=True))
 
 
-def storage_order(unit: np.ndarray, row_offset: np.ndarray) -> Ints:
-    """Positions sorted by (unit, row offset); no sort when already in that order."""
+def storage_order(unit: np.ndarray, row_offset: np.ndarray) -> Ints | None:
+    """Positions sorted by (unit, row offset); None when they already are in that order."""
     ordered = unit.size < 2 or bool(
         ((unit[1:] > unit[:-1]) | ((unit[1:] == unit[:-1]) & (row_offset[1:] > row_offset[:-1])))
         .all())
     if ordered:
-        return np.arange(unit.size, dtype=np.int64)
+        return None
     order: Ints = np.lexsort((row_offset, unit))
     return order
 
@@ -251,10 +266,14 @@ def group_starts(sorted_keys: np.ndarray) -> tuple[np.ndarray, Ints]:
     return sorted_keys[first], np.r_[first, sorted_keys.size].astype(np.int64)
 
 
-def _split_codes(column: Any, codes: dict[bytes, int]) -> np.ndarray:
-    """Split names of one column chunk as codes into :data:`SPLITS` (255: unknown)."""
-    names = pc.cast(column, "binary")
-    out = np.full(len(names), 255, dtype=np.uint8)
-    for name, code in codes.items():
-        out[np.asarray(pc.equal(names, name).to_numpy(zero_copy_only=False), dtype=bool)] = code
-    return out
+def _integers(column: Any, name: str) -> np.ndarray:
+    """An integer Arrow array as a numpy view of its buffer (``to_numpy`` imports pandas, which
+    costs seconds and tens of MB).
+
+    Raises:
+        TableError: the column holds nulls.
+    """
+    if column.null_count:
+        raise TableError(f"{name}: {column.null_count} null values")
+    return np.frombuffer(column.buffers()[1], dtype=f"<i{column.type.bit_width // 8}",
+                         count=len(column), offset=column.offset)

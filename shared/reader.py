@@ -1,24 +1,30 @@
-"""Read committed units of a cache: whole-slot sequential reads, checked before they are used.
+"""Read committed units of a cache: whole-slot reads, all of a unit's objects at once, checked.
 
 Every slot read checks that each array's object exists (zarr reads a missing one back as zeros
-silently), names the unit, slot and array of an object that cannot be decoded, checks token ids
-against the vocabulary and, with ``verify``, each array's crc32c. An optional ``check_unit``
-callback cross-checks a unit's sample boundaries (from the index) with its commit record.
+silently; the GET itself tells, so no existence request precedes it), names the unit, slot and
+array of an object that cannot be decoded, checks token ids against the vocabulary and, with
+``verify``, each array's crc32c. An optional ``check_unit`` callback cross-checks a unit's
+sample boundaries (from the index columns) with its commit record.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import os
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
-import pyarrow as pa
 import zarr
+from zarr.abc.store import OffsetByteRequest
+from zarr.core.sync import sync as zarr_sync
+from zarr.storage import WrapperStore
 
 from sparkforge.shared import storage
-from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo, checksum
+from sparkforge.shared.cache_tables import SPLITS, SampleColumns, SlotColumns
+from sparkforge.shared.commit import checksum
 from sparkforge.shared.dtypes import dequantize_e4m3, float_to_storage
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.layout import (
@@ -87,49 +93,83 @@ def read_arrays(loc: storage.Location, spec: CacheSpec,
     names = list(array_layouts(spec) if names is None else names)
     storage.check_zarr_metadata(loc, names)
     try:
-        group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
+        group = zarr.open_group(StrictStore(storage.zarr_store(loc, read_only=True)), mode="r")
         return open_arrays(group, spec, names)
     except Exception as exc:  # zarr raises many types (RecursionError too) for bad metadata
         raise CacheDataError(f"{loc.uri}: zarr metadata cannot be read ({type(exc).__name__}: "
                              f"{str(exc)[:200]}); run `sparkforge validate`") from exc
 
 
-class CacheReader(Generic[M]):
-    """Reads only committed units, through the rows their commit records name.
+class MissingObjectError(CacheDataError):
+    """Raised (by :class:`StrictStore`) when a slot object that should exist is absent."""
 
-    Built by ``sparkforge.manifests.open.open_cache``, which binds the parsed manifest.
-    ``aux_layers`` (positions along ``aux_hidden``'s layer axis) keeps only those captured layers,
-    in that order, in every sample; None keeps all. With one array per layer (format 2) only
-    those layers' arrays are read (and checksummed); format 1 reads every layer and narrows.
+
+class StrictStore(WrapperStore):  # type: ignore[type-arg]
+    """A read-only zarr store on which a missing chunk or shard object is an error, not zeros.
+
+    zarr reads an absent object back as the fill value; a reader checking existence first
+    would spend one request (a HEAD on object stores) per object before its GET. This store
+    turns the GET's own "not found" into :class:`MissingObjectError` naming the key, so a read
+    costs only its GETs.
     """
 
-    def __init__(self, loc: storage.Location, spec: CacheSpec, units: Sequence[UnitInfo],
-                 index: pa.Table, manifest: M, *, vocab_size: int, verify: bool = True,
-                 check_unit: Callable[[UnitInfo], None] | None = None,
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        chunk = "/c/" in key
+        # A whole-object read as the range "from byte 0": s3fs sends one ranged GET for it,
+        # where a plain whole-object read first asks the object's size (a HEAD).
+        buf = await super().get(key, prototype,
+                                OffsetByteRequest(0) if chunk and byte_range is None
+                                else byte_range)
+        if buf is None and chunk:
+            raise MissingObjectError(key)
+        return buf
+
+
+class CacheReader(Generic[M]):
+    """Reads only committed units, through the rows the index and slot table name.
+
+    Built by ``sparkforge.manifests.open.open_cache``, which binds the parsed manifest. The
+    bookkeeping is columns (``units``: the committed units, some of which may hold no sample;
+    :class:`SampleColumns`, :class:`SlotColumns`), no object per sample or slot. Storage
+    handles are opened per process on first use, so a reader built before DataLoader workers
+    fork is shared with them (the columns copy-on-write, untouched) and each worker opens only
+    its own store. ``aux_layers`` (positions along ``aux_hidden``'s layer
+    axis) keeps only those captured layers, in that order, in every sample; None keeps all.
+    With one array per layer (format 2) only those layers' arrays are read (and checksummed);
+    format 1 reads every layer and narrows.
+    """
+
+    def __init__(self, loc: storage.Location, spec: CacheSpec, units: np.ndarray,
+                 samples: SampleColumns, slots: SlotColumns, manifest: M, *, vocab_size: int,
+                 verify: bool = True,
+                 check_unit: Callable[[int, CacheReader[M]], None] | None = None,
                  aux_layers: Sequence[int] | None = None) -> None:
         self.loc, self.spec, self.manifest, self.verify = loc, spec, manifest, verify
+        self.units, self.samples, self.slots = np.sort(units), samples, slots
         self.vocab_size = vocab_size
         self.aux_layers = None if aux_layers is None else [int(p) for p in aux_layers]
-        self._units = {u.unit: u for u in units}
-        self._index = index
-        self._rows = {s.sample_id: (u.unit, s) for u in units for s in u.samples}
         self._check_unit = check_unit
         self._checked: set[int] = set()
         self._layouts = array_layouts(spec)
-        self._arrays = read_arrays(loc, spec, [
-            name for name, a in self._layouts.items()
-            if a.layer is None or self.aux_layers is None or a.layer in self.aux_layers])
+        self._names = [name for name, a in self._layouts.items()
+                       if a.layer is None or self.aux_layers is None or a.layer in self.aux_layers]
+        self._crc_columns = [slots.arrays.index(name) for name in self._names]
+        self._arrays: dict[str, zarr.Array[Any]] = read_arrays(loc, spec, self._names)
+        self._pid = os.getpid()
 
-    def units(self) -> list[UnitInfo]:
-        """Committed units in unit order."""
-        return [self._units[u] for u in sorted(self._units)]
+    def with_layers(self, aux_layers: Sequence[int] | None) -> CacheReader[M]:
+        """A reader of the same cache and columns keeping only ``aux_layers``."""
+        return CacheReader(self.loc, self.spec, self.units, self.samples, self.slots,
+                           self.manifest,
+                           vocab_size=self.vocab_size, verify=self.verify,
+                           check_unit=self._check_unit, aux_layers=aux_layers)
 
-    def sample_index(self) -> pa.Table:
-        """index.parquet: one row per sample, sorted by sample_id."""
-        return self._index
+    def unit_ids(self) -> np.ndarray:
+        """Committed units, increasing."""
+        return self.units
 
     def read_unit(self, unit: int) -> list[CachedSample]:
-        """All samples of a committed unit in storage order (one sequential read per slot).
+        """All samples of a committed unit in storage order (every slot read at once).
 
         Raises:
             KeyError: if the unit is not committed.
@@ -137,47 +177,76 @@ class CacheReader(Generic[M]):
                 cannot be decoded, a token id outside the vocabulary, a crc32c mismatch
                 (``verify``), or sample boundaries that disagree with the commit record.
         """
-        info = self._unit(unit)
-        by_slot: dict[int, list[SampleRow]] = {}
-        for s in info.samples:
-            by_slot.setdefault(s.slot, []).append(s)
+        rows = self._unit(unit)
+        positions = self.samples.of_unit(unit)
+        slot_of = self.samples.slot[positions]
+        reads = [(k, positions[slot_of == self.slots.slot[k]]) for k in
+                 range(rows.start, rows.stop)]
+        data = self._read_slots([(k, mine, self._slot_start(k), int(self.slots.num_rows[k]))
+                                 for k, mine in reads])
         out = []
-        for slot in info.slots:
-            base = slot.slot * self.spec.shard_rows
-            data = self._read_rows(info.unit, slot, by_slot.get(slot.slot, []), start=base,
-                                   count=slot.num_rows)
-            data = self._fields(data)
-            out += [self._sample(s, data, s.row_offset - base) for s in by_slot.get(slot.slot, [])]
+        for (k, mine), values in zip(reads, data, strict=True):
+            fields = self._fields(values)
+            base = self._slot_start(k)
+            out += [self._sample(int(p), fields, int(self.samples.row_offset[p]) - base)
+                    for p in mine.tolist()]
         return out
 
     def read_sample(self, sample_id: int) -> CachedSample:
         """One sample; with ``verify`` its whole slot is read (and checked) first."""
-        unit, row = self._rows[sample_id]
-        info = self._unit(unit)
-        slot = next(s for s in info.slots if s.slot == row.slot)
+        (pos,) = self.samples.positions([sample_id]).tolist()
+        unit, slot = int(self.samples.unit[pos]), int(self.samples.slot[pos])
+        self._unit(unit)
+        k = self.slots.row_of(unit, slot)
+        mine = self.samples.of_unit(unit)
+        mine = mine[self.samples.slot[mine] == slot]
         if not self.verify:
-            return self._sample(row, self._fields(self._read_rows(
-                unit, slot, [row], start=row.row_offset, count=row.length)), 0)
-        base = slot.slot * self.spec.shard_rows
-        data = self._read_rows(unit, slot, [s for s in info.samples if s.slot == row.slot],
-                               start=base, count=slot.num_rows)
-        return self._sample(row, self._fields(data), row.row_offset - base)
+            start = int(self.samples.row_offset[pos])
+            (values,) = self._read_slots([(k, np.array([pos]), start,
+                                           int(self.samples.length[pos]))])
+            return self._sample(pos, self._fields(values), 0)
+        base = self._slot_start(k)
+        (values,) = self._read_slots([(k, mine, base, int(self.slots.num_rows[k]))])
+        return self._sample(pos, self._fields(values), int(self.samples.row_offset[pos]) - base)
 
     def target_file(self, name: str) -> bytes:
         """A stored target file, e.g. ``config.json`` or ``weights.safetensors``."""
         key = f"{TARGET_PREFIX}/{storage.safe_key(name)}"
+        self._handles()
         try:
             return storage.read_bytes(self.loc, key)
         except FileNotFoundError as exc:
             raise CacheDataError(f"{key} is missing; the cache cannot be trained on") from exc
 
-    def _unit(self, unit: int) -> UnitInfo:
-        """The unit, cross-checked once with its commit record when a checker is set."""
-        info = self._units[unit]
+    def _slot_start(self, k: int) -> int:
+        return int(self.slots.slot[k]) * self.spec.shard_rows
+
+    def _unit(self, unit: int) -> slice:
+        """The unit's slot rows, cross-checked once with its commit record when a checker is set.
+
+        Raises:
+            KeyError: the unit is not committed.
+        """
+        k = int(np.searchsorted(self.units, unit))
+        if k == self.units.size or int(self.units[k]) != unit:
+            raise KeyError(f"unit {unit} is not committed")
+        rows = self.slots.of_unit(unit)
         if self._check_unit is not None and unit not in self._checked:
-            self._check_unit(info)
+            self._handles()  # the check reads the commit record through this process's store
+            self._check_unit(unit, self)
             self._checked.add(unit)
-        return info
+        return rows
+
+    def _handles(self) -> dict[str, zarr.Array[Any]]:
+        """This process's location and open arrays (reopened once in a forked or unpickled
+        copy: object-store clients are not fork-safe)."""
+        if self._pid != os.getpid():
+            self.loc = storage.open_location(self.loc.uri, self.loc.storage_options)
+            self._arrays, self._pid = read_arrays(self.loc, self.spec, self._names), os.getpid()
+        return self._arrays
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pid": -1, "_arrays": {}}
 
     def _fields(self, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The arrays read from one slot as sample fields holding ``aux_layers``: per-layer
@@ -198,40 +267,59 @@ class CacheReader(Generic[M]):
             out[field] = np.stack([parts[k] for k in order], axis=1)
         return out
 
-    def _read_rows(self, unit: int, slot: SlotRecord, samples: Sequence[SampleRow], *,
-                   start: int, count: int) -> dict[str, np.ndarray]:
-        """Rows of every array inside one slot, checked (see the module docstring); the crc32c
-        is checked when ``verify`` is set, which needs the slot's whole used rows."""
-        where = f"unit {unit}, slot {slot.slot}"
-        whole = start == slot.slot * self.spec.shard_rows and count == slot.num_rows
-        data = {}
-        for name, arr in self._arrays.items():
-            key = slot_key(name, arr, slot.slot)
-            try:
-                storage.inside_root(self.loc, key)
-            except (storage.UnsafeKeyError, storage.IrregularObjectError) as exc:
-                raise CacheDataError(f"{where}: array {name}: {exc}") from exc
-            if not storage.exists(self.loc, key):
-                raise CacheDataError(f"{where}: array {name}: object {key} is missing (it would "
-                                     "read back as zeros); run `sparkforge validate`")
-            try:
-                data[name] = np.asarray(arr[start:start + count])
-            except Exception as exc:  # any codec error: name where it happened, not how
-                raise CacheDataError(f"{where}: array {name}: cannot be decoded "
-                                     f"({type(exc).__name__}: {exc})") from exc
-            if self.verify and whole:
-                actual, expected = checksum(data[name]), slot.crc32c.get(name)
-                if actual != expected:
-                    shown = "none" if expected is None else f"{expected:#010x}"
-                    raise ChecksumError(f"{where}: array {name}: crc32c {actual:#010x} != "
-                                        f"committed {shown} (data corrupted or overwritten)")
-        self._check_token_ids(where, data, start, samples)
-        return data
+    def _read_slots(self, reads: Sequence[tuple[int, np.ndarray, int, int]]
+                    ) -> list[dict[str, np.ndarray]]:
+        """Rows ``[start, start + count)`` of every array in each slot row ``k``, all requested
+        at once, then checked (see the module docstring); the crc32c is checked when ``verify``
+        is set and a read covers its slot's used rows."""
+        arrays = self._handles()
+        for k, *_ in reads:
+            for name, arr in arrays.items():
+                try:
+                    storage.inside_root(self.loc, slot_key(name, arr, int(self.slots.slot[k])))
+                except (storage.UnsafeKeyError, storage.IrregularObjectError) as exc:
+                    raise CacheDataError(f"{self._where(k)}: array {name}: {exc}") from exc
+        results = zarr_sync(_gather([arr.async_array.getitem(slice(start, start + count))
+                                     for _, _, start, count in reads
+                                     for arr in arrays.values()]))
+        out, at = [], 0
+        for k, mine, start, count in reads:
+            data = {}
+            for j, name in enumerate(arrays):
+                data[name] = self._checked_values(k, j, name, results[at], start=start,
+                                                  count=count)
+                at += 1
+            self._check_token_ids(self._where(k), data, start, mine)
+            out.append(data)
+        return out
+
+    def _where(self, k: int) -> str:
+        return f"unit {int(self.slots.unit[k])}, slot {int(self.slots.slot[k])}"
+
+    def _checked_values(self, k: int, j: int, name: str, result: object, *, start: int,
+                        count: int) -> np.ndarray:
+        """One array's rows of slot row ``k``, or the error its read raised, named."""
+        where = f"{self._where(k)}: array {name}"
+        if isinstance(result, MissingObjectError):
+            raise CacheDataError(f"{where}: object {result} is missing (it would read back as "
+                                 "zeros); run `sparkforge validate`") from result
+        if isinstance(result, BaseException):  # any codec error: name where, not how
+            raise CacheDataError(f"{where}: cannot be decoded ({type(result).__name__}: "
+                                 f"{result})") from result
+        values = np.asarray(result)
+        whole = start == self._slot_start(k) and count == int(self.slots.num_rows[k])
+        if self.verify and whole:
+            actual = checksum(values)
+            expected = int(self.slots.crc32c[k, self._crc_columns[j]])
+            if actual != expected:
+                raise ChecksumError(f"{where}: crc32c {actual:#010x} != committed "
+                                    f"{expected:#010x} (data corrupted or overwritten)")
+        return values
 
     def _check_token_ids(self, where: str, data: dict[str, np.ndarray], start: int,
-                         samples: Sequence[SampleRow]) -> None:
+                         positions: np.ndarray) -> None:
         """Token ids (and top-k ids) inside ``[0, vocab_size)`` and ``loss_mask`` 0 or 1 (the
-        loss reads the mask as a weight): one min/max per array."""
+        loss reads the mask as a weight): one min/max per array; an error names the sample."""
         allowed = {"input_ids": (self.vocab_size, f"outside [0, target.vocab_size="
                                                   f"{self.vocab_size})"),
                    "topk_ids": (self.vocab_size, f"outside [0, target.vocab_size="
@@ -245,22 +333,29 @@ class CacheReader(Generic[M]):
                 continue
             bad = (values < 0) | (values >= end)
             row = start + int(np.argmax(bad.reshape(len(values), -1).any(axis=1)))
-            sample = next((s.sample_id for s in samples
-                           if s.row_offset <= row < s.row_offset + s.length), None)
+            first = self.samples.row_offset[positions]
+            hit = positions[(first <= row) & (row < first + self.samples.length[positions])]
+            sample = int(self.samples.sample_id[hit[0]]) if hit.size else None
             raise CacheDataError(
                 f"{where}, sample {sample}: {name} {what}: min {values.min()}, max {values.max()}")
 
-    def _sample(self, row: SampleRow, data: dict[str, np.ndarray], start: int) -> CachedSample:
-        rows = slice(start, start + row.length)
+    def _sample(self, pos: int, data: dict[str, np.ndarray], start: int) -> CachedSample:
+        rows = slice(start, start + int(self.samples.length[pos]))
         aux: Any = data["aux_hidden"][rows]
         if self.spec.aux_codec == "fp8":
             aux = float_to_storage(dequantize_e4m3(aux, data["aux_scale"][rows]),
                                    self.spec.hidden_dtype)
         top = self.spec.topk > 0
         return CachedSample(
-            sample_id=row.sample_id, split=row.split, input_ids=data["input_ids"][rows],
+            sample_id=int(self.samples.sample_id[pos]),
+            split=SPLITS[int(self.samples.split[pos])], input_ids=data["input_ids"][rows],
             loss_mask=data["loss_mask"][rows], aux_hidden=aux,
             final_hidden=data["final_hidden"][rows],
             topk_ids=data["topk_ids"][rows] if top else None,
             topk_logprobs=data["topk_logprobs"][rows] if top else None,
             hidden_dtype=self.spec.hidden_dtype)
+
+
+async def _gather(jobs: Sequence[Awaitable[Any]]) -> list[Any]:
+    """Every job's result or exception, in order."""
+    return list(await asyncio.gather(*jobs, return_exceptions=True))

@@ -103,7 +103,7 @@ def cache_samples(uri: str, storage_options: dict | None = None) -> dict[int, di
     """Every sample of a finalized cache as plain arrays, keyed by sample id."""
     reader = open_cache(uri, storage_options=storage_options, verify=True)
     out = {}
-    for sample_id in reader.sample_index().column("sample_id").to_pylist():
+    for sample_id in reader.samples.sample_id.tolist():
         s = reader.read_sample(sample_id)
         out[sample_id] = {"split": s.split, "input_ids": s.input_ids, "loss_mask": s.loss_mask,
                           "aux_hidden": s.aux_hidden, "final_hidden": s.final_hidden,

@@ -9,6 +9,7 @@ the kept-anchor ratio (real anchors / anchor slots) and the padding of ``bucket`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +18,10 @@ import numpy as np
 
 from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.architectures.config import DSparkDraftConfig, read_legacy
-from sparkforge.trainer.data_plan import Batching, SplitIndex, plan_epoch
+from sparkforge.trainer.data_plan import SplitIndex, plan_epoch
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS, LAYOUTS
-from sparkforge.trainer.run_config import DEFAULT_MAX_SEQ_LEN, RECIPES
+from sparkforge.trainer.loader_settings import Batching, LoaderSettings
+from sparkforge.trainer.run_config import RECIPES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,12 +32,8 @@ class AnchorSetting:
     block_size: int
     full_block: bool
     """DFlash's rule: an anchor needs its whole block inside its sample."""
-    batch_size: int
-    row_tokens: int
-    """``data.max_seq_len``: the tokens of a packed row."""
-    shuffle_buffer: int = 256
-    pool_batches: int = 16
-    seed: int = 0
+    loader: LoaderSettings = LoaderSettings()
+    """``data.*``: batch size, ``max_seq_len`` (the tokens of a packed row), buffer, seed."""
 
 
 def valid_anchors(num_loss_tokens: np.ndarray, setting: AnchorSetting) -> np.ndarray:
@@ -53,32 +51,37 @@ def batching_budget(index: SplitIndex, setting: AnchorSetting, batching: Batchin
                     ) -> dict[str, float]:
     """Kept-anchor ratio, padding and real tokens per row of one epoch under ``batching``."""
     assert index.num_loss_tokens is not None, "the index needs num_loss_tokens"
-    plan = plan_epoch(index, seed=setting.seed, epoch=0, num_shares=1, share=0,
-                      batch_size=setting.batch_size, batching=batching,
-                      shuffle_buffer=setting.shuffle_buffer, pool_batches=setting.pool_batches,
-                      row_tokens=setting.row_tokens)
-    valid = valid_anchors(index.num_loss_tokens, setting)
-    kept = slots = real = computed = num_rows = 0.0
-    for i, batch in enumerate(plan.batches):
-        rows = np.arange(batch.size) if plan.rows is None else plan.rows[i]
-        row_valid = np.bincount(rows, weights=valid[batch])
-        row_len = np.bincount(rows, weights=index.length[batch])
-        kept += float(np.minimum(row_valid, setting.num_anchors).sum())
-        slots += row_valid.size * setting.num_anchors
-        real += float(row_len.sum())
-        computed += float(row_len.max()) * row_len.size
-        num_rows += row_len.size
-    return {"kept_anchor_ratio": kept / slots if slots else 0.0,
-            "padding": 1.0 - real / computed if computed else 0.0,
-            "tokens_per_row": real / num_rows if num_rows else 0.0,
-            "kept_anchors_per_row": kept / num_rows if num_rows else 0.0,
-            "rows": num_rows}
+    plan = plan_epoch(index, dataclasses.replace(setting.loader, batching=batching), epoch=0,
+                      num_shares=1, share=0)
+    if not plan.positions.size:
+        return {"kept_anchor_ratio": 0.0, "padding": 0.0, "tokens_per_row": 0.0,
+                "kept_anchors_per_row": 0.0, "rows": 0.0}
+    batch_of = plan.batch_of()
+    if plan.row_of is None:  # one sample per row
+        row_in_batch = np.arange(batch_of.size) - plan.batch_starts[batch_of]
+    else:
+        row_in_batch = plan.row_of
+    rows_per_batch = np.zeros(len(plan), dtype=np.int64)
+    np.maximum.at(rows_per_batch, batch_of, row_in_batch + 1)
+    row_base = np.r_[0, np.cumsum(rows_per_batch)[:-1]]
+    row = row_base[batch_of] + row_in_batch
+    valid = valid_anchors(index.num_loss_tokens[plan.positions], setting)
+    row_valid = np.bincount(row, weights=valid)
+    row_len = np.bincount(row, weights=index.length[plan.positions])
+    used = rows_per_batch > 0
+    longest = np.maximum.reduceat(row_len, row_base[used])
+    kept = float(np.minimum(row_valid, setting.num_anchors).sum())
+    slots = row_valid.size * setting.num_anchors
+    real, computed = float(row_len.sum()), float((longest * rows_per_batch[used]).sum())
+    return {"kept_anchor_ratio": kept / slots, "padding": 1.0 - real / computed,
+            "tokens_per_row": real / row_len.size, "kept_anchors_per_row": kept / row_len.size,
+            "rows": float(row_len.size)}
 
 
 def anchor_budget(index: SplitIndex, setting: AnchorSetting) -> dict[str, Any]:
     """The budget of ``bucket`` and ``pack`` for ``setting`` (JSON-ready)."""
-    return {"num_anchors": setting.num_anchors, "row_tokens": setting.row_tokens,
-            "batch_size": setting.batch_size, "samples": len(index),
+    return {"num_anchors": setting.num_anchors, "row_tokens": setting.loader.max_seq_len,
+            "batch_size": setting.loader.batch_size, "samples": len(index),
             "bucket": batching_budget(index, setting, "bucket"),
             "pack": batching_budget(index, setting, "pack")}
 
@@ -103,18 +106,12 @@ def setting_from_train_config(data: Mapping[str, Any]) -> AnchorSetting:
         ValueError: naming a field that is not an integer in range.
     """
     model = data.get("model") or {}
-    draft, train = model.get("draft") or {}, data.get("data") or {}
+    draft = model.get("draft") or {}
     values = {}
-    for section, where, name, default in (
-            (draft, "model.draft", "num_anchors", DSparkDraftConfig.num_anchors),
-            (draft, "model.draft", "block_size", DSparkDraftConfig.block_size),
-            (train, "data", "batch_size", 1),
-            (train, "data", "max_seq_len", DEFAULT_MAX_SEQ_LEN),
-            (train, "data", "shuffle_buffer", 256), (train, "data", "pool_batches", 16),
-            (train, "data", "seed", 0)):
-        value, low = section.get(name, default), 0 if name == "seed" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{where}.{name} must be an integer >= {low}, got {value!r}")
+    for name in ("num_anchors", "block_size"):
+        value = draft.get(name, getattr(DSparkDraftConfig, name))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"model.draft.{name} must be an integer >= 1, got {value!r}")
         values[name] = value
     recipe = RECIPES.get(model.get("recipe") or "dspark", RECIPES["dspark"])
     _, layout = read_legacy(draft.get("architecture"),
@@ -123,9 +120,7 @@ def setting_from_train_config(data: Mapping[str, Any]) -> AnchorSetting:
         raise ConfigError(f"model.draft.layout={layout!r} not in {LAYOUTS}")
     return AnchorSetting(num_anchors=values["num_anchors"], block_size=values["block_size"],
                          full_block=BLOCK_LAYOUTS[layout].full_block,
-                         batch_size=values["batch_size"], row_tokens=values["max_seq_len"],
-                         shuffle_buffer=values["shuffle_buffer"],
-                         pool_batches=values["pool_batches"], seed=values["seed"])
+                         loader=LoaderSettings.from_train_config(data))
 
 
 def chat_like_index(num_samples: int, *, mean_len: float, max_len: int,

@@ -10,55 +10,54 @@ resumed run recomputes the plan and skips those batches without reading them.
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from sparkforge.shared.cache_tables import SampleColumns
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.reader import CachedSample
 from sparkforge.trainer.data_plan import (
-    Batching,
     EpochPlan,
     SplitIndex,
     batches_per_share,
     packed_batches_per_share,
     plan_epoch,
 )
+from sparkforge.trainer.loader_settings import LoaderSettings
 
 logger = logging.getLogger(__name__)
 
 
 class UnitReader(Protocol):
-    """What the stream reads from a cache: its sample index and whole units (``CacheReader``)."""
+    """What the stream reads from a cache: its sample columns and whole units (``CacheReader``,
+    which reopens its storage in each worker process and shares its columns)."""
 
-    def sample_index(self) -> pa.Table:
-        """index.parquet: one row per sample."""
-        ...
+    samples: SampleColumns
 
     def read_unit(self, unit: int) -> list[CachedSample]:
         """All samples of a committed unit, in storage order."""
         ...
 
 
-def load_split_index(reader: UnitReader, split: str, *, min_loss_tokens: int = 2) -> SplitIndex:
-    """The split's samples from ``index.parquet``, minus those too short to hold one anchor."""
-    table = reader.sample_index()
-    col = {name: table.column(name).to_numpy(zero_copy_only=False)
-           for name in ("sample_id", "unit", "length", "num_loss_tokens", "split")}
-    in_split = col["split"] == split
-    keep = in_split & (col["num_loss_tokens"] >= min_loss_tokens)
+def load_split_index(reader: UnitReader, split: str, *, min_loss_tokens: int = 2,
+                     loss_tokens: bool = False) -> SplitIndex:
+    """The split's samples from the index columns, minus those too short to hold one anchor;
+    with ``loss_tokens`` they keep their supervised-token counts (the anchor budget)."""
+    col = reader.samples
+    in_split = col.in_split(split)
+    keep = in_split & (col.num_loss_tokens >= min_loss_tokens)
     if int(in_split.sum()) > int(keep.sum()):
         logger.info("%s split: skipping %d samples with < %d loss tokens (no valid anchor)",
                     split, int(in_split.sum() - keep.sum()), min_loss_tokens)
-    return SplitIndex.from_columns(sample_id=col["sample_id"][keep], unit=col["unit"][keep],
-                                   length=col["length"][keep],
-                                   num_loss_tokens=col["num_loss_tokens"][keep])
+    order = col.in_storage_order(keep)
+    return SplitIndex.from_columns(
+        sample_id=col.sample_id[order], unit=col.unit[order], length=col.length[order],
+        num_loss_tokens=col.num_loss_tokens[order] if loss_tokens else None)
 
 
 def _hidden_tensor(values: np.ndarray, hidden_dtype: str) -> torch.Tensor:
@@ -118,38 +117,29 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
     """One rank's stream of collated micro-batches; each dataloader worker runs its own share.
 
     Args:
-        open_reader: Picklable zero-argument callable returning a ``CacheReader``; called once
-            per process (readers hold open stores and are not shipped to workers).
+        reader: The cache reader, opened once per rank before the workers start; each worker
+            shares its columns and opens its own storage handles.
         index: The split's samples.
+        settings: The run's loader settings (batching, batch sizes, buffer, seed, read-ahead).
         rank: Data-parallel rank.
         world_size: Data-parallel size.
-        num_workers: DataLoader workers per rank (0 = read in the main process).
-        batch_size: Samples per micro-batch.
-        batching: "bucket" (length-sorted pools), "pad" (stream order) or "pack" (rows of
-            whole samples up to ``row_tokens``; training streams only).
-        shuffle: Shuffle units, samples and batches (training); False reads in storage order.
-        shuffle_buffer: Samples held by the streaming shuffle buffer.
-        pool_batches: Batches per length-sorting pool for "bucket".
-        seed: Base seed; the plan depends only on (seed, epoch, share).
-        read_ahead_units: Units read concurrently ahead of the one being consumed.
-        row_tokens: Tokens per packed row (``pack``).
+        shuffle: Training order (shuffled units, samples and batches, ``settings.batching``);
+            False reads in storage order, one sample per row (validation).
     """
 
-    def __init__(self, open_reader: Callable[[], UnitReader], index: SplitIndex, *, rank: int,
-                 world_size: int,
-                 num_workers: int, batch_size: int, batching: Batching, shuffle: bool,
-                 shuffle_buffer: int, pool_batches: int, seed: int, read_ahead_units: int,
-                 row_tokens: int = 0) -> None:
-        self.open_reader, self.index = open_reader, index
-        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
-        self.batch_size, self.batching, self.shuffle = batch_size, batching, shuffle
-        self.shuffle_buffer, self.pool_batches, self.seed = shuffle_buffer, pool_batches, seed
-        self.read_ahead_units, self.row_tokens = read_ahead_units, row_tokens
+    def __init__(self, reader: UnitReader, index: SplitIndex, settings: LoaderSettings, *,
+                 rank: int, world_size: int, shuffle: bool) -> None:
+        self.reader, self.index, self.settings = reader, index, settings
+        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         self._packed_batches: int | None = None
         self.epoch = 0
         self.skip_batches = 0
         """Batches of this epoch the rank already consumed (set by the loader before iterating)."""
-        self._reader: UnitReader | None = None
+
+    @property
+    def num_workers(self) -> int:
+        """DataLoader workers per rank (0 = read in the main process)."""
+        return self.settings.num_workers
 
     @property
     def num_shares(self) -> int:
@@ -159,17 +149,16 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
     @property
     def packed(self) -> bool:
         """Whether batches are packed rows (``pack`` on a shuffled, training stream)."""
-        return self.batching == "pack" and self.shuffle
+        return self.settings.batching == "pack" and self.shuffle
 
     def _per_share(self) -> int:
         if not self.packed:
+            size = self.settings.batch_size if self.shuffle else self.settings.eval_batch_size
             return batches_per_share(len(self.index), num_shares=self.num_shares,
-                                     batch_size=self.batch_size)
+                                     batch_size=size)
         if self._packed_batches is None:
-            self._packed_batches = packed_batches_per_share(
-                self.index, seed=self.seed, num_shares=self.num_shares,
-                batch_size=self.batch_size, shuffle_buffer=self.shuffle_buffer,
-                row_tokens=self.row_tokens)
+            self._packed_batches = packed_batches_per_share(self.index, self.settings,
+                                                            num_shares=self.num_shares)
         return self._packed_batches
 
     def __len__(self) -> int:
@@ -177,12 +166,9 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
 
     def plan(self, share: int) -> EpochPlan:
         """This epoch's plan for one share."""
-        return plan_epoch(
-            self.index, seed=self.seed, epoch=self.epoch, num_shares=self.num_shares, share=share,
-            batch_size=self.batch_size, batching=self.batching, shuffle=self.shuffle,
-            shuffle_buffer=self.shuffle_buffer, pool_batches=self.pool_batches,
-            row_tokens=self.row_tokens, num_batches=self._per_share() if self.packed else None,
-        )
+        return plan_epoch(self.index, self.settings, epoch=self.epoch, num_shares=self.num_shares,
+                          share=share, shuffle=self.shuffle,
+                          num_batches=self._per_share() if self.packed else None)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
@@ -193,8 +179,6 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
         n = self.skip_batches
         role = (worker + n) % workers
         skip = max(0, -(-(n - role) // workers))
-        if self._reader is None:
-            self._reader = self.open_reader()
         plan = self.plan(self.rank * workers + role)
         if plan.num_dropped and self.rank == 0 and role == 0:
             logger.info("epoch %d: %d samples left out so every share is equal", self.epoch,
@@ -202,39 +186,37 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
         return self._execute(plan, skip)
 
     def _execute(self, plan: EpochPlan, skip: int) -> Iterator[dict[str, torch.Tensor]]:
-        remaining = plan.batches[skip:]
-        if not remaining:
+        if skip >= len(plan):
             return
-        positions = np.concatenate(remaining)
-        # A packed share short of batches repeats its first ones: keep a sample until its last use.
-        needed = Counter(self.index.sample_id[positions].tolist())
-        wanted = set(self.index.unit[positions].tolist())
-        units = [u for u in plan.unit_order.tolist() if u in wanted]
+        positions = plan.positions[int(plan.batch_starts[skip]):]
+        # A packed share short of batches repeats its first ones: keep a sample until its last
+        # use. Uses are counted per sample id, in sorted arrays (no object per sample).
+        ids, uses = np.unique(self.index.sample_id[positions], return_counts=True)
+        units = plan.unit_order[np.isin(plan.unit_order, self.index.unit[positions])]
         held: dict[int, CachedSample] = {}
-        reads = self._read_ahead(units)
-        rows = plan.rows[skip:] if plan.rows is not None else [None] * len(remaining)
-        for batch, row_of in zip(remaining, rows, strict=True):
-            ids = self.index.sample_id[batch].tolist()
-            while any(i not in held for i in ids):
+        left: dict[int, int] = {}
+        reads = self._read_ahead(units.tolist())
+        for b in range(skip, len(plan)):
+            batch_ids = self.index.sample_id[plan.batch(b)].tolist()
+            while any(i not in held for i in batch_ids):
                 for sample in next(reads):
-                    if sample.sample_id in needed:
-                        held[sample.sample_id] = sample
-            yield collate([held[i] for i in ids], ids, row_of)
-            for i in ids:
-                needed[i] -= 1
-                if not needed[i]:
-                    del held[i]
+                    k = int(np.searchsorted(ids, sample.sample_id))
+                    if k < ids.size and ids[k] == sample.sample_id:
+                        held[sample.sample_id], left[sample.sample_id] = sample, int(uses[k])
+            yield collate([held[i] for i in batch_ids], batch_ids, plan.rows(b))
+            for i in batch_ids:
+                left[i] -= 1
+                if not left[i]:
+                    del held[i], left[i]
         reads.close()
 
     def _read_ahead(self, units: list[int]) -> Generator[list[CachedSample], None, None]:
         """Yield whole units in order, keeping ``read_ahead_units`` reads in flight."""
-        depth = max(1, self.read_ahead_units)
-        reader = self._reader
-        assert reader is not None, "opened in __iter__"
+        depth = self.settings.read_ahead_units
         with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="cache-read") as pool:
             pending: list[Future[list[CachedSample]]] = []
             for unit in units:
-                pending.append(pool.submit(reader.read_unit, unit))
+                pending.append(pool.submit(self.reader.read_unit, unit))
                 if len(pending) > depth:
                     yield pending.pop(0).result()
             while pending:
@@ -285,12 +267,12 @@ class ResumableLoader:
         """The data position: epoch, consumed batches, and the layout that fixes the plan."""
         return {"epoch": self.epoch, "consumed": self.consumed,
                 "world_size": self.stream.world_size, "num_workers": self.stream.num_workers,
-                "batch_size": self.stream.batch_size, "seed": self.stream.seed,
+                "batch_size": self.stream.settings.batch_size, "seed": self.stream.settings.seed,
                 "packed_row_tokens": self._row_tokens()}
 
     def _row_tokens(self) -> int:
         """Tokens per packed row (0 when rows are single samples: the plan ignores it)."""
-        return self.stream.row_tokens if self.stream.packed else 0
+        return self.stream.settings.max_seq_len if self.stream.packed else 0
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resume at a saved position; the data layout must be the one it was saved with."""
@@ -298,7 +280,8 @@ class ResumableLoader:
             f"data.{key}: checkpoint has {state[key]}, this run has {now}"
             for key, now in (("world_size", self.stream.world_size),
                              ("num_workers", self.stream.num_workers),
-                             ("batch_size", self.stream.batch_size), ("seed", self.stream.seed))
+                             ("batch_size", self.stream.settings.batch_size),
+                             ("seed", self.stream.settings.seed))
             if state.get(key, now) != now
         ]
         rows = state.get("packed_row_tokens", self._row_tokens())

@@ -40,6 +40,7 @@ from sparkforge.trainer.chat_prompts import Prompt, chat_prompts
 from sparkforge.trainer.data import CacheStream, load_split_index
 from sparkforge.trainer.export import load_draft, training_loss_settings
 from sparkforge.trainer.job_config import EvalConfig
+from sparkforge.trainer.loader_settings import LoaderSettings
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.matched_eval import FORCED_TEMPERATURE, matched_report, split_sampling
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
@@ -62,9 +63,10 @@ def _loss_spec(draft_path: str, has_confidence_head: bool) -> tuple[LossSpec, st
 
 def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
                     device: torch.device) -> dict[str, Any]:
-    stream = CacheStream(lambda: reader, load_split_index(reader, "eval"), rank=0, world_size=1,
-                         num_workers=0, batch_size=4, batching="pad", shuffle=False,
-                         shuffle_buffer=1, pool_batches=1, seed=cfg.seed, read_ahead_units=1)
+    settings = LoaderSettings(batch_size=4, batching="pad", num_workers=0, read_ahead_units=1,
+                              seed=cfg.seed)
+    stream = CacheStream(reader, load_split_index(reader, "eval"), settings, rank=0,
+                         world_size=1, shuffle=False)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     sums, blocks, per_sample = None, [], []
     with torch.no_grad():

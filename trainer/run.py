@@ -25,7 +25,7 @@ LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 def run_contract(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer,
                  target_config: Mapping[str, Any]) -> RunContract:
     """What this run needs from its cache, whose ``target_config`` the draft is built from."""
-    return model.draft.contract(max_seq_len=data.max_seq_len,
+    return model.draft.contract(max_seq_len=data.settings.max_seq_len,
                                 need_eval_split=validation_on(trainer.limit_val_batches),
                                 target_config=target_config)
 

@@ -35,6 +35,7 @@ from sparkforge.trainer.architectures.config import (
 )
 from sparkforge.trainer.draft.block_layout import NO_HEADS, Layout
 from sparkforge.trainer.draft.config import MarkovHeadType
+from sparkforge.trainer.loader_settings import LoaderSettings
 
 RecipeName = Literal["dspark", "dflash"]
 Objective = Literal["dspark", "dflash"]
@@ -253,8 +254,6 @@ class LossSpec:
         return dataclasses.replace(self, objective=objective)
 
 
-DEFAULT_MAX_SEQ_LEN = 4096
-"""``data.max_seq_len`` when a train config leaves it out (the data module's default)."""
 DEFAULT_LIMIT_VAL_BATCHES = 1.0
 """Lightning's ``trainer.limit_val_batches`` default: validate on the whole eval split."""
 
@@ -282,10 +281,10 @@ def contract_from_train_config(config: str | Path | Mapping[str, Any], *,
 
     Reads ``model.draft.{target_layer_ids, hidden_size, vocab_size, num_target_layers,
     mask_token_id, target_model_type, target_features, target_final, num_hidden_layers,
-    overrides}``, ``data.max_seq_len`` and the ``trainer.limit_val_batches``; everything unset
-    takes the value ``sparkforge train`` gives it. With ``target_config`` (the cache's
-    ``config.json``, which ``train`` builds the draft from) the draft's embedding scale and
-    softcap are part of the contract.
+    overrides}``, ``data`` (as :class:`LoaderSettings`, for its ``max_seq_len``) and the
+    ``trainer.limit_val_batches``; everything unset takes the value ``sparkforge train`` gives
+    it. With ``target_config`` (the cache's ``config.json``, which ``train`` builds the draft
+    from) the draft's embedding scale and softcap are part of the contract.
 
     Raises:
         TrainConfigError: naming every missing or mistyped field.
@@ -293,7 +292,6 @@ def contract_from_train_config(config: str | Path | Mapping[str, Any], *,
     """
     data = load_train_yaml(config) if isinstance(config, str | Path) else config
     draft = _section(data, "model", "draft")
-    train = _section(data, "data")
     trainer = _section(data, "trainer")
     problems: list[str] = []
 
@@ -307,7 +305,11 @@ def contract_from_train_config(config: str | Path | Mapping[str, Any], *,
     sizes = {name: integer(draft, name, "model.draft", None)
              for name in ("hidden_size", "vocab_size", "num_target_layers", "mask_token_id")}
     depth = integer(draft, "num_hidden_layers", "model.draft", DraftSpec.num_hidden_layers)
-    max_seq_len = integer(train, "max_seq_len", "data", DEFAULT_MAX_SEQ_LEN)
+    try:
+        max_seq_len = LoaderSettings.from_train_config(data).max_seq_len
+    except ConfigError as exc:
+        problems.append(str(exc).removeprefix("train config: "))
+        max_seq_len = 0
     ids = draft.get("target_layer_ids")
     if ids is not None and (not isinstance(ids, list | tuple) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in ids)):

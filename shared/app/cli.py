@@ -107,7 +107,7 @@ def _validate(cfg: ValidateConfig) -> int:
         from sparkforge.trainer.data import load_split_index  # torch, only when asked
 
         reader = open_cache(cfg.cache, storage_options=json.loads(cfg.storage_options))
-        return _budget(against, load_split_index(reader, "train"))
+        return _budget(against, load_split_index(reader, "train", loss_tokens=True))
 
     return manifests_cli.run_validate(cfg, lambda target: contract_from_train_config(
         against, target_config=target), budget)
@@ -121,7 +121,7 @@ def _plan(cfg: manifests_cli.PlanConfig) -> int:
         return manifests_cli.run_plan(cfg)
 
     def budget() -> tuple[dict[str, Any], str]:
-        row = setting_of(against).row_tokens
+        row = setting_of(against).loader.max_seq_len
         return _budget(against, chat_like_index(4000, mean_len=cfg.mean_seq_len, max_len=row))
 
     return manifests_cli.run_plan(cfg, budget)

@@ -55,12 +55,12 @@ def _contents(uri: str, options: dict[str, Any]) -> dict[int, dict[str, np.ndarr
     finalize_cache(uri, expected_units=NUM_UNITS, storage_options=options)
     reader = open_cache(uri, storage_options=options, verify=True)
     out: dict[int, dict[str, np.ndarray]] = {}
-    for unit in reader.units():
-        for s in reader.read_unit(unit.unit):
+    for unit in reader.unit_ids().tolist():
+        for s in reader.read_unit(unit):
             assert s.sample_id not in out, f"sample {s.sample_id} read twice"
             out[s.sample_id] = {k: v for k, v in dataclasses.asdict(s).items()
                                 if isinstance(v, np.ndarray)}
-    assert reader.sample_index().column("sample_id").to_pylist() == sorted(out)
+    assert reader.samples.sample_id.tolist() == sorted(out)
     return out
 
 

@@ -93,8 +93,8 @@ def test_real_hidden_states_round_trip_bit_exact(tmp_path: Path, tiny_target: Pa
     reader = open_cache(str(tmp_path / "c"), verify=True)
     torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
     seen = []
-    for unit in reader.units():
-        for sample in reader.read_unit(unit.unit):
+    for unit in reader.unit_ids().tolist():
+        for sample in reader.read_unit(unit):
             t, ref = sample.to_torch(), hidden_states[sample.sample_id]
             assert t["aux_hidden"].dtype == torch_dtype
             assert torch.equal(t["aux_hidden"], ref["aux"].to(torch_dtype))

@@ -1,4 +1,5 @@
-"""Requests sent to S3 (counted at a proxy in front of moto) stay flat as a cache grows."""
+"""Requests sent to S3 (counted at a proxy in front of moto) stay flat as a cache grows, and the
+trainer's reads are GETs only, with DataLoader workers that reuse their rank's index."""
 
 from __future__ import annotations
 
@@ -14,10 +15,15 @@ import pytest
 from cache_helpers import SMALL_SPEC, make_run_header, make_unit
 from s3_proxy import S3Proxy
 
+from sparkforge.manifests.finalize import finalize_cache
+from sparkforge.manifests.open import open_cache
 from sparkforge.shared.writer import CacheWriter
+from sparkforge.trainer.datamodule import CacheDataModule
 
 SPEC = dataclasses.replace(SMALL_SPEC, shard_rows=128)
 """Every unit fits one slot, so every commit writes the same objects."""
+READ_SPEC = dataclasses.replace(SMALL_SPEC, rows_per_unit=8)
+NUM_UNITS = 4
 
 
 @pytest.fixture
@@ -68,3 +74,47 @@ def test_a_commit_sends_the_same_requests_after_a_thousand_earlier_units(
     assert later == first
     assert first["PUT"] == 2 + 5  # the attempt claim, the commit record, one object per array
     assert not [path for kind, path in log if kind == "LIST" and "_attempts" in path]
+
+
+@pytest.fixture(scope="module")
+def s3_cache(moto_server: dict[str, Any]) -> str:
+    """A finalized four-unit cache, written to moto directly."""
+    uri = f"s3://{moto_server['bucket']}/{uuid.uuid4().hex}"
+    options = moto_server["storage_options"]
+    header = make_run_header(READ_SPEC, num_units=NUM_UNITS)
+    writer = CacheWriter.open(uri, spec=READ_SPEC, header=header, storage_options=options)
+    for unit in range(NUM_UNITS):
+        writer.write_unit(unit, *make_unit(READ_SPEC, unit))
+    finalize_cache(uri, expected_units=NUM_UNITS, storage_options=options)
+    return uri
+
+
+def test_reading_units_sends_no_existence_request(s3_cache: str, moto_server: dict[str, Any],
+                                                  proxy: S3Proxy) -> None:
+    """Every unit read is GETs only (its commit record, shard indexes and chunks): a missing
+    object is told by the GET itself, not by a HEAD before it."""
+    reader = open_cache(s3_cache, storage_options=_options(moto_server, proxy))
+    proxy.reset()
+    samples = sum(len(reader.read_unit(u)) for u in reader.unit_ids().tolist())
+    counts = proxy.reset()
+    assert samples == len(reader.samples)
+    assert counts["HEAD"] == 0
+    assert set(counts) == {"GET"}
+    assert counts["GET"] >= NUM_UNITS * (1 + len(reader.slots) // NUM_UNITS * 5)
+
+
+def test_loader_workers_reuse_the_ranks_index(s3_cache: str, moto_server: dict[str, Any],
+                                              proxy: S3Proxy) -> None:
+    """Two forked workers stream the whole train split without reading the manifest or the
+    index again: they share the columns their rank loaded and open only their own store (whose
+    metadata zarr probes once); no slot object is asked for before it is read."""
+    data = CacheDataModule(s3_cache, storage_options=_options(moto_server, proxy),
+                           batch_size=2, num_workers=2, shuffle_buffer=4)
+    loader = data.train_dataloader()
+    proxy.reset()
+    ids = [i for batch in loader for i in batch["sample_ids"].tolist()]
+    log = list(proxy.log)
+    assert len(ids) == len(data.split_index("train")) - len(data.split_index("train")) % 2
+    assert not [path for _, path in log if path.endswith(("index.parquet", "manifest.json"))]
+    assert not [path for kind, path in log if kind == "HEAD" and "/c/" in path]
+    assert [path for kind, path in log if kind == "GET" and "/c/" in path]

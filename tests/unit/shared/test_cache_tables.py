@@ -64,8 +64,8 @@ def test_columns_skip_the_source_columns_unless_asked() -> None:
     assert cols.source_row is None
 
 
-@pytest.mark.parametrize(("num_rows", "message"), [(29, "more than the 29 rows"),
-                                                   (31, "30 rows, the manifest records 31")])
+@pytest.mark.parametrize(("num_rows", "message"), [(29, "more rows than manifest .* 29"),
+                                                   (31, "30 rows != manifest .* 31")])
 def test_a_row_count_other_than_the_manifests_is_refused(num_rows: int, message: str) -> None:
     """The index must hold exactly the rows the manifest counts."""
     with pytest.raises(TableError, match=message):
@@ -77,7 +77,7 @@ def test_unsorted_ids_or_unknown_splits_are_refused() -> None:
     base = {"sample_id": np.array([1, 3, 2]), "unit": np.zeros(3), "slot": np.zeros(3),
             "row_offset": np.arange(3), "length": np.ones(3), "num_loss_tokens": np.ones(3),
             "split": np.zeros(3)}
-    with pytest.raises(TableError, match="not unique and increasing"):
+    with pytest.raises(TableError, match="sample_id not unique and increasing"):
         SampleColumns.from_columns(base)
     with pytest.raises(TableError, match="a split outside"):
         SampleColumns.from_columns({**base, "sample_id": np.arange(3), "split": np.full(3, 7)})

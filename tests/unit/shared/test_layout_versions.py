@@ -41,8 +41,8 @@ def _aux_bytes_read(uri: str, features: tuple[int, ...] | None) -> dict[str, int
     """Bytes each aux array gave the reader while it read every unit (crc32c on)."""
     with counting_reads() as stores:
         reader = open_cache(uri, features=features)
-        for unit in reader.units():
-            reader.read_unit(unit.unit)
+        for unit in reader.unit_ids().tolist():
+            reader.read_unit(unit)
     total: dict[str, int] = {}
     for store in stores:
         for name, n in store.bytes_by_array.items():
@@ -86,7 +86,7 @@ def test_both_formats_read_back_what_was_written(tmp_path: Path, codec: str, ver
     layers = list(range(4)) if features is None else list(features)
     reader = open_cache(uri, features=features)
     assert reader.manifest.format_version == version
-    read = [s for u in reader.units() for s in reader.read_unit(u.unit)]
+    read = [s for u in reader.unit_ids().tolist() for s in reader.read_unit(u)]
     assert sorted(s.sample_id for s in read) == sorted(written)
     for s in read:
         w = written[s.sample_id]

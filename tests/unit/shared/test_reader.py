@@ -36,13 +36,13 @@ def cache(tmp_path: Path) -> Path:
 
 def test_overwritten_shard_is_detected(cache: Path) -> None:
     """Data changed after commit fails verification naming unit, slot and array."""
-    slot = open_cache(str(cache)).units()[1].slots[0]
+    slot = _slot(cache, 1)
     arr = zarr.open_array(str(cache / "final_hidden"), mode="r+")
-    rows = slice(slot.slot * 64, slot.slot * 64 + 64)
+    rows = slice(slot * 64, slot * 64 + 64)
     data = arr[rows]
     data[3, 5] ^= 1
     arr[rows] = data
-    with pytest.raises(ChecksumError, match=f"^unit 1, slot {slot.slot}: array final_hidden: "
+    with pytest.raises(ChecksumError, match=f"^unit 1, slot {slot}: array final_hidden: "
                                             "crc32c 0x[0-9a-f]{8} != committed 0x[0-9a-f]{8} "):
         open_cache(str(cache), verify=True).read_unit(1)
     assert len(open_cache(str(cache), verify=True).read_unit(0)) > 0
@@ -51,12 +51,12 @@ def test_overwritten_shard_is_detected(cache: Path) -> None:
 def test_lost_shard_object_is_detected(cache: Path) -> None:
     """A deleted shard (zarr would read zeros) is refused by unit and by sample reads."""
     reader = open_cache(str(cache), verify=False)
-    slot = reader.units()[0].slots[0].slot
+    slot = _slot(cache, 0)
     (cache / f"aux_hidden.1/c/{slot}/0").unlink()
     with pytest.raises(CacheDataError, match=f"unit 0, slot {slot}: array aux_hidden.1: object "
                                              f"aux_hidden.1/c/{slot}/0 is missing"):
         reader.read_unit(0)
-    sample = reader.units()[0].samples[0].sample_id
+    sample = int(reader.samples.sample_id[reader.samples.of_unit(0)[0]])
     with pytest.raises(CacheDataError, match=r"aux_hidden\.1/c/.* is missing"):
         reader.read_sample(sample)
 
@@ -130,7 +130,15 @@ def test_features_not_captured_are_refused(cache: Path) -> None:
 
 
 def _slot(cache: Path, unit: int) -> int:
-    return open_cache(str(cache)).units()[unit].slots[0].slot
+    slots = open_cache(str(cache)).slots
+    return int(slots.slot[slots.of_unit(unit)][0])
+
+
+def _second_sample(cache: Path, unit: int) -> tuple[int, int, int]:
+    """Sample id, slot and first row of the unit's second sample in storage order."""
+    samples = open_cache(str(cache)).samples
+    pos = samples.of_unit(unit)[1]
+    return int(samples.sample_id[pos]), int(samples.slot[pos]), int(samples.row_offset[pos])
 
 
 def _break_zstd_chunk(cache: Path, unit: int) -> str:
@@ -185,23 +193,23 @@ def test_checksums_are_verified_by_default(cache: Path) -> None:
 
 def test_token_id_outside_the_vocabulary_names_the_sample(cache: Path) -> None:
     """An id >= vocab_size (with a matching crc) is refused naming unit, slot and sample."""
-    row = open_cache(str(cache)).units()[1].samples[1]
-    forge_rows(cache, "input_ids", row.row_offset + 1, np.array([5000], dtype=np.int32))
+    sample_id, slot, row_offset = _second_sample(cache, 1)
+    forge_rows(cache, "input_ids", row_offset + 1, np.array([5000], dtype=np.int32))
     reader = open_cache(str(cache))
-    with pytest.raises(CacheDataError, match=rf"^unit 1, slot {row.slot}, sample {row.sample_id}: "
+    with pytest.raises(CacheDataError, match=rf"^unit 1, slot {slot}, sample {sample_id}: "
                                              r"input_ids outside \[0, target.vocab_size=1024\): "
                                              r"min \d+, max 5000$"):
         reader.read_unit(1)
-    with pytest.raises(CacheDataError, match=f"sample {row.sample_id}: input_ids outside"):
-        reader.read_sample(row.sample_id)
+    with pytest.raises(CacheDataError, match=f"sample {sample_id}: input_ids outside"):
+        reader.read_sample(sample_id)
 
 
 def test_loss_mask_value_other_than_0_or_1_names_the_sample(cache: Path) -> None:
     """A 2 in loss_mask (with a matching crc; --deep flags it too) is refused, not read as a
     double weight or ignored at a prompt position."""
-    row = open_cache(str(cache)).units()[1].samples[1]
-    forge_rows(cache, "loss_mask", row.row_offset, np.array([2], dtype=np.uint8))
-    with pytest.raises(CacheDataError, match=rf"^unit 1, slot {row.slot}, sample {row.sample_id}: "
+    sample_id, slot, row_offset = _second_sample(cache, 1)
+    forge_rows(cache, "loss_mask", row_offset, np.array([2], dtype=np.uint8))
+    with pytest.raises(CacheDataError, match=rf"^unit 1, slot {slot}, sample {sample_id}: "
                                              r"loss_mask not 0 or 1: min 0, max 2$"):
         open_cache(str(cache)).read_unit(1)
 

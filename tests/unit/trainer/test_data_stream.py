@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
+from sparkforge.shared.cache_tables import SampleColumns
 from sparkforge.shared.dtypes import float_to_storage
 from sparkforge.shared.reader import CachedSample
 from sparkforge.trainer.data import CacheStream, ResumableLoader, collate, load_split_index
-from sparkforge.trainer.data_plan import Batching
+from sparkforge.trainer.loader_settings import Batching, LoaderSettings
 
 F, H = 2, 4
 
@@ -34,15 +34,14 @@ class _Reader:
         self.units = {u: [_sample(u * 100 + i, int(rng.integers(3, 20))) for i in range(per_unit)]
                       for u in range(num_units)}
         self.reads: list[int] = []
-
-    def sample_index(self) -> pa.Table:
         rows = [(s, u) for u, ss in self.units.items() for s in ss]
-        return pa.table({
-            "sample_id": [s.sample_id for s, _ in rows], "unit": [u for _, u in rows],
-            "length": [len(s.input_ids) for s, _ in rows],
-            "num_loss_tokens": [len(s.input_ids) for s, _ in rows],
-            "split": ["eval" if s.sample_id % 10 == 9 else "train" for s, _ in rows],
-        })
+        lengths = [len(s.input_ids) for s, _ in rows]
+        self.samples = SampleColumns.from_columns({
+            "sample_id": np.array([s.sample_id for s, _ in rows]),
+            "unit": np.array([u for _, u in rows]), "slot": np.array([u for _, u in rows]),
+            "row_offset": np.cumsum([0, *lengths[:-1]]), "length": np.array(lengths),
+            "num_loss_tokens": np.array(lengths),
+            "split": np.array([s.sample_id % 10 == 9 for s, _ in rows], dtype=np.uint8)})
 
     def read_unit(self, unit: int) -> list[CachedSample]:
         self.reads.append(unit)
@@ -52,10 +51,11 @@ class _Reader:
 def _stream(reader: _Reader, *, rank: int = 0, world: int = 1, workers: int = 0,
             split: str = "train", batching: Batching = "bucket") -> CacheStream:
     index = load_split_index(reader, split)
-    return CacheStream(lambda: reader, index, rank=rank, world_size=world, num_workers=workers,
-                       batch_size=3 if batching != "pack" else 2, batching=batching,
-                       shuffle=split == "train", shuffle_buffer=8, pool_batches=2, seed=3,
-                       read_ahead_units=2, row_tokens=40)
+    settings = LoaderSettings(num_workers=workers, batch_size=3 if batching != "pack" else 2,
+                              batching=batching, shuffle_buffer=8, pool_batches=2, seed=3,
+                              read_ahead_units=2, max_seq_len=40)
+    return CacheStream(reader, index, settings, rank=rank, world_size=world,
+                       shuffle=split == "train")
 
 
 def _ids(batches: list[dict[str, torch.Tensor]]) -> list[list[int]]:
@@ -188,7 +188,7 @@ def test_samples_held_stay_bounded_whatever_the_cache_size() -> None:
         read = sum(1 for u in reader.reads for s in reader.units[u] if s.sample_id in train)
         yielded += batch["sample_ids"].numel()
         peak = max(peak, read - yielded)
-    bound = (stream.shuffle_buffer + stream.batch_size * stream.pool_batches
-             + 7 * (stream.read_ahead_units + 1))
+    s = stream.settings
+    bound = s.shuffle_buffer + s.batch_size * s.pool_batches + 7 * (s.read_ahead_units + 1)
     assert yielded == len(train)
     assert peak <= bound < len(train) / 4
