@@ -8,6 +8,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from docstring_parser import parse_from_object
 from safetensors.torch import load as load_safetensors
 from torch.utils.data import DataLoader
 
@@ -30,12 +31,15 @@ class CacheDataModule(L.LightningDataModule):
     """Streams the cache's train split for fitting and its eval split for validation.
 
     The arguments are the ``data.*`` flags of ``sparkforge train``: ``uri`` and
-    ``storage_options`` name the cache, the rest are :class:`LoaderSettings` fields (see their
-    docs there; the defaults are its own), parsed once into ``self.settings``.
+    ``storage_options`` name the cache, the rest are :class:`LoaderSettings` fields (their
+    defaults, and their descriptions appended below from its attribute docstrings), parsed once
+    into ``self.settings``.
 
     Args:
         uri: Cache root: a local path or any fsspec URI (``s3://bucket/cache``, ``gs://...``).
-        storage_options: fsspec options for the store (e.g. ``{"endpoint_url": ...}`` for S3).
+        storage_options: fsspec options for the store (e.g. ``{"endpoint_url": ...}`` for S3;
+            on S3 ``{"config_kwargs": {"max_pool_connections": 64}}`` lets more reads be in
+            flight than the client's default of 10 connections).
     """
 
     def __init__(
@@ -153,3 +157,9 @@ class CacheDataModule(L.LightningDataModule):
         workers = self.settings.num_workers
         return DataLoader(stream, batch_size=None, num_workers=workers, pin_memory=self._pin(),
                           prefetch_factor=self.settings.prefetch_factor if workers else None)
+
+
+# ``--help`` reads the class docstring: the loader flags' lines come from LoaderSettings.
+CacheDataModule.__doc__ = (CacheDataModule.__doc__ or "").rstrip() + "\n" + "\n".join(
+    f"        {p.arg_name}: {' '.join((p.description or '').split())}"
+    for p in parse_from_object(LoaderSettings).params) + "\n"

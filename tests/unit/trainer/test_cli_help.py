@@ -9,7 +9,8 @@ import pytest
 from sparkforge.app.cli import main
 
 
-@pytest.mark.parametrize(("command", "prefix"), [("train", "--model."), ("eval", "--")])
+@pytest.mark.parametrize(("command", "prefix"), [("train", "--model."), ("train", "--data."),
+                                               ("eval", "--")])
 def test_every_option_has_a_description(command: str, prefix: str,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     """No sparkforge-owned flag in --help goes straight to its '(type: ...)' line."""
