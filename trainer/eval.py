@@ -158,7 +158,7 @@ def _held_out_prompts(reader: Any, num: int, images: TargetImages | None) -> lis
     with image tokens is left out (counted in the log; image prompts come from ``--prompts``)."""
     prompts, without_pixels = [], 0
     index = load_split_index(reader, "eval")
-    for sid in index.sample_id.tolist()[:num]:
+    for sid in index.sample_id[:num].tolist():
         sample = reader.read_sample(sid)
         first = int(np.argmax(sample.loss_mask > 0))
         ids = np.asarray(sample.input_ids[:first], dtype=np.int64)

@@ -1,0 +1,355 @@
+"""How the trainer's read side scales: start-up CPU and memory per process and per DataLoader
+worker, epoch planning per rank, and read throughput behind request latency; this code against
+an older checkout, run by the same command, as ratios.
+
+Phases, each in its own process (CPU time and peak RSS are that process's own):
+
+- ``startup``: ``CacheDataModule.train_dataloader()`` (manifest, index, split, the per-share batch
+  count of ``pack``) on synthesized bookkeeping of N samples (units of 256 samples, one slot each;
+  index and manifest only, no slot objects). CPU per sample, peak RSS and the RSS left after
+  start-up per sample, with the manifest's own parse timed apart (the manifest is another
+  change's). Growth exponent: the least-squares slope of log(cost) over log(N).
+- ``plan``: one rank's plans (its 2 worker shares, ``pack``) at several share counts.
+- ``workers``: private memory (USS) each of 2 forked DataLoader workers adds, per sample, on a
+  real cache written by the real writer.
+- ``throughput``: samples/s of the training loader over the real cache on S3 (moto behind the
+  counting proxy of ``tests/s3_proxy.py``), at 0 and 30 ms per request.
+
+    .venv/bin/python -P benchmarks/bench_scale_read.py --samples 100000 1000000 10000000
+    .venv/bin/python -P benchmarks/bench_scale_read.py --old dd1fd3e   (also the old code)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+sys.path.insert(0, str(TESTS))  # cache_helpers (the run header), s3_proxy, conftest's moto
+PER_UNIT, TOKENS = 256, 4
+"""Synthesized units: 256 samples of 4 tokens, one slot of 1024 rows."""
+SHARE_COUNTS = (8, 64, 512)
+THROUGHPUT_UNITS, READ_AHEAD = 64, 8
+"""The S3 cache of the throughput phase: 64 units, 8 read ahead (56 read after the first batch)."""
+WORKER_UNITS = (32, 256)
+"""Real caches of 8k and 65k samples: a worker's private bytes per sample is the slope."""
+
+
+def spec() -> Any:
+    """The synthesized caches' spec (H=1, one aux layer)."""
+    from sparkforge.shared.layout import CacheSpec
+
+    return CacheSpec(hidden_size=1, num_aux_layers=1, hidden_dtype="bfloat16",
+                     max_seq_len=TOKENS, shard_rows=PER_UNIT * TOKENS, rows_per_unit=PER_UNIT)
+
+
+def real_cache(root: Path, num_units: int, *, storage_options: dict[str, Any] | None = None,
+               uri: str | None = None) -> str:
+    """A finalized cache of ``num_units`` units written by the real writer."""
+    from cache_helpers import make_run_header
+
+    from sparkforge.manifests.finalize import finalize_cache
+    from sparkforge.shared.records import SampleRecord, UnitAccounting
+    from sparkforge.shared.writer import CacheWriter
+
+    uri = uri or str(root)
+    writer = CacheWriter.open(uri, spec=spec(), header=make_run_header(spec(), num_units=num_units),
+                              storage_options=storage_options)
+    for unit in range(num_units):
+        rows = range(unit * PER_UNIT, (unit + 1) * PER_UNIT)
+        samples = [SampleRecord(
+            sample_id=r, source_row=r, source_hash=f"{r:064x}",
+            split="eval" if r % 4 == 0 else "train",
+            input_ids=np.arange(1, TOKENS + 1, dtype=np.int32), loss_mask=np.ones(TOKENS, np.uint8),
+            aux_hidden=np.full((TOKENS, 1, 1), 0x3F80, np.uint16),
+            final_hidden=np.full((TOKENS, 1), 0x3F80, np.uint16)) for r in rows]
+        writer.write_unit(unit, samples, UnitAccounting(input_rows=PER_UNIT, written=PER_UNIT,
+                                                        skipped={}))
+    finalize_cache(uri, expected_units=num_units, storage_options=storage_options)
+    return uri
+
+
+def synthesize(root: Path, num_samples: int) -> str:
+    """Bookkeeping of ``num_samples`` samples: a one-unit real cache whose manifest and index
+    are widened to ``num_samples / 256`` units (no slot object but unit 0's)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sparkforge.manifests.index import INDEX_SCHEMA
+    from sparkforge.shared.layout import first_slot
+
+    real_cache(root, 1)
+    num_units = num_samples // PER_UNIT
+    manifest = json.loads((root / "manifest.json").read_text())
+    storage = manifest["storage"]
+    (template,) = storage["units"]
+    s = spec()
+    storage["units"] = [{**template, "unit": u, "slots": [
+        {**slot, "slot": first_slot(s, u, 0)} for slot in template["slots"]]}
+        for u in range(num_units)]
+    n = num_units * PER_UNIT
+    for key in ("samples", "tokens", "logical_bytes"):
+        storage["totals"][key] *= num_units
+    for key in ("input_rows", "written", "failed"):
+        manifest["accounting"][key] *= num_units
+    ids = np.arange(n, dtype=np.int64)
+    unit = ids // PER_UNIT
+    slot = unit * first_slot(s, 1, 0)  # each unit's first slot (attempt 0)
+    digits = np.frombuffer(b"0123456789abcdef", np.uint8)
+    hashes = digits[np.random.default_rng(0).integers(16, size=(n, 64))].view("S64")[:, 0]
+    table = pa.table({
+        "sample_id": ids, "unit": unit, "slot": slot,
+        "row_offset": slot * s.shard_rows + (ids % PER_UNIT) * TOKENS,
+        "length": np.full(n, TOKENS, np.int32), "num_loss_tokens": np.full(n, TOKENS, np.int32),
+        "source_row": ids, "source_hash": pa.array(hashes, pa.binary()).cast(pa.string()),
+        "split": np.where(ids % 4 == 0, "eval", "train")}, schema=INDEX_SCHEMA)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", row_group_size=256 * 1024)
+    (root / "index.parquet").write_bytes(buf.getvalue())
+    storage["index_sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return str(root)
+
+
+def rss_bytes() -> int:
+    """This process's resident set now."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def private_bytes(pid: int) -> int:
+    """A process's private (unshared) resident bytes."""
+    fields = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+    return sum(int(fields[k].split()[0]) * 1024 for k in ("Private_Clean", "Private_Dirty"))
+
+
+def data_module(uri: str, **kw: Any) -> Any:
+    """The training data module as ``sparkforge train`` builds it (``pack``, 2 workers)."""
+    from sparkforge.trainer.datamodule import CacheDataModule
+
+    return CacheDataModule(uri, **{"batch_size": 8, "batching": "pack", "max_seq_len": 64,
+                                   "num_workers": 2, **kw})
+
+
+def phase_startup(uri: str) -> dict[str, Any]:
+    """Train start-up on one rank: the loader and its length, nothing read from slots."""
+    import sparkforge.trainer.datamodule  # noqa: F401 (imports are not start-up)
+    from sparkforge.manifests.open import read_manifest
+    from sparkforge.shared import storage
+
+    base, cpu = rss_bytes(), time.process_time()
+    read_manifest(storage.open_location(uri))
+    manifest_s = time.process_time() - cpu
+    base, cpu = rss_bytes(), time.process_time()
+    dm = data_module(uri)
+    loader = dm.train_dataloader()
+    length = len(loader)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"cpu_s": time.process_time() - cpu, "manifest_cpu_s": manifest_s,
+            "rss_added": rss_bytes() - base, "batches": length, "peak_rss_added": peak - base}
+
+
+def phase_plan(uri: str, num_shares: int) -> dict[str, Any]:
+    """CPU of one rank's two worker-share plans (and the shared batch count) out of
+    ``num_shares``."""
+    dm = data_module(uri)
+    index = dm.split_index("train")
+    stream = dm.train_dataloader().stream
+    stream.world_size = num_shares // 2
+    stream._packed_batches = None
+    cpu = time.process_time()
+    len(stream)
+    plans = [stream.plan(share) for share in (0, 1)]
+    return {"cpu_s": time.process_time() - cpu, "samples": len(index),
+            "planned": sum(int(_plan_size(p)) for p in plans)}
+
+
+def _plan_size(plan: Any) -> int:
+    """Samples in a plan, whichever form it has (this code's columns, or a list of batches)."""
+    positions = getattr(plan, "positions", None)
+    return int(positions.size) if positions is not None else sum(b.size for b in plan.batches)
+
+
+def phase_workers(uri: str) -> dict[str, Any]:
+    """Private bytes each of two forked DataLoader workers holds once it yielded a batch."""
+    dm = data_module(uri)
+    loader = dm.train_dataloader()
+    batches = iter(loader)
+    next(batches)
+    next(batches)
+    children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
+    uss = [private_bytes(int(pid)) for pid in children]
+    return {"worker_private": uss, "samples": len(dm.split_index("train"))}
+
+
+def phase_throughput(num_units: int, latency_s: float) -> dict[str, Any]:
+    """Training-loader samples/s from S3 behind ``latency_s`` per request (after the first
+    batch, once the read-ahead is full)."""
+    import uuid
+
+    from conftest import moto_server
+    from s3_proxy import S3Proxy
+
+    server = moto_server.__wrapped__()
+    moto = next(server)
+    try:
+        uri = f"s3://{moto['bucket']}/{uuid.uuid4().hex}"
+        real_cache(Path(), num_units, storage_options=moto["storage_options"], uri=uri)
+        proxy = S3Proxy(moto["endpoint"], latency_s=latency_s)
+        options = {**moto["storage_options"], "endpoint_url": proxy.endpoint,
+                   "config_kwargs": {"max_pool_connections": 64}}
+        dm = data_module(uri, storage_options=options, num_workers=0,
+                         read_ahead_units=READ_AHEAD, batching="bucket")
+        batches = iter(dm.train_dataloader())
+        next(batches)
+        proxy.reset()
+        start, samples = time.perf_counter(), 0
+        for batch in batches:
+            samples += batch["sample_ids"].numel()
+        wall = time.perf_counter() - start
+        counts = proxy.reset()
+        proxy.close()
+        return {"samples_per_s": samples / wall, "requests": dict(counts)}
+    finally:
+        next(server, None)
+
+
+def run_phase(argv: list[str], code: Path | None) -> dict[str, Any]:
+    """One phase in a fresh interpreter (``code``: an older checkout's packages first)."""
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = f"{code}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    out = subprocess.run([sys.executable, "-P", __file__, "--phase", *argv], env=env,
+                         capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"phase {argv} failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def old_code(rev: str, where: Path) -> Path:
+    """A folder whose ``sparkforge`` package is the tree of revision ``rev`` (for PYTHONPATH)."""
+    tree = where / "tree"
+    tree.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    package = where / "path" / "sparkforge"
+    package.mkdir(parents=True)
+    for name, folder in (("shared", "shared"), ("manifests", "manifests"),
+                         ("trainer", "trainer"), ("producer", "producer"),
+                         ("app", "shared/app"), ("api", "shared/api")):
+        (package / name).symlink_to(tree / folder)
+    return where / "path"
+
+
+def slope(sizes: list[int], costs: list[float]) -> float:
+    """Least-squares slope of log(cost) over log(size)."""
+    x, y = np.log(sizes), np.log(np.maximum(costs, 1e-12))
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def measure(sizes: list[int], code: Path | None, work: Path) -> dict[str, Any]:
+    """Every phase for one code version."""
+    out: dict[str, Any] = {"startup": {}, "plan": {}}
+    for n in sizes:
+        uri = str(work / f"synth-{n}")
+        if not Path(uri).exists():
+            synthesize(Path(uri), n)
+        out["startup"][n] = run_phase(["startup", uri], code)
+        out["plan"][n] = {k: run_phase(["plan", uri, str(k)], code) for k in SHARE_COUNTS}
+    workers = {}
+    for units in WORKER_UNITS:
+        uri = str(work / f"real-{units}")
+        if not Path(uri).exists():
+            real_cache(Path(uri), units)
+        workers[units] = run_phase(["workers", uri], code)
+    out["workers"] = workers
+    out["throughput"] = {lat: run_phase(["throughput", str(THROUGHPUT_UNITS), str(lat)], code)
+                         for lat in (0.0, 0.03)}
+    return out
+
+
+def table(name: str, res: dict[str, Any], sizes: list[int]) -> list[str]:
+    """Readable lines of one code version's results."""
+    lines = [f"== {name}", f"{'samples':>10} {'start cpu us/s':>15} {'manifest us/s':>14} "
+             f"{'rss B/s':>8} {'peak +B/s':>13} "
+             + " ".join(f"{'plan@' + str(k) + ' us/s':>14}" for k in SHARE_COUNTS)]
+    for n in sizes:
+        s, p = res["startup"][n], res["plan"][n]
+        lines.append(f"{n:>10,} {s['cpu_s'] / n * 1e6:>15.2f} "
+                     f"{s['manifest_cpu_s'] / n * 1e6:>14.2f} "
+                     f"{s['rss_added'] / n:>8.0f} {s['peak_rss_added'] / n:>13.0f} "
+                     + " ".join(f"{p[k]['cpu_s'] / n * 1e6:>14.3f}" for k in SHARE_COUNTS))
+    if len(sizes) > 1:
+        cpu = [res["startup"][n]["cpu_s"] for n in sizes]
+        rss = [res["startup"][n]["rss_added"] for n in sizes]
+        plan = [res["plan"][n][SHARE_COUNTS[0]]["cpu_s"] for n in sizes]
+        lines.append(f"growth exponent: start-up cpu {slope(sizes, cpu):.3f}, rss "
+                     f"{slope(sizes, rss):.3f}, plan {slope(sizes, plan):.3f}")
+    small, big = (res["workers"][u] for u in WORKER_UNITS)
+    extra = [(b - a) / (big["samples"] - small["samples"])
+             for a, b in zip(small["worker_private"], big["worker_private"], strict=True)]
+    lines.append(f"each DataLoader worker's private bytes: {small['worker_private']} at "
+                 f"{small['samples']:,} train samples, {big['worker_private']} at "
+                 f"{big['samples']:,}: {', '.join(f'{e:.0f}' for e in extra)} B per sample")
+    for lat, t in res["throughput"].items():
+        lines.append(f"S3 at {lat * 1000:.0f} ms/request: {t['samples_per_s']:,.0f} samples/s, "
+                     f"requests {t['requests']}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--samples", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--old", default=None, help="also measure this git revision")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="keep the synthesized caches here (reused by the next run)")
+    parser.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.phase:
+        name, *rest = args.phase
+        result = {"startup": lambda: phase_startup(rest[0]),
+                  "plan": lambda: phase_plan(rest[0], int(rest[1])),
+                  "workers": lambda: phase_workers(rest[0]),
+                  "throughput": lambda: phase_throughput(int(rest[0]), float(rest[1]))}[name]()
+        print(json.dumps(result))
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        results = {"this code": measure(args.samples, None, work)}
+        if args.old:
+            results[args.old] = measure(args.samples, old_code(args.old, Path(tmp) / "old"),
+                                        work)
+    for name, res in results.items():
+        print("\n".join(table(name, res, args.samples)))
+    if args.old:
+        new, old = results["this code"], results[args.old]
+        for n in args.samples:
+            ratio = {key: old["startup"][n][key] / max(new["startup"][n][key], 1e-9)
+                     for key in ("cpu_s", "rss_added", "peak_rss_added")}
+            top = SHARE_COUNTS[-1]
+            plan = old["plan"][n][top]["cpu_s"] / new["plan"][n][top]["cpu_s"]
+            print(f"{n:>10,}: old/new start-up cpu {ratio['cpu_s']:.1f}x, rss added "
+                  f"{ratio['rss_added']:.1f}x, peak rss {ratio['peak_rss_added']:.1f}x, plan at "
+                  f"{top} shares {plan:.1f}x")
+    print(f"reproduce: .venv/bin/python -P benchmarks/bench_scale_read.py --samples "
+          f"{' '.join(map(str, args.samples))}" + (f" --old {args.old}" if args.old else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
