@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from sparkforge.shared.errors import SparkforgeError
+from sparkforge.trainer.draft.anchor_chunks import anchor_chunk_size, run_layers_by_anchor_chunks
 from sparkforge.trainer.draft.anchors import (
     anchor_candidates,
     build_eval_mask,
@@ -286,12 +287,17 @@ def training_forward(
     pos_BQ = (torch.gather(pos_BS, 1, anchors)[..., None] + torch.arange(k, device=dev)).view(
         batch, -1)
     ctx_BSH = stack.project_context(target_hidden_states)
+    chunk = anchor_chunk_size(num_a, k, seq_len)
     if stack.attn_implementation == "flex":
-        mask: Any = flex_block_mask(anchors, keep, seq_len, k, starts_BA)
-    else:
-        mask = dense_allowed(anchors, keep, seq_len, k, starts_BA)
-    h_BAKH = run_layers(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, None, mask).view(
-        batch, num_a, k, -1)[:, :, layout.first_draft_slot:]
+        h_BQH = run_layers(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, None,
+                           flex_block_mask(anchors, keep, seq_len, k, starts_BA))
+    elif chunk is None:
+        h_BQH = run_layers(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, None,
+                           dense_allowed(anchors, keep, seq_len, k, starts_BA))
+    else:  # a long row: never the whole [A*K, S+A*K] grid at once
+        h_BQH = run_layers_by_anchor_chunks(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, anchors, keep,
+                                            starts_BA, chunk=chunk)
+    h_BAKH = h_BQH.view(batch, num_a, k, -1)[:, :, layout.first_draft_slot:]
 
     num_drafts = layout.num_drafts(k)
     _, safe_BAK = label_indices(anchors, keep, num_drafts, seq_len, ends_BA)
