@@ -34,6 +34,7 @@ from sparkforge.trainer.architectures import (
 )
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.checkpoint import load_checkpoint
+from sparkforge.trainer.draft.rope import served_rope_problems
 from sparkforge.trainer.job_config import ExportConfig
 from sparkforge.trainer.model_card import CARD_FILE, model_card
 
@@ -99,7 +100,8 @@ def export_draft(
     out = Path(out_dir)
     tensors = {k: v for k, v in tensors.items() if include_embeddings or k not in OPTIONAL_KEYS}
     fmt = serving_format(cfg)
-    problems = fmt.serving_problems(cfg, engine) + key_problems(cfg, tensors)
+    problems = served_rope_problems(cfg.rope_parameters) + fmt.serving_problems(cfg, engine)
+    problems += key_problems(cfg, tensors)
     if out.exists() and any(out.iterdir()) and not overwrite:
         problems.append(f"{out} exists and is not empty (pass --overwrite to replace it)")
     if problems:

@@ -16,12 +16,15 @@ def compute_inv_freq(
     """fp32 inverse frequencies and the attention scaling for the target's RoPE settings.
 
     "default" is computed here; scaled types (linear, yarn, llama3, ...) go through
-    transformers' own RoPE initialisers so the draft matches the target exactly.
+    transformers' own RoPE initialisers so the draft matches the target exactly. A
+    ``partial_rotary_factor`` p < 1 gives frequencies for the leading ``int(head_dim * p)``
+    channels only (as vLLM's ``get_rope`` and transformers' partial-rotary models rotate).
     """
     rope_type = rope_parameters.get("rope_type", "default")
     theta = float(rope_parameters.get("rope_theta", 10_000.0))
     if rope_type == "default":
-        exps = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+        dim = int(head_dim * float(rope_parameters.get("partial_rotary_factor", 1.0)))
+        exps = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
         return 1.0 / (theta ** exps), 1.0
     from transformers import Qwen3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -31,6 +34,27 @@ def compute_inv_freq(
                      max_position_embeddings=max_position_embeddings)
     inv, scale = ROPE_INIT_FUNCTIONS[rope_type](hf, device)
     return inv.float(), float(scale)
+
+
+_SERVED_OTHERWISE = {
+    "dynamic": "vLLM rotates every position with one NTK table scaled for "
+               "max_position_embeddings x factor, transformers (which the draft trains and the HF "
+               "backend captures with) only past max_position_embeddings",
+    "longrope": "vLLM picks the short or the long factors from the serving max_model_len, the "
+                "draft trains with the short ones",
+}
+"""The RoPE types transformers builds (so a draft trains with them) that vLLM serves with
+another table; the others (default, linear, yarn, llama3, proportional) vLLM builds as the
+draft trains (``tests/integration/test_rope_vllm.py`` compares vLLM's tables with the draft's)."""
+
+
+def served_rope_problems(rope_parameters: Mapping[str, Any]) -> list[str]:
+    """Why a served draft would not rotate as it trained (empty when it would)."""
+    rope_type = rope_parameters.get("rope_type", "default")
+    if rope_type not in _SERVED_OTHERWISE:
+        return []
+    return [f"rope_parameters.rope_type={rope_type!r}: the served draft would not rotate as it "
+            f"trained: {_SERVED_OTHERWISE[rope_type]}"]
 
 
 class RotaryEmbedding(nn.Module):
@@ -76,8 +100,12 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox-style rotation of ``x [B, N, P, D]`` (Qwen3's rotate_half)."""
-    half = x.shape[-1] // 2
+    """Neox-style rotation of ``x [B, N, P, D]`` (Qwen3's rotate_half) over its leading
+    ``R = cos.shape[-1]`` channels; the other ``D - R`` pass unchanged (partial rotary)."""
+    rope_dim = cos.shape[-1]
+    if rope_dim < x.shape[-1]:
+        return torch.cat([apply_rotary(x[..., :rope_dim], cos, sin), x[..., rope_dim:]], dim=-1)
+    half = rope_dim // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
