@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ from sparkforge.producer.template_bounds import (
     TemplateTimeout,
     check_bounded,
 )
-from sparkforge.shared.dataset import LINE_TOO_LONG
+from sparkforge.shared.dataset import LINE_TOO_LONG, json_text_field
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.image_inputs import TargetImages
 from sparkforge.shared.images import ImageProblem, is_image_part, template_parts
@@ -67,8 +68,6 @@ class SkipReason(StrEnum):
     UNSTABLE_TEMPLATE = "unstable_template"
     BAD_TOOL_CALLS = "bad_tool_calls"
     BAD_PRETOKENIZED = "bad_pretokenized"
-    TOOL_CALLS_UNSUPPORTED = "tool_calls_unsupported"
-    """``regenerate`` only: its output parts cannot carry tool fields."""
     TOO_LONG = "too_long"
     NO_LOSS_TOKENS = "no_loss_tokens"
     IMAGE_CONTENT = "image_content"
@@ -205,6 +204,8 @@ def _has_text(content: str | list[dict[str, Any]] | None) -> bool:
 def _tool_fields(message: Mapping[str, Any]) -> dict[str, Any] | None:
     """The message's tool fields that are set (None: one has the wrong type)."""
     out = {key: message[key] for key in TOOL_FIELDS if message.get(key) is not None}
+    if "tool_calls" in out:
+        out["tool_calls"] = json_text_field(out["tool_calls"])
     calls = out.get("tool_calls")
     if calls is not None and not (
         isinstance(calls, list) and calls and all(isinstance(c, Mapping) for c in calls)
@@ -217,7 +218,7 @@ def _tool_fields(message: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def row_tools(row: Mapping[str, Any]) -> list[Mapping[str, Any]] | None | SkipReason:
     """The row's ``tools`` (function schemas the template renders into the prompt), if any."""
-    tools = row.get("tools")
+    tools = json_text_field(row.get("tools"))
     if tools is None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
@@ -235,8 +236,31 @@ def validate_messages(
     return clean
 
 
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+"""``apply_chat_template``'s own arguments, which ``chat_template_kwargs`` may not set."""
+
+
+def template_kwargs_problems(kwargs: Mapping[str, Any], flag: str) -> list[str]:
+    """Why ``kwargs`` cannot be passed to every rendering (empty when they can): string keys,
+    none of ``RESERVED_TEMPLATE_KWARGS``, JSON values (they are recorded in the manifest)."""
+    problems = [f"{flag}: {key!r} is apply_chat_template's own argument, not a template "
+                "variable" for key in sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)]
+    try:
+        json.dumps(dict(kwargs), sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        problems.append(f"{flag}: expected a JSON object of template variables ({exc})")
+    return problems
+
+
 class ChatEncoder:
-    """Tokenize rows with one tokenizer and template, under a length and reasoning policy."""
+    """Tokenize rows with one tokenizer and template, under a length and reasoning policy.
+
+    ``chat_template_kwargs`` are template variables given to every rendering (the probe's too),
+    e.g. ``{"enable_thinking": false}`` for a Qwen3 template.
+    """
 
     images: TargetImages | None = None
     """The target's image processing (``ImageChatEncoder``); None: image parts are skipped."""
@@ -250,8 +274,10 @@ class ChatEncoder:
         max_seq_len: int,
         overlong: OverlongPolicy = "skip",
         template_row_seconds: float = TEMPLATE_ROW_SECONDS,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.template_row_seconds = template_row_seconds
         self.template = resolve_chat_template(chat_template, tokenizer)
         self.template_sha256 = template_sha256(self.template)
@@ -319,7 +345,7 @@ class ChatEncoder:
     ) -> str:
         text: str = self.tokenizer.apply_chat_template(
             list(messages), tools=tools, chat_template=self.template, tokenize=False,
-            add_generation_prompt=generation_prompt,
+            add_generation_prompt=generation_prompt, **self.chat_template_kwargs,
         )
         return text
 
@@ -328,7 +354,7 @@ class ChatEncoder:
     ) -> Encoded:
         out = self.tokenizer.apply_chat_template(
             list(messages), tools=tools, chat_template=self.template, tokenize=True,
-            return_dict=True, return_assistant_tokens_mask=True,
+            return_dict=True, return_assistant_tokens_mask=True, **self.chat_template_kwargs,
         )
         return Encoded(np.asarray(out["input_ids"], dtype=np.int32),
                        np.asarray(out["assistant_masks"], dtype=np.uint8))

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sparkforge.producer.chat import template_kwargs_problems
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.template_bounds import TEMPLATE_ROW_SECONDS
 from sparkforge.shared.dataset import MAX_LINE_BYTES
@@ -88,6 +89,9 @@ class ProducerConfig:
     """Jinja template (string or file URI) replacing the tokenizer's own."""
     reasoning: Literal["keep", "drop"] = "keep"
     """Assistant ``reasoning_content``: pass it to the template, or drop it."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Template variables for every rendering, e.g. ``{"enable_thinking": true}`` (Qwen3);
+    recorded in the manifest's ``producer_config``, so ``eval`` renders prompts alike."""
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     """Image rows of a VL target: images with more pixels (width x height) are skipped
     (``image_too_large``), checked before they are decoded."""
@@ -169,6 +173,7 @@ class ProducerConfig:
             parse_image_sources(self.image_sources)
         except ValueError as exc:
             problems.append(str(exc))
+        problems += template_kwargs_problems(self.chat_template_kwargs, "--chat_template_kwargs")
         for name in ("topk", "max_retries", "parity_samples", "writer_threads"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} must be >= 0, got {getattr(self, name)}")
@@ -234,6 +239,8 @@ class ProducerConfig:
         out = {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_LOCAL_FIELDS}
         out["engine"] = {k: v for k, v in out["engine"].items() if k not in RUN_LOCAL_ENGINE_FIELDS}
         out["max_seq_len"] = self.seq_len
+        if not self.chat_template_kwargs:  # absent: none (headers written before it compare equal)
+            del out["chat_template_kwargs"]
         return out
 
 
@@ -269,6 +276,9 @@ class RegenerateConfig:
     """Jinja template (string or file URI) replacing the tokenizer's own."""
     reasoning: Literal["keep", "drop"] = "keep"
     """Prompt turns' ``reasoning_content``: pass it to the template, or drop it."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Template variables for every prompt rendering, e.g. ``{"enable_thinking": true}``
+    (Qwen3); recorded in each part's sampling parameters and, through them, in the cache."""
     data_format: Literal["auto", "jsonl", "parquet"] = "auto"
     """Input format; auto reads it from the file suffix."""
     read_batch_rows: int = 1024
@@ -292,6 +302,7 @@ class RegenerateConfig:
         for name in ("data", "output"):
             if not getattr(self, name):
                 problems.append(f"--{name} is required")
+        problems += template_kwargs_problems(self.chat_template_kwargs, "--chat_template_kwargs")
         if problems:
             raise SparkforgeError("invalid regenerate config:\n  " + "\n  ".join(problems))
 

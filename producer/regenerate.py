@@ -26,10 +26,10 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from sparkforge.producer.chat import (
-    TOOL_FIELDS,
     SkipReason,
     clean_messages,
     resolve_chat_template,
+    row_tools,
     template_sha256,
     tokenizer_hash,
     unreadable_reason,
@@ -44,11 +44,15 @@ from sparkforge.shared.dataset import RawRow, describe_sources, iter_rows
 logger = logging.getLogger(__name__)
 
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()),
-                      ("reasoning_content", pa.string())])
+                      ("reasoning_content", pa.string()), ("tool_calls", pa.string()),
+                      ("tool_call_id", pa.string()), ("name", pa.string())])
 SCHEMA = pa.schema([
-    ("messages", pa.list_(_MESSAGE)), ("source_row", pa.int64()), ("source_hash", pa.string()),
-    ("finish_reason", pa.string()), ("num_generated_tokens", pa.int32()),
+    ("messages", pa.list_(_MESSAGE)), ("tools", pa.string()), ("source_row", pa.int64()),
+    ("source_hash", pa.string()), ("finish_reason", pa.string()),
+    ("num_generated_tokens", pa.int32()),
 ])
+"""A part's rows; ``tool_calls`` and ``tools`` are JSON text (their schemas vary by row), which
+``produce`` parses back (``sparkforge.shared.dataset.json_text_field``)."""
 ACCOUNTING_KEY = "sparkforge.regenerate_accounting"
 
 
@@ -81,20 +85,35 @@ class RegenerateSummary:
         return format_table(rows)
 
 
-def prompt_of(row: Any, cfg: RegenerateConfig) -> list[dict[str, Any]] | SkipReason:
-    """The row's turns up to (not including) its last assistant turn.
+@dataclass(frozen=True)
+class Prompt:
+    """A row's turns before its last assistant turn, and the tool schemas it renders with."""
 
-    Rows with tool fields are counted as ``tool_calls_unsupported``: the output parts store role,
-    content and reasoning only, so the prompt a response was sampled for would not survive.
+    messages: list[dict[str, Any]]
+    tools: list[Any] | None = None
+
+
+def prompt_of(row: Any, cfg: RegenerateConfig) -> Prompt | SkipReason:
+    """The row's turns up to (not including) its last assistant turn, with its ``tools``.
+
+    Tool calls, tool results and tool schemas are kept, so the prompt renders as serving renders
+    it and the part stores what the response was sampled for.
     """
     messages = clean_messages(None if row is None else row.get("messages"), cfg.reasoning)
     if isinstance(messages, SkipReason):
         return SkipReason.MALFORMED_JSON if row is None else messages
-    if row.get("tools") or any(key in m for m in messages for key in TOOL_FIELDS):
-        return SkipReason.TOOL_CALLS_UNSUPPORTED
+    tools = row_tools(row)
+    if isinstance(tools, SkipReason):
+        return tools
     while messages and messages[-1]["role"] == "assistant":
         messages.pop()
-    return messages or SkipReason.MISSING_MESSAGES
+    return Prompt(messages, tools) if messages else SkipReason.MISSING_MESSAGES
+
+
+def _stored(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as a part stores it: its tool calls as JSON text."""
+    calls = message.get("tool_calls")
+    return message if calls is None else {**message, "tool_calls": json.dumps(calls)}
 
 
 def sampling_parameters(cfg: RegenerateConfig, *, template: str, tokenizer: Any) -> dict[str, Any]:
@@ -105,6 +124,7 @@ def sampling_parameters(cfg: RegenerateConfig, *, template: str, tokenizer: Any)
         "max_tokens": cfg.max_tokens,
         "seed": cfg.seed, "rows_per_part": cfg.rows_per_part, "source": cfg.data,
         "chat_template_sha256": template_sha256(template),
+        "chat_template_kwargs": dict(cfg.chat_template_kwargs), "reasoning": cfg.reasoning,
         "tokenizer_hash": tokenizer_hash(tokenizer), "engine_version": engine_version("vllm"),
     }
 
@@ -122,7 +142,7 @@ def _regenerate_part(
     from sparkforge.producer.vllm_source import generate_responses
 
     skipped: Counter[str] = Counter()
-    kept: list[tuple[RawRow, list[dict[str, Any]]]] = []
+    kept: list[tuple[RawRow, Prompt]] = []
     prompts: list[np.ndarray] = []
     for raw in rows:
         prompt = unreadable_reason(raw.error) if raw.row is None else prompt_of(raw.row, cfg)
@@ -139,16 +159,36 @@ def _regenerate_part(
         cfg.engine, prompts, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
         max_tokens=cfg.max_tokens, seed=cfg.seed, seeds=[cfg.seed + raw.index for raw, _ in kept],
     ) if prompts else []
+    accounting = {"input_rows": len(rows), "written": len(kept), "skipped": dict(skipped)}
+    table = part_table(kept, responses, {REGENERATION_KEY: json.dumps(params),
+                                         ACCOUNTING_KEY: json.dumps(accounting)})
+    return table, skipped, sum(len(response.token_ids) for response in responses)
+
+
+def part_table(kept: Sequence[tuple[RawRow, Prompt]], responses: Sequence[Any],
+               metadata: dict[str, str]) -> pa.Table:
+    """One part: each kept row's prompt (tool calls and schemas as JSON text) and its sampled
+    reply (``text``, ``finish_reason``, ``token_ids``) as the last assistant turn."""
     records = [
-        {"messages": [*prompt, {"role": "assistant", "content": response.text}],
+        {"messages": [*map(_stored, prompt.messages),
+                      {"role": "assistant", "content": response.text}],
+         "tools": None if prompt.tools is None else json.dumps(prompt.tools),
          "source_row": raw.index, "source_hash": raw.content_hash,
          "finish_reason": response.finish_reason, "num_generated_tokens": len(response.token_ids)}
         for (raw, prompt), response in zip(kept, responses, strict=True)
     ]
-    accounting = {"input_rows": len(rows), "written": len(records), "skipped": dict(skipped)}
-    metadata = {REGENERATION_KEY: json.dumps(params), ACCOUNTING_KEY: json.dumps(accounting)}
-    table = pa.Table.from_pylist(records, schema=SCHEMA.with_metadata(metadata))
-    return table, skipped, sum(len(response.token_ids) for response in responses)
+    return pa.Table.from_pylist(records, schema=SCHEMA.with_metadata(metadata))
+
+
+def prompt_ids(tokenizer: Any, template: str, prompt: Prompt,
+               chat_template_kwargs: dict[str, Any]) -> list[int]:
+    """The prompt rendered with the generation prompt, its tools and the template variables:
+    the tokens the engine samples a reply after."""
+    out = tokenizer.apply_chat_template(prompt.messages, tools=prompt.tools,
+                                        chat_template=template, tokenize=True,
+                                        add_generation_prompt=True, return_dict=True,
+                                        **chat_template_kwargs)
+    return [int(i) for i in out["input_ids"]]
 
 
 def regenerate(cfg: RegenerateConfig) -> RegenerateSummary:
@@ -159,10 +199,8 @@ def regenerate(cfg: RegenerateConfig) -> RegenerateSummary:
     template = resolve_chat_template(cfg.chat_template, tokenizer)
     params = sampling_parameters(cfg, template=template, tokenizer=tokenizer)
 
-    def encode(prompt: list[dict[str, Any]]) -> list[int]:
-        out = tokenizer.apply_chat_template(prompt, chat_template=template, tokenize=True,
-                                            add_generation_prompt=True, return_dict=True)
-        return [int(i) for i in out["input_ids"]]
+    def encode(prompt: Prompt) -> list[int]:
+        return prompt_ids(tokenizer, template, prompt, cfg.chat_template_kwargs)
 
     sources = describe_sources(cfg.data, data_format=cfg.data_format,
                                storage_options=cfg.storage_options, column=cfg.data_column,

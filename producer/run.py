@@ -121,7 +121,8 @@ def chat_encoder(cfg: ProducerConfig, model_dir: Path, tokenizer: Any) -> ChatEn
     runs here), else text only (image parts skip as ``image_content``)."""
     kwargs: dict[str, Any] = {"chat_template": cfg.chat_template, "reasoning": cfg.reasoning,
                               "max_seq_len": cfg.seq_len, "overlong": cfg.overlong,
-                              "template_row_seconds": cfg.template_row_seconds}
+                              "template_row_seconds": cfg.template_row_seconds,
+                              "chat_template_kwargs": cfg.chat_template_kwargs}
     images = (target_images(model_dir, read_target_config(model_dir).raw)
               if cfg.backend == "hf" else None)
     if images is None:

@@ -35,6 +35,17 @@ LINE_TOO_LONG = "line_too_long"
 HF_DATASET_KEY = "sparkforge.hf_dataset"
 
 
+def json_text_field(value: object) -> object:
+    """A row's ``tools`` or a message's ``tool_calls``, parsed when given as JSON text (as many
+    Hugging Face datasets and ``regenerate``'s parts store them); other text stays a string."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
 class DatasetError(SparkforgeError):
     """Raised when a data source cannot be found or its format is unknown."""
 

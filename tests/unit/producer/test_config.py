@@ -69,6 +69,17 @@ def test_identity_leaves_out_run_local_fields() -> None:
     assert make(topk=4).identity() != a.identity()
 
 
+def test_template_kwargs_are_part_of_the_cache_identity() -> None:
+    """Template variables change the rendered tokens, so they are in the header (and a resume
+    with others is refused); none leaves the identity as it was before the field existed."""
+    assert "chat_template_kwargs" not in make().identity()
+    thinking = make(chat_template_kwargs={"enable_thinking": True}).identity()
+    assert thinking["chat_template_kwargs"] == {"enable_thinking": True}
+    assert thinking != make(chat_template_kwargs={"enable_thinking": False}).identity()
+    with pytest.raises(ValueError, match="'add_generation_prompt' is apply_chat_template"):
+        make(chat_template_kwargs={"add_generation_prompt": True})
+
+
 def test_cli_yaml_with_dotted_overrides_and_print_config(tmp_path: Path, capsys) -> None:
     """--config YAML plus --engine.x overrides resolve; --print_config shows the result."""
     path = tmp_path / "p.yaml"

@@ -7,32 +7,35 @@ import pytest
 from sparkforge.producer.chat import SkipReason
 from sparkforge.producer.config import RegenerateConfig
 from sparkforge.producer.engine_options import EngineOptions
-from sparkforge.producer.regenerate import prompt_of
+from sparkforge.producer.regenerate import Prompt, prompt_of
 
 CFG = RegenerateConfig(data="d.jsonl", output="out", engine=EngineOptions(model="m"))
 USER = {"role": "user", "content": "q"}
 ANSWER = {"role": "assistant", "content": "a"}
+CALL = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}
+RESULT = {"role": "tool", "content": "4", "tool_call_id": "c"}
 
 
 @pytest.mark.parametrize(
     ("row", "expected"),
     [
-        ({"messages": [USER, ANSWER]}, [USER]),
-        ({"messages": [USER, ANSWER, USER, ANSWER]}, [USER, ANSWER, USER]),
-        ({"messages": [USER]}, [USER]),
+        ({"messages": [USER, ANSWER]}, Prompt([USER])),
+        ({"messages": [USER, ANSWER, USER, ANSWER]}, Prompt([USER, ANSWER, USER])),
+        ({"messages": [USER]}, Prompt([USER])),
         ({"messages": [ANSWER]}, SkipReason.MISSING_MESSAGES),
         ({"messages": [{"role": "alien", "content": "x"}]}, SkipReason.UNKNOWN_ROLE),
         (None, SkipReason.MALFORMED_JSON),
-        ({"messages": [USER, {"role": "assistant", "content": None, "tool_calls": [{}]},
-                       {"role": "tool", "content": "4", "tool_call_id": "c"}, ANSWER]},
-         SkipReason.TOOL_CALLS_UNSUPPORTED),
+        ({"messages": [USER, CALL, RESULT, ANSWER]}, Prompt([USER, CALL, RESULT])),
         ({"messages": [USER, ANSWER], "tools": [{"type": "function"}]},
-         SkipReason.TOOL_CALLS_UNSUPPORTED),
+         Prompt([USER], [{"type": "function"}])),
+        ({"messages": [USER, ANSWER], "tools": '[{"type": "function"}]'},
+         Prompt([USER], [{"type": "function"}])),
+        ({"messages": [USER, ANSWER], "tools": "not json"}, SkipReason.BAD_TOOL_CALLS),
     ],
 )
 def test_prompt_is_everything_before_the_last_answer(row: dict | None, expected: object) -> None:
-    """The last assistant turn is dropped; prompt-only rows are kept; bad rows, and rows with tool
-    fields the output parts cannot keep, get a reason."""
+    """The last assistant turn is dropped; prompt-only rows are kept with their tool calls, tool
+    results and tool schemas (also given as JSON text); bad rows get a reason."""
     assert prompt_of(row, CFG) == expected
 
 
