@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkforge.shared.dataset import describe_sources, iter_rows
+from sparkforge.shared.dataset import describe_sources, iter_rows, json_text_field
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.image_inputs import TargetImages
 from sparkforge.shared.image_sources import ImageReader
@@ -36,6 +36,9 @@ def prompt_messages(row: Mapping[str, Any] | None) -> tuple[list[dict[str, Any]]
     roles = [m["role"] for m in messages]
     last = len(roles) - 1 - roles[::-1].index("assistant") if "assistant" in roles else len(roles)
     prompt = [dict(m) for m in messages[:last]]
+    for m in prompt:
+        if m.get("tool_calls") is not None:
+            m["tool_calls"] = json_text_field(m["tool_calls"])
     if not any(m["role"] == "user" for m in prompt):
         return None, "no_user_turn"
     return prompt, ""
@@ -52,7 +55,8 @@ class Prompt:
 
 
 def _image_prompt(messages: list[dict[str, Any]], tokenizer: Any, images: TargetImages | None,
-                  reader: ImageReader, folder: str | None) -> Prompt | str:
+                  reader: ImageReader, folder: str | None,
+                  kwargs: Mapping[str, Any]) -> Prompt | str:
     """An image prompt rendered and expanded, or the reason it is skipped."""
     if images is None:
         return "image_content"
@@ -64,8 +68,8 @@ def _image_prompt(messages: list[dict[str, Any]], tokenizer: Any, images: Target
     if any(m["content"] is None for m in parts):
         return "non_string_content"
     ids = np.asarray(tokenizer.apply_chat_template(parts, add_generation_prompt=True,
-                                                   tokenize=True, return_dict=True)["input_ids"],
-                     dtype=np.int32)
+                                                   tokenize=True, return_dict=True,
+                                                   **kwargs)["input_ids"], dtype=np.int32)
     row = images.expand(ids, np.zeros_like(ids, dtype=np.uint8), loaded)
     if isinstance(row, ImageProblem):
         return row.value
@@ -75,8 +79,10 @@ def _image_prompt(messages: list[dict[str, Any]], tokenizer: Any, images: Target
 def chat_prompts(uri: str, tokenizer: Any, num: int, *,
                  storage_options: Mapping[str, Any] | None = None,
                  images: TargetImages | None = None,
-                 image_reader: ImageReader | None = None) -> list[Prompt]:
-    """The first ``num`` usable prompts of a chat JSONL/Parquet source.
+                 image_reader: ImageReader | None = None,
+                 chat_template_kwargs: Mapping[str, Any] | None = None) -> list[Prompt]:
+    """The first ``num`` usable prompts of a chat JSONL/Parquet source, rendered with the
+    template variables ``chat_template_kwargs`` (the capture's, so both render alike).
 
     Rows without a usable prompt are skipped and counted by reason (logged).
 
@@ -85,22 +91,25 @@ def chat_prompts(uri: str, tokenizer: Any, num: int, *,
     """
     prompts: list[Prompt] = []
     skipped: Counter[str] = Counter()
+    kwargs = dict(chat_template_kwargs or {})
     for raw in iter_rows(describe_sources(uri, storage_options=storage_options),
                          storage_options=storage_options):
         messages, why = prompt_messages(raw.row)
         if messages is None:
             skipped[why] += 1
             continue
+        tools = json_text_field(raw.row.get("tools")) if raw.row is not None else None
+        tools = tools if isinstance(tools, list) and tools else None
         if row_has_images({"messages": messages}):
             prompt = _image_prompt(messages, tokenizer, images, image_reader or ImageReader(),
-                                   raw.folder)
+                                   raw.folder, kwargs)
             if isinstance(prompt, str):
                 skipped[prompt] += 1
                 continue
         else:
             prompt = Prompt(input_ids=np.asarray(tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True,
-                return_dict=True)["input_ids"], dtype=np.int64))
+                messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                return_dict=True, **kwargs)["input_ids"], dtype=np.int64))
         prompts.append(prompt)
         if len(prompts) == num:
             break

@@ -37,6 +37,7 @@ from sparkforge.trainer.calibration import (
     policy_table,
 )
 from sparkforge.trainer.chat_prompts import Prompt, chat_prompts
+from sparkforge.trainer.context_buckets import forced_buckets, speculative_buckets
 from sparkforge.trainer.data import CacheStream, load_split_index
 from sparkforge.trainer.export import load_draft, training_loss_settings
 from sparkforge.trainer.job_config import EvalConfig
@@ -47,6 +48,7 @@ from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
 from sparkforge.trainer.report import reliability_bins, tau_interval, write_report
 from sparkforge.trainer.run_config import LossSpec
 from sparkforge.trainer.speculative import SpecDecodeResult, speculative_generate
+from sparkforge.trainer.turn_kinds import TurnTags, by_kind
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +64,13 @@ def _loss_spec(draft_path: str, has_confidence_head: bool) -> tuple[LossSpec, st
 
 
 def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
-                    device: torch.device) -> dict[str, Any]:
+                    device: torch.device, tags: TurnTags) -> dict[str, Any]:
     settings = LoaderSettings(batch_size=4, batching="pad", num_workers=0, read_ahead_units=1,
                               seed=cfg.seed)
     stream = CacheStream(reader, load_split_index(reader, "eval"), settings, rank=0,
                          world_size=1, shuffle=False)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    sums, blocks, per_sample = None, [], []
+    sums, blocks, per_sample, by_anchor, kinds = None, [], [], [], []
     with torch.no_grad():
         for i, batch in enumerate(stream):
             if cfg.max_eval_batches is not None and i >= cfg.max_eval_batches:
@@ -82,6 +84,9 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
             if res.accept_rate is not None:
                 blocks.append(_block_rows(out, res.accept_rate))
                 per_sample.append(_sample_tau_sums(out, res.accept_rate))
+                by_anchor.append(_anchor_rows(out, res.accept_rate))
+                kinds += [tags.kinds(ids[mask > 0]) for ids, mask in zip(
+                    batch["input_ids"], batch["loss_mask"], strict=True)]
     if sums is None:
         return {}
     ratios = metric_ratios(sums)
@@ -99,6 +104,8 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
             "tau": float(full_num.sum() / full) if full else 0.0,
             "tau_ci95": list(ratio_ci(full_num, full_den, seed=cfg.seed)),
             "blocks": full, "cut_blocks": int(den.sum()) - full}
+        report["by_context"] = forced_buckets(by_anchor, cfg.context_buckets, seed=cfg.seed)
+        report["by_turn"] = by_kind(num, den, kinds, unit="samples", seed=cfg.seed)
     if blocks:
         accept, conf, valid = (np.concatenate(parts) for parts in zip(*blocks, strict=True))
         has_conf = draft.confidence_head is not None
@@ -120,13 +127,25 @@ def _sample_tau_sums(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, ..
     A block cut by the end of the sample (or of its reply) stops there as if rejected, which
     speculative decoding never does: its rounds are counted whole past ``max_new_tokens`` and
     eos. The full blocks are what the two taus are compared on (``matched_eval``)."""
-    ev = out.eval_mask.double()
-    surv = torch.cumprod(accept_BAK.double() * ev, dim=-1)
-    length = 1.0 + surv.sum(-1)
-    on = out.block_keep_mask & out.eval_mask.any(-1)
+    length, on = _block_lengths(out, accept_BAK)
     full = (on & out.eval_mask.bool().all(-1)).double()
     return tuple(t.cpu().numpy() for t in ((length * on).sum(-1), on.double().sum(-1),
                                            (length * full).sum(-1), full.sum(-1)))
+
+
+def _block_lengths(out: Any, accept_BAK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each block's expected length ``1 + sum of surviving acceptances`` [B, A] and whether it
+    counts (kept, with a supervised slot), as ``metric_sums`` counts tau."""
+    surv = torch.cumprod(accept_BAK.double() * out.eval_mask.double(), dim=-1)
+    return 1.0 + surv.sum(-1), out.block_keep_mask & out.eval_mask.any(-1)
+
+
+def _anchor_rows(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """Per block: anchor position, expected length, whether it counts, acceptance and the
+    supervised slots (``context_buckets.forced_buckets``' rows)."""
+    length, on = _block_lengths(out, accept_BAK)
+    return tuple(t.cpu().numpy() for t in (out.anchor_positions, length, on,
+                                           accept_BAK.double(), out.eval_mask.double()))
 
 
 def _block_rows(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, ...]:
@@ -183,7 +202,7 @@ def _same_head(target_weight: torch.Tensor, draft_weight: torch.Tensor) -> bool:
 
 def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     """Run both evaluations and write the JSON report and PNG plot; returns the report."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
@@ -210,18 +229,19 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     reader = (None if cfg.cache is None else
               open_cache(cfg.cache, storage_options=cfg.storage_options or None, verify=False,
                          features=dc.target_layer_ids))
-    forced = {} if reader is None else _teacher_forced(draft, reader, cfg, loss, device)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target)
+    tags = TurnTags.from_tokenizer(tokenizer, cfg.thinking_tags, cfg.tool_call_tag)
+    forced = {} if reader is None else _teacher_forced(draft, reader, cfg, loss, device, tags)
     images = target_images(cfg.target, read_target_config(cfg.target).raw)
     if cfg.prompts is not None:
-        from transformers import AutoTokenizer
-
-        prompts = chat_prompts(cfg.prompts, AutoTokenizer.from_pretrained(cfg.target),
-                               cfg.num_prompts, storage_options=cfg.storage_options,
-                               images=images, image_reader=ImageReader.from_options(
-                                   cfg.image_sources, storage_options=cfg.storage_options))
+        prompts = chat_prompts(cfg.prompts, tokenizer, cfg.num_prompts,
+                               storage_options=cfg.storage_options, images=images,
+                               image_reader=ImageReader.from_options(
+                                   cfg.image_sources, storage_options=cfg.storage_options),
+                               chat_template_kwargs=_template_kwargs(cfg, reader))
     else:
         prompts = _held_out_prompts(reader, cfg.num_prompts, images)
-    speculative = _decode(target, draft, prompts, cfg, device)
+    speculative = _decode(target, draft, prompts, cfg, device, tags)
     report = {
         "config": asdict(cfg),
         "loss_settings": {"source": loss_source, **asdict(loss)},
@@ -237,8 +257,17 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     return report
 
 
+def _template_kwargs(cfg: EvalConfig, reader: Any) -> dict[str, Any]:
+    """``--chat_template_kwargs``, else those the cache was captured with, else none."""
+    if cfg.chat_template_kwargs is not None:
+        return dict(cfg.chat_template_kwargs)
+    recorded = {} if reader is None else reader.manifest.producer_config.get(
+        "chat_template_kwargs")
+    return dict(recorded) if isinstance(recorded, dict) else {}
+
+
 def _decode(target: Any, draft: Any, prompts: list[Prompt], cfg: EvalConfig,
-            device: torch.device) -> dict[str, Any]:
+            device: torch.device, tags: TurnTags) -> dict[str, Any]:
     """Speculative decoding of every prompt: tau (with its interval), acceptance by position,
     calibration; with image prompts, the same for image and for text prompts apart
     (``by_prompt_kind``)."""
@@ -256,6 +285,12 @@ def _decode(target: Any, draft: Any, prompts: list[Prompt], cfg: EvalConfig,
         runs.append(("text" if inputs is None else "image", res))
     k, seed = draft.num_draft_tokens, cfg.seed
     report = _acceptance([run for _, run in runs], k, seed, cfg.temperature)
+    report["by_context"] = speculative_buckets([run for _, run in runs], k, cfg.context_buckets,
+                                               seed=seed)
+    report["by_turn"] = by_kind(np.array(report["prompt_tokens"], dtype=np.float64),
+                                np.array(report["prompt_rounds"], dtype=np.float64),
+                                [tags.kinds(run.tokens) for _, run in runs], unit="prompts",
+                                seed=seed)
     if any(kind == "image" for kind, _ in runs):
         report["by_prompt_kind"] = {
             kind: _acceptance([run for of, run in runs if of == kind], k, seed, cfg.temperature)

@@ -40,9 +40,46 @@ def _calibration(spec: Mapping[str, Any], forced: Mapping[str, Any]) -> list[str
     return lines
 
 
+def _ci(entry: Mapping[str, Any]) -> str:
+    ci = entry.get("tau_ci95")
+    return "" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _by_context(spec: Mapping[str, Any], forced: Mapping[str, Any]) -> list[str]:
+    """One line per context bucket holding data (when two or more do): each tau with its
+    interval and its count."""
+    measured = {e["bucket"]: e for e in spec.get("by_context", [])}
+    taught = {e["bucket"]: e for e in forced.get("by_context", [])}
+    lines = []
+    for label in dict.fromkeys([*measured, *taught]):
+        parts = [f"{name} {e['tau']:.2f}{_ci(e)} ({e['blocks']} {unit})"
+                 for name, e, unit in (("measured", measured.get(label), "rounds"),
+                                       ("teacher-forced", taught.get(label), "blocks"))
+                 if e is not None and e["blocks"]]
+        if parts:
+            lines.append(_row(f"  context {label}:", ", ".join(parts)))
+    # one bucket holding everything repeats the headline taus
+    return ["  tau by context (tokens before the anchor):", *lines] if len(lines) > 1 else []
+
+
+def _by_turn(spec: Mapping[str, Any], forced: Mapping[str, Any]) -> list[str]:
+    """One line per view whose turns split: each kind's tau and its count."""
+    lines = []
+    for view, entry, unit in (("measured", spec.get("by_turn"), "prompts"),
+                              ("teacher-forced", forced.get("by_turn"), "samples")):
+        if not entry:
+            continue
+        parts = [f"{kind.replace('_', ' ')} {e['tau']:.2f} ({e[unit]})"
+                 for kind, e in entry.items() if e[unit]]
+        if len(parts) > 2:  # some turn of another kind than the rest
+            lines.append(_row(f"  {view} tau by turn:", ", ".join(parts)))
+    return lines
+
+
 def summary_lines(report: Mapping[str, Any]) -> str:
     """Tau (with its 95% interval) and acceptance by draft position, measured and
-    teacher-forced, whether the two agree, and the confidence head's calibration."""
+    teacher-forced, whether the two agree, the confidence head's calibration, and tau by
+    context length and by kind of turn where those split the data."""
     spec, forced = report["speculative"], report["teacher_forced"]
     temperature = report["config"]["temperature"]
     kinds = spec.get("by_prompt_kind", {})   # image and text prompts apart, when there are images
@@ -67,4 +104,5 @@ def summary_lines(report: Mapping[str, Any]) -> str:
                               full["tau_ci95"]))
     if "matched" in report:
         lines.append(_verdict(report["matched"]))
-    return "\n".join(lines + _calibration(spec, forced))
+    lines += _calibration(spec, forced) + _by_context(spec, forced) + _by_turn(spec, forced)
+    return "\n".join(lines)

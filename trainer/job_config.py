@@ -67,6 +67,16 @@ class EvalConfig:
     """Confidence thresholds of the teacher-forced verification-policy table."""
     max_eval_batches: int | None = None
     """Limit teacher-forced batches (None: the whole eval split)."""
+    context_buckets: tuple[int, ...] = (1024, 4096, 16384)
+    """Context lengths (tokens before a block's anchor) cutting the ``by_context`` buckets of
+    both taus: the default gives <1K, 1K-4K, 4K-16K and >=16K."""
+    thinking_tags: tuple[str, ...] = ("<think>", "</think>")
+    """Text marking a thinking turn (either tag) for the ``by_turn`` split of both taus."""
+    tool_call_tag: str = "<tool_call>"
+    """Text marking a turn that calls a tool, for the ``by_turn`` split."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Template variables rendering ``--prompts`` (e.g. ``{"enable_thinking": true}``); None:
+    those the cache was captured with (its manifest's ``producer_config``), else none."""
     seed: int = 0
     """Seed of the teacher-forced anchor sampling and of T > 0 token sampling."""
     device: str = "auto"
@@ -79,6 +89,10 @@ class EvalConfig:
             problems.append(f"eval.temperature={self.temperature} must be >= 0")
         if self.cache is None and self.prompts is None:
             problems.append("eval needs --cache or --prompts (or both)")
+        edges = self.context_buckets
+        if any(e < 1 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+            problems.append(f"eval.context_buckets={list(edges)}: expected positive, strictly "
+                            "increasing token counts")
         problems += [f"eval.policy_thresholds: {t} is outside [0, 1]"
                      for t in self.policy_thresholds if not 0.0 <= t <= 1.0]
         try:

@@ -36,6 +36,8 @@ class SpecDecodeResult:
     """Accepted draft tokens + 1 (the token the target sampled) per draft round: tau."""
     verified_per_round: list[int] = field(default_factory=list)
     """Draft tokens sent to verification per round (m <= K)."""
+    round_context: list[int] = field(default_factory=list)
+    """Per round: the tokens before its anchor (prompt and tokens accepted so far)."""
     position_accepted: list[int] = field(default_factory=list)
     """Per slot k: rounds whose draft token k was accepted."""
     position_trials: list[int] = field(default_factory=list)
@@ -162,6 +164,7 @@ def speculative_generate(
     res.tokens.append(x0)
     context = ids
     while len(res.tokens) < max_new_tokens and eos_token_id not in res.tokens:
+        res.round_context.append(int(context.shape[1]))   # the anchor x0 follows the context
         anchor = torch.tensor([x0], device=ids.device)
         hidden, base = draft.draft_block(anchor, cache_d)
         drafts, q_logits = sample_draft_tokens(base, anchor, hidden, draft.markov_head,

@@ -40,6 +40,30 @@ def test_summary_lists_both_taus_with_intervals_and_every_position() -> None:
     assert "DISAGREE" in refused
 
 
+def test_summary_splits_by_context_and_turn_only_where_the_data_does() -> None:
+    """Buckets print when two or more hold data (each tau, interval and count); a turn split
+    prints when a view has turns of both kinds."""
+    report = _report(agreement={"difference": 0.0, "difference_ci95": [-1, 1], "agree": True})
+    plain = summary_lines(report)
+    report["speculative"]["by_context"] = [
+        {"bucket": "<1K", "tau": 2.5, "tau_ci95": [2.0, 3.0], "blocks": 40},
+        {"bucket": "1K-4K", "tau": 1.5, "tau_ci95": None, "blocks": 3},
+        {"bucket": ">=4K", "tau": 0.0, "tau_ci95": None, "blocks": 0}]
+    report["teacher_forced"]["by_turn"] = {
+        "thinking": {"tau": 3.0, "samples": 4}, "no_thinking": {"tau": 2.0, "samples": 5},
+        "tool_call": {"tau": 0.0, "samples": 0}, "no_tool_call": {"tau": 2.25, "samples": 9}}
+    text = summary_lines(report)
+    assert text.startswith(plain)
+    tail = text[len(plain):].splitlines()[1:]
+    assert "tau by context" in tail[0]
+    assert "context <1K:" in tail[1]
+    assert "measured 2.50 [2.00, 3.00] (40 rounds)" in tail[1]
+    assert "measured 1.50 (3 rounds)" in tail[2]
+    assert "teacher-forced tau by turn:" in tail[3]
+    assert "thinking 3.00 (4), no thinking 2.00 (5), no tool call 2.25 (9)" in tail[3]
+    assert len(tail) == 4
+
+
 def test_summary_says_why_it_does_not_compare() -> None:
     """A mismatched eval split prints the report's note instead of a verdict."""
     text = summary_lines(_report(matched=False, note="regenerated at T=[0.0]"))

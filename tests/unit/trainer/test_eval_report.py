@@ -67,6 +67,23 @@ def test_eval_uses_the_run_loss_settings(tiny_target: Path, tiny_cache: str,
     assert flat["confidence_abs_error"] != pytest.approx(decayed["confidence_abs_error"])
 
 
+def _check_buckets(view: dict[str, Any], count: int | None, tau: float,
+                   trials: list[float] | None) -> None:
+    """The context buckets partition the view's blocks: their counts, tau and trials add up."""
+    buckets = view["by_context"]
+    assert [b["bucket"] for b in buckets] == ["<24", "24-48", ">=48"]
+    blocks = sum(b["blocks"] for b in buckets)
+    if count is not None:
+        assert blocks == count
+    assert sum(b["tau"] * b["blocks"] for b in buckets) / blocks == pytest.approx(tau)
+    if trials is not None:
+        assert [sum(t) for t in zip(*(b["position_trials"] for b in buckets), strict=True)] == \
+            trials
+    for b in buckets:
+        if b["tau_ci95"] is not None:
+            assert b["tau_ci95"][0] <= b["tau"] <= b["tau_ci95"][1]
+
+
 def test_eval_decodes_prompts_from_a_chat_file(tiny_target: Path, tiny_cache: str,
                                                tmp_path: Path) -> None:
     """--prompts decodes the file's prompts; the cache still gives the policy table."""
@@ -74,8 +91,18 @@ def test_eval_decodes_prompts_from_a_chat_file(tiny_target: Path, tiny_cache: st
     chats.write_text("".join(json.dumps(r) + "\n" for r in demo_conversations(5)))
     ckpt = _checkpoint(tiny_target, tmp_path / "a.ckpt", LossSpec())
     report = _eval(tmp_path, "file", draft=str(ckpt), target=str(tiny_target),
-                   cache=tiny_cache, prompts=str(chats))
+                   cache=tiny_cache, prompts=str(chats), context_buckets=(24, 48))
     spec = report["speculative"]
+    _check_buckets(spec, spec["rounds"], spec["tau"], spec["position_trials"])
+    forced = report["teacher_forced"]
+    _check_buckets(forced, None, forced["metrics"]["tau"], None)
+    # the tiny chats neither think nor call tools: every turn is of the "no" kinds
+    for turns, unit, total, tau in (
+            (spec["by_turn"], "prompts", spec["prompts"], spec["tau"]),
+            (forced["by_turn"], "samples", forced["samples"], forced["metrics"]["tau"])):
+        assert (turns["thinking"][unit], turns["tool_call"][unit]) == (0, 0)
+        assert turns["no_thinking"][unit] == turns["no_tool_call"][unit] == total
+        assert turns["no_thinking"]["tau"] == pytest.approx(tau)
     assert spec["prompts"] == 3
     assert spec["rounds"] > 0
     # tau and its interval come from the same per-prompt sums

@@ -55,6 +55,9 @@ def test_greedy_speculative_equals_target_greedy(tiny_target: Path,
     assert res.tokens == _greedy_reference(target, prompt, 24)
     assert sum(res.tokens_per_round) + 1 >= 24
     assert all(t >= 1 for t in res.tokens_per_round)
+    # each round's anchor follows the prompt, its first token and the tokens of earlier rounds
+    starts = [len(prompt) + sum(res.tokens_per_round[:i]) for i in range(len(res.tokens_per_round))]
+    assert res.round_context == starts
     if threshold == 1.01:  # nothing passes: every round verifies 0 drafts, emits 1 token
         assert set(res.verified_per_round) == {0}
         assert set(res.tokens_per_round) == {1}
