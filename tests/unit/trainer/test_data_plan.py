@@ -201,3 +201,24 @@ def test_one_share_packs_every_sample() -> None:
     count = packed_batches_per_share(index, settings, num_shares=1)
     plan = plan_epoch(index, settings, epoch=0, num_shares=1, share=0, num_batches=count)
     assert sorted(plan.positions.tolist()) == list(range(len(index)))
+
+
+def _plan_peak_bytes(index: SplitIndex, num_shares: int) -> int:
+    """Peak bytes allocated while planning share 0 of ``num_shares`` (packed)."""
+    import tracemalloc
+
+    settings = LoaderSettings(batch_size=4, batching="pack", max_seq_len=2048)
+    tracemalloc.start()
+    plan_epoch(index, settings, epoch=0, num_shares=num_shares, share=0)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def test_a_share_is_planned_without_touching_the_others() -> None:
+    """Planning one share allocates in proportion to that share (plus one entry per unit): 16
+    times the shares, at most a quarter of the bytes. A plan that ordered the whole split
+    (as every share's once did) allocates the same whatever the share count."""
+    index = _index(num_units=400, per_unit=250)
+    few, many = _plan_peak_bytes(index, 4), _plan_peak_bytes(index, 64)
+    assert many * 4 < few
