@@ -144,6 +144,9 @@ class HfSource:
                 input_ids=ids_BT.to(self.device),
                 attention_mask=mask_BT.to(self.device),
                 output_hidden_states=True,
+                # Without top-k no logit is read: [B, T, V] fp32 logits would be the forward's
+                # largest tensor on long rows (32K x 152K vocab: 20 GB).
+                **({} if k else {"logits_to_keep": 1}),
                 **extra,
             )
             states = served(out.hidden_states)

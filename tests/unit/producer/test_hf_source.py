@@ -74,3 +74,23 @@ def test_last_layer_feature_is_the_raw_pre_norm_output(tiny_target) -> None:
         torch.testing.assert_close(model.model.norm(result.aux_hidden[:, 1]), post_norm)
         assert (result.aux_hidden[:, 1] - post_norm).abs().max() > 0.1
         torch.testing.assert_close(result.final_hidden, post_norm)
+
+
+def test_no_logits_are_computed_without_top_k(tiny_target) -> None:
+    """Without top-k the lm_head runs on each row's last position only (a long row's [T, V]
+    logits would dwarf its features); the captured states are those of the top-k capture."""
+    with_topk = list(HfSource(str(tiny_target), layer_ids=(1, 3), topk=2).capture(_requests()))
+    source = HfSource(str(tiny_target), layer_ids=(1, 3))
+    rows_seen: list[int] = []
+    handle = source.model.lm_head.register_forward_hook(
+        lambda module, args, output: rows_seen.append(args[0].shape[1]))
+    try:
+        plain = list(source.capture(_requests()))
+    finally:
+        handle.remove()
+    assert rows_seen
+    assert set(rows_seen) == {1}
+    for a, b in zip(plain, with_topk, strict=True):
+        assert a.topk_ids is None
+        torch.testing.assert_close(a.aux_hidden, b.aux_hidden)
+        torch.testing.assert_close(a.final_hidden, b.final_hidden)
