@@ -1,0 +1,440 @@
+"""How the cache's bookkeeping scales: finalize, validate, --deep, inspect and a commit at three
+cache sizes, on local disk and on S3 (moto behind a proxy that adds latency to every request).
+
+Each size's cache is synthesized: the real writer commits unit 0, whose commit record and slot
+objects are then copied to every other unit with shifted ids, so no hidden-state bytes are
+computed (one row holds a tiny hidden size). Every job runs in its own process (CPU time and
+peak RSS are that process's own); requests are counted at the proxy. The growth exponent is
+the least-squares slope of log(cost) over log(samples) across the sizes (1.0: linear).
+
+    .venv/bin/python -P benchmarks/bench_scale.py            (small sizes, as make bench runs it)
+    .venv/bin/python -P benchmarks/bench_scale.py --samples 100000 1000000 10000000 --modes local
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path.insert(0, str(TESTS))  # cache_helpers (the run header), s3_proxy
+
+ROWS_PER_UNIT, SAMPLE_TOKENS, SAMPLES_PER_SLOT = 256, 4, 32
+"""Every unit: 256 samples of 4 tokens, 8 full slots of 32 samples (4 objects each)."""
+BUCKET = "bench-scale"
+
+
+def spec() -> Any:
+    """The synthesized caches' spec: 1 aux layer, H=1, slots of 128 rows."""
+    from sparkforge.shared.layout import CacheSpec
+
+    return CacheSpec(hidden_size=1, num_aux_layers=1, hidden_dtype="bfloat16",
+                     max_seq_len=SAMPLE_TOKENS, shard_rows=SAMPLE_TOKENS * SAMPLES_PER_SLOT,
+                     rows_per_unit=ROWS_PER_UNIT)
+
+
+def unit_samples(unit: int) -> tuple[list[Any], Any]:
+    """One unit's samples, alike in every unit but for their ids (so every slot's bytes are)."""
+    from sparkforge.shared.records import SampleRecord, UnitAccounting
+
+    t, rows = SAMPLE_TOKENS, range(unit * ROWS_PER_UNIT, (unit + 1) * ROWS_PER_UNIT)
+    samples = [SampleRecord(
+        sample_id=r, source_row=r, source_hash=f"{r:064x}",
+        split="eval" if r % 4 == 0 else "train",
+        input_ids=np.arange(1, t + 1, dtype=np.int32), loss_mask=np.ones(t, np.uint8),
+        aux_hidden=np.full((t, 1, 1), 0x3F80, np.uint16),
+        final_hidden=np.full((t, 1), 0x3F80, np.uint16)) for r in rows]
+    return samples, UnitAccounting(input_rows=ROWS_PER_UNIT, written=ROWS_PER_UNIT, skipped={})
+
+
+def slot_keys(root: Path) -> Callable[[int], dict[str, str]]:
+    """slot -> {array name: store key of the slot's object} for the cache at ``root``."""
+    import zarr
+
+    from sparkforge.shared.layout import array_layouts, slot_key
+
+    group = zarr.open_group(str(root), mode="r")
+    arrays = {name: group[name] for name in array_layouts(spec())}
+    return lambda slot: {name: slot_key(name, arr, slot) for name, arr in arrays.items()}
+
+
+def synthesize(root: Path, num_units: int) -> dict[str, Any]:
+    """Units 0..num_units-1: unit 0 by the real writer, the rest copies of its record and objects
+    with shifted ids; the header promises one unit more (the measured commit writes it)."""
+    from cache_helpers import make_run_header
+
+    from sparkforge.shared.layout import attempt_key, commit_key, first_slot
+    from sparkforge.shared.writer import CacheWriter
+
+    s = spec()
+    writer = CacheWriter.open(str(root), spec=s, header=make_run_header(s, num_units=num_units + 1))
+    writer.write_unit(0, *unit_samples(0))
+    record = json.loads((root / commit_key(0)).read_text())
+    keys = slot_keys(root)
+    slots0 = [x["slot"] for x in record["slots"]]
+    blobs = [{name: (root / key).read_bytes() for name, key in keys(slot).items()}
+             for slot in slots0]
+    samples = record["samples"]
+    slot_index = np.asarray(samples["slot"]) - slots0[0]
+    offsets = np.asarray(samples["row_offset"]) - slots0[0] * s.shard_rows
+    for unit in range(1, num_units):
+        first = first_slot(s, unit, 0)
+        ids = np.arange(unit * ROWS_PER_UNIT, (unit + 1) * ROWS_PER_UNIT)
+        record.update(unit=unit, slots=[dict(x, slot=first + k)
+                                        for k, x in enumerate(record["slots"])])
+        samples.update(sample_id=ids.tolist(), source_row=ids.tolist(),
+                       source_hash=[f"{r:064x}" for r in ids],
+                       slot=(first + slot_index).tolist(),
+                       row_offset=(first * s.shard_rows + offsets).tolist(),
+                       split=["eval" if r % 4 == 0 else "train" for r in ids])
+        _write(root / commit_key(unit), json.dumps(record, sort_keys=True).encode())
+        _write(root / attempt_key(unit, 0), b"")
+        for k, blob in enumerate(blobs):
+            for name, key in keys(first + k).items():
+                _write(root / key, blob[name])
+    return {"units": num_units, "slots": num_units * len(slots0),
+            "objects": num_units * len(slots0) * len(blobs[0])}
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def largest_folder(root: Path) -> tuple[int, str]:
+    """The most entries any folder under ``root`` holds, and which folder."""
+    best = (0, "")
+    for here, dirs, files in os.walk(root):
+        best = max(best, (len(dirs) + len(files), os.path.relpath(here, root)))
+    return best
+
+
+class Phase:
+    """What a job process knows: the cache, how to reach it, and when its measured part starts."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.uri, self.units = args.uri, args.units
+        self.options = json.loads(args.storage_options)
+        self.max_concurrency = args.max_concurrency
+        self._t0 = (time.perf_counter(), time.process_time())
+
+    def start(self) -> None:
+        """Set-up is done: the parent resets the request counts, then the timers start."""
+        print("ready", flush=True)
+        sys.stdin.readline()
+        self._t0 = (time.perf_counter(), time.process_time())
+
+    def elapsed(self) -> dict[str, float]:
+        """Wall and CPU seconds since :meth:`start`."""
+        return {"wall_s": time.perf_counter() - self._t0[0],
+                "cpu_s": time.process_time() - self._t0[1]}
+
+    def kwargs(self, fn: Callable[..., Any]) -> dict[str, Any]:
+        """``storage_options`` and (where the job takes it) ``max_concurrency``."""
+        import inspect
+
+        out: dict[str, Any] = {"storage_options": self.options}
+        if "max_concurrency" in inspect.signature(fn).parameters:
+            out["max_concurrency"] = self.max_concurrency
+        return out
+
+
+def job_commit(p: Phase) -> dict[str, Any]:
+    """One more unit through the real writer, after ``units`` earlier ones."""
+    from cache_helpers import make_run_header
+
+    from sparkforge.shared.writer import CacheWriter
+
+    s = spec()
+    writer = CacheWriter.open(p.uri, spec=s, header=make_run_header(s, num_units=p.units + 1),
+                              storage_options=p.options)
+    samples = unit_samples(p.units)
+    p.start()
+    writer.write_unit(p.units, *samples)
+    return {}
+
+
+def job_finalize(p: Phase) -> dict[str, Any]:
+    """``sparkforge finalize`` over every unit."""
+    from sparkforge.manifests.finalize import finalize_cache
+
+    p.start()
+    finalize_cache(p.uri, expected_units=p.units + 1, **p.kwargs(finalize_cache))
+    return {}
+
+
+def job_manifest(p: Phase) -> dict[str, Any]:
+    """Read and parse manifest.json (what every reader does first)."""
+    from sparkforge.manifests.open import read_manifest
+    from sparkforge.shared import storage
+
+    loc = storage.open_location(p.uri, p.options)
+    p.start()
+    read_manifest(loc)
+    return {"manifest_bytes": len(storage.read_bytes(loc, "manifest.json"))}
+
+
+def _validate(p: Phase, *, deep: bool) -> dict[str, Any]:
+    from sparkforge.manifests.validate import validate_cache
+
+    p.start()
+    report = validate_cache(p.uri, deep=deep, **p.kwargs(validate_cache))
+    if report.problems:
+        raise SystemExit(f"validate found problems: {report.problems[:3]}")
+    return {"checked": dict(report.checked)}
+
+
+def job_validate(p: Phase) -> dict[str, Any]:
+    """``sparkforge validate``."""
+    return _validate(p, deep=False)
+
+
+def job_deep(p: Phase) -> dict[str, Any]:
+    """``sparkforge validate --deep``."""
+    return _validate(p, deep=True)
+
+
+def job_inspect(p: Phase) -> dict[str, Any]:
+    """``sparkforge inspect``."""
+    from sparkforge.manifests.summary import summarize_cache
+
+    p.start()
+    summarize_cache(p.uri, storage_options=p.options)
+    return {}
+
+
+def job_copy(p: Phase) -> dict[str, Any]:
+    """The baseline of --deep: one GET per committed slot object, ``max_concurrency`` at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import zarr
+
+    from sparkforge.manifests.open import read_manifest
+    from sparkforge.shared import storage
+    from sparkforge.shared.layout import slot_key
+
+    loc = storage.open_location(p.uri, p.options)
+    manifest = read_manifest(loc)
+    group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
+    slots = [s.slot for u in manifest.storage.units for s in u.slots]
+    paths = [loc.path(slot_key(name, group[name], slot)) for name in group.array_keys()
+             for slot in slots]
+    p.start()
+    with ThreadPoolExecutor(p.max_concurrency) as pool:
+        total = sum(map(len, pool.map(lambda path: loc.fs.cat_file(path, start=0), paths)))
+    return {"objects": len(paths), "bytes": total}
+
+
+JOBS: dict[str, Callable[[Phase], dict[str, Any]]] = {
+    "commit": job_commit, "finalize": job_finalize, "manifest": job_manifest,
+    "validate": job_validate, "deep": job_deep, "inspect": job_inspect, "copy": job_copy}
+"""Job name -> what its process runs, in the order they run (each needs the ones before)."""
+LABELS = {"commit": "commit of one more unit", "finalize": "finalize",
+          "manifest": "read + parse manifest.json", "validate": "validate",
+          "deep": "validate --deep", "inspect": "inspect",
+          "copy": "plain copy of the slot objects"}
+
+
+def run_job(args: argparse.Namespace) -> None:
+    """In a job process: run it, then print one JSON line (times, peak RSS, what it returned)."""
+    phase = Phase(args)
+    out = JOBS[args.job](phase)
+    out |= phase.elapsed()
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out), flush=True)
+
+
+def serve_moto(folder: Path) -> None:
+    """In the S3 server process: moto with ``folder``'s files under ``s3://bench-scale/cache/``
+    (loaded straight into its backend), its port on stdout, until stdin closes."""
+    import logging
+
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
+    backend.create_bucket(BUCKET, "us-east-1")
+    for here, _, files in os.walk(folder):
+        for name in files:
+            path = Path(here, name)
+            backend.put_object(BUCKET, f"cache/{path.relative_to(folder).as_posix()}",
+                               path.read_bytes())
+    print(server._server.server_address[1], flush=True)  # noqa: SLF001 (no public accessor)
+    sys.stdin.read()
+    server.stop()
+
+
+def run_in_process(job: str, uri: str, units: int, options: dict[str, Any],
+                   args: argparse.Namespace, proxy: Any) -> dict[str, Any]:
+    """Run one job in its own process; the requests it sends after its set-up, by kind."""
+    cmd = [sys.executable, "-P", __file__, "--job", job, "--uri", uri, "--units", str(units),
+           "--storage_options", json.dumps(options), "--max_concurrency",
+           str(args.max_concurrency)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    last = ""
+    for line in proc.stdout:
+        if line.strip() == "ready":
+            if proxy is not None:
+                proxy.reset()
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        else:
+            last = line
+    if proc.wait():
+        raise SystemExit(f"{job} failed at {units} units (exit {proc.returncode})")
+    out: dict[str, Any] = json.loads(last)
+    if proxy is not None:
+        counts = proxy.reset()
+        out["requests"] = sum(counts.values())
+        out["requests_by_kind"] = dict(counts)
+    return out
+
+
+@contextmanager
+def s3_cache(root: Path, latency_s: float) -> Iterator[tuple[str, dict[str, Any], Any]]:
+    """The synthesized cache served by moto behind a latency-adding, counting proxy."""
+    from s3_proxy import S3Proxy
+
+    moto = subprocess.Popen([sys.executable, "-P", __file__, "--serve", str(root)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert moto.stdout is not None
+    assert moto.stdin is not None
+    port = int(moto.stdout.readline())
+    shutil.rmtree(root)
+    proxy = S3Proxy(f"http://127.0.0.1:{port}", latency_s=latency_s)
+    options = {"key": "testing", "secret": "testing", "endpoint_url": proxy.endpoint,
+               "client_kwargs": {"region_name": "us-east-1"}}
+    try:
+        yield f"s3://{BUCKET}/cache", options, proxy
+    finally:
+        proxy.close()
+        moto.stdin.close()
+        moto.wait(timeout=60)
+
+
+def measure(samples: int, mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Synthesize one size, then run every job on it in turn."""
+    units = math.ceil(samples / ROWS_PER_UNIT)
+    root = workdir / f"cache-{samples}"
+    t0 = time.perf_counter()
+    synth = subprocess.run([sys.executable, "-P", __file__, "--synthesize", str(root),
+                            "--units", str(units)], check=True, capture_output=True, text=True)
+    out: dict[str, Any] = json.loads(synth.stdout.splitlines()[-1])
+    out["synthesize_s"] = time.perf_counter() - t0
+    jobs = [j for j in args.jobs if mode == "s3" or j != "copy"]
+    if mode == "local":
+        out["jobs"] = {j: run_in_process(j, str(root), units, {}, args, None) for j in jobs}
+        out["largest_folder"] = largest_folder(root)
+        shutil.rmtree(root)
+    else:
+        with s3_cache(root, args.latency_ms / 1000) as (uri, options, proxy):
+            out["jobs"] = {j: run_in_process(j, uri, units, options, args, proxy) for j in jobs}
+    return out
+
+
+def exponent(sizes: list[int], values: list[float]) -> str:
+    """Least-squares slope of log(value) over log(size); '-' when a value is not positive."""
+    if len(sizes) < 2 or min(values) <= 0:
+        return "-"
+    return f"{np.polyfit(np.log(sizes), np.log(values), 1)[0]:.2f}"
+
+
+def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
+          args: argparse.Namespace) -> str:
+    """One mode's rows: sizes across, the growth exponent last."""
+    where = ("local disk" if mode == "local" else
+             f"S3 (moto) behind a proxy adding {args.latency_ms:g} ms per request")
+    lines = [f"{where}; max_concurrency {args.max_concurrency}",
+             f"{'':<44}" + "".join(f"{n:>14,}" for n in sizes) + f"{'exponent':>10}"]
+
+    def row(label: str, values: list[float], fmt: str) -> None:
+        lines.append(f"{label:<44}" + "".join(f"{v:>14{fmt}}" for v in values)
+                     + f"{exponent(sizes, values):>10}")
+
+    row("units", [r["units"] for r in results], ",")
+    row("slots", [r["slots"] for r in results], ",")
+    row("slot objects", [r["objects"] for r in results], ",")
+    if "manifest" in results[0]["jobs"]:
+        row("manifest.json bytes", [r["jobs"]["manifest"]["manifest_bytes"] for r in results],
+            ",")
+    if mode == "local":
+        row("largest folder (entries)", [r["largest_folder"][0] for r in results], ",")
+    for job in results[0]["jobs"]:
+        got = [r["jobs"][job] for r in results]
+        row(f"{LABELS[job]}: wall s", [g["wall_s"] for g in got], ".3f")
+        row(f"{LABELS[job]}: CPU s", [g["cpu_s"] for g in got], ".3f")
+        row(f"{LABELS[job]}: peak RSS MB", [g["peak_rss_mb"] for g in got], ".0f")
+        if "requests" in got[0]:
+            row(f"{LABELS[job]}: requests", [g["requests"] for g in got], ",")
+    if {"deep", "copy"} <= set(results[0]["jobs"]):
+        deep = [r["jobs"]["deep"]["wall_s"] / r["jobs"]["copy"]["wall_s"] for r in results]
+        row("validate --deep / plain copy (wall)", deep, ".2f")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    """Parse the flags; run a job, the S3 server or the synthesizer, or the whole benchmark."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, nargs="+", default=[5_000, 20_000, 80_000])
+    p.add_argument("--modes", nargs="+", choices=["local", "s3"], default=["local", "s3"])
+    p.add_argument("--latency_ms", type=float, default=30.0)
+    p.add_argument("--max_concurrency", type=int, default=32)
+    p.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS),
+                   help="run only these jobs (each needs the ones before it in this list)")
+    p.add_argument("--workdir", help="where the local caches go (default: a temporary folder)")
+    p.add_argument("--job", choices=list(JOBS), help=argparse.SUPPRESS)
+    p.add_argument("--serve", help=argparse.SUPPRESS)
+    p.add_argument("--synthesize", help=argparse.SUPPRESS)
+    p.add_argument("--uri", help=argparse.SUPPRESS)
+    p.add_argument("--units", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--storage_options", default="{}", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.job:
+        run_job(args)
+        return 0
+    if args.serve:
+        serve_moto(Path(args.serve))
+        return 0
+    if args.synthesize:
+        print(json.dumps(synthesize(Path(args.synthesize), args.units)))
+        return 0
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        for mode in args.modes:
+            results = []
+            for n in args.samples:
+                results.append(measure(n, mode, args, Path(tmp)))
+                print(f"[{mode} {n:,} samples: {results[-1]['synthesize_s']:.0f} s to "
+                      "synthesize]", file=sys.stderr, flush=True)
+            print(table(mode, args.samples, results, args), "\n", flush=True)
+    print("reproduce: .venv/bin/python -P benchmarks/bench_scale.py --samples "
+          + " ".join(map(str, args.samples)) + " --modes " + " ".join(args.modes)
+          + f" --latency_ms {args.latency_ms:g} --max_concurrency {args.max_concurrency}"
+          + ("" if args.jobs == list(JOBS) else " --jobs " + " ".join(args.jobs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
