@@ -32,6 +32,7 @@ from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.fields import shorten
 from sparkforge.shared.layer_ids import LayerIdError, feature_to_hf, strided_feature_ids
 from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.storage import DEFAULT_MAX_CONCURRENCY
 
 
 class UsageError(ConfigError):
@@ -47,6 +48,7 @@ class ValidateConfig:
     storage_options: str = "{}"
     deep: bool = False
     against: str | None = None
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +102,8 @@ class FinalizeConfig:
     """Cache URI."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """fsspec options for ``output``."""
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    """Commit records read at once (object stores answer each in tens of milliseconds)."""
 
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
@@ -114,6 +118,9 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
                        help="also recompute every crc32c and check all hidden values are finite")
         p.add_argument("--against", metavar="TRAIN_CONFIG",
                        help="a `sparkforge train` YAML config whose draft/data must fit the cache")
+        p.add_argument("--max_concurrency", type=int, default=DEFAULT_MAX_CONCURRENCY,
+                       help="reads in flight at once: commit records and, with --deep, slot "
+                            f"objects (default {DEFAULT_MAX_CONCURRENCY})")
     if command == "status":
         p.add_argument("--num_workers", type=int, default=1,
                        help="workers of the run: one row per share u %% N == w (default 1)")
@@ -194,9 +201,11 @@ def run_validate(cfg: ValidateConfig, contract: ContractBuilder | None = None,
     """Validate the cache (against the run ``contract`` builds for ``cfg.against``); 1 if
     invalid. ``extra`` is reported too when the cache is valid."""
     options = _storage_options(cfg.storage_options)
+    if cfg.max_concurrency < 1:
+        raise UsageError(f"--max_concurrency must be >= 1, got {cfg.max_concurrency}")
     run = None if contract is None else contract(cache_target_config(cfg.cache, options))
     report = validate_cache(cfg.cache, deep=cfg.deep, against=run, storage_options=options,
-                            progress=True)
+                            progress=True, max_concurrency=cfg.max_concurrency)
     report.against = cfg.against
     against = f", against {cfg.against}" if cfg.against else ""
     more = extra() if extra is not None and report.valid else None
@@ -320,7 +329,10 @@ def _layer_ids(text: str, num_layers: int | None) -> list[int]:
 
 def run_finalize(cfg: FinalizeConfig) -> int:
     """Write the manifest and print the accounting in words, as ``inspect`` does."""
-    manifest = finalize_run(cfg.output, storage_options=cfg.storage_options)
+    if cfg.max_concurrency < 1:
+        raise UsageError(f"--max_concurrency must be >= 1, got {cfg.max_concurrency}")
+    manifest = finalize_run(cfg.output, storage_options=cfg.storage_options,
+                            max_concurrency=cfg.max_concurrency)
     acc = manifest.accounting
     skipped = ", ".join(f"{k} {v:,}" for k, v in sorted(acc.skipped.items())) or "none"
     print(f"finalized {cfg.output}: {acc.input_rows:,} input rows: {acc.written:,} written, "

@@ -6,14 +6,13 @@ import hashlib
 import json
 import logging
 import math
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from sparkforge.manifests.commits import CommitCollector, read_commits
 from sparkforge.manifests.index import index_bytes
 from sparkforge.manifests.objects import (
-    MAX_COMMIT_BYTES,
     MAX_HEADER_BYTES,
     MAX_MANIFEST_BYTES,
     MAX_PARITY_BYTES,
@@ -24,13 +23,11 @@ from sparkforge.manifests.schema import (
     CacheManifest,
     parse_format_version,
 )
+from sparkforge.manifests.units import UnitColumns
 from sparkforge.shared import storage
-from sparkforge.shared.commit import (
-    UnitInfo,
-    accounting_json,
-    committed_units,
-    parse_commit_bytes,
-)
+from sparkforge.shared.cache_tables import SlotColumns
+from sparkforge.shared.commit import accounting_json, committed_units
+from sparkforge.shared.commit_columns import CommitColumns
 from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
@@ -41,13 +38,11 @@ from sparkforge.shared.layout import (
     TARGET_PREFIX,
     CacheSpec,
     array_layouts,
-    commit_key,
     compressor,
     describe_codecs,
     parse_spec,
 )
 from sparkforge.shared.provenance import git_sha, package_version
-from sparkforge.shared.records import sum_accounting
 
 logger = logging.getLogger(__name__)
 
@@ -68,21 +63,25 @@ def read_run_header(loc: storage.Location) -> tuple[CacheSpec, RunHeader]:
             RunHeader.from_json(data["header"]))
 
 
-def finalize_run(uri: str, *, storage_options: Mapping[str, Any] | None = None) -> CacheManifest:
+def finalize_run(uri: str, *, storage_options: Mapping[str, Any] | None = None,
+                 max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY) -> CacheManifest:
     """``sparkforge finalize``: :func:`finalize_cache` with the unit count from the run header.
 
     Raises:
         CacheIncompleteError: listing the missing units.
     """
     _, header = read_run_header(storage.open_location(uri, storage_options))
-    return finalize_cache(uri, expected_units=header.num_units, storage_options=storage_options)
+    return finalize_cache(uri, expected_units=header.num_units, storage_options=storage_options,
+                          max_concurrency=max_concurrency)
 
 
 def finalize_cache(uri: str, *, expected_units: int,
-                   storage_options: Mapping[str, Any] | None = None) -> CacheManifest:
+                   storage_options: Mapping[str, Any] | None = None,
+                   max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY) -> CacheManifest:
     """Write index.parquet and manifest.json (complete) once every unit is committed.
 
     Idempotent: an existing complete manifest over the same units is returned unchanged.
+    ``max_concurrency`` commit records are read at once.
 
     Raises:
         CacheIncompleteError: listing the missing units.
@@ -105,56 +104,63 @@ def finalize_cache(uri: str, *, expected_units: int,
                                                      max_bytes=MAX_MANIFEST_BYTES))
         if existing.complete and len(existing.storage.units) == expected_units:
             return existing
-    units = [parse_commit_bytes(storage.read_bytes(loc, commit_key(u), max_bytes=MAX_COMMIT_BYTES),
-                                unit=u, spec=spec) for u in range(expected_units)]
-    _check_unique(units)
-    index = index_bytes(units)
+    collector = CommitCollector(tuple(array_layouts(spec)))
+    for _, record in read_commits(loc, spec, range(expected_units),
+                                  max_concurrency=max_concurrency):
+        if not isinstance(record, CommitColumns):
+            raise record
+        collector.add(record)
+    index = index_bytes(collector.index())
     storage.atomic_write(loc, INDEX_KEY, index)
-    manifest = CacheManifest.from_json(_manifest_json(loc, spec, header, units, index))
+    manifest = CacheManifest.from_json(_manifest_json(loc, spec, header, collector, index))
     storage.atomic_write(loc, MANIFEST_KEY, json.dumps(manifest.to_json(), indent=1).encode())
-    logger.info("finalized %s: %d units, %d samples, %d tokens", uri, len(units),
+    logger.info("finalized %s: %d units, %d samples, %d tokens", uri, expected_units,
                 manifest.storage.totals.samples, manifest.storage.totals.tokens)
     return manifest
 
 
-def _check_unique(units: Sequence[UnitInfo]) -> None:
-    owners = Counter(s.sample_id for u in units for s in u.samples)
-    dups = sorted(sid for sid, n in owners.items() if n > 1)
-    if dups:
-        where = {sid: [u.unit for u in units for s in u.samples if s.sample_id == sid]
-                 for sid in dups[:5]}
-        raise ManifestError(f"{len(dups)} sample ids appear in more than one unit, e.g. "
-                            + "; ".join(f"sample {k} in units {v}" for k, v in where.items()))
-
-
 def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
-                   units: Sequence[UnitInfo], index: bytes) -> dict[str, Any]:
+                   collector: CommitCollector, index: bytes) -> dict[str, Any]:
     layouts = array_layouts(spec)
-    tokens = sum(u.num_tokens for u in units)
+    units, slots = collector.units(), collector.slots()
+    tokens = int(units.num_tokens.sum())
     row_bytes = sum(a.dtype.itemsize * math.prod(a.row_shape) for a in layouts.values())
     return {
         "format_version": spec.format_version, "complete": True,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "sparkforge_version": package_version("sparkforge") or "0+unknown", "git_sha": git_sha(),
         **header.to_json(),
-        "accounting": accounting_json(sum_accounting([u.accounting for u in units])),
+        "accounting": accounting_json(units.total()),
         "storage": {
             "spec": spec.to_json(),
             "arrays": {n: {"dtype": str(a.dtype), "dtype_logical": a.dtype_logical,
                            "row_shape": list(a.row_shape)} for n, a in layouts.items()},
             "codecs": {n: describe_codecs([compressor(a, spec)], sharded=a.blosc)
                        for n, a in layouts.items()},
-            "units": [{"unit": u.unit, "attempt": u.attempt,
-                       "slots": u.to_json()["slots"], "num_samples": len(u.samples),
-                       "num_tokens": u.num_tokens, "accounting": u.to_json()["accounting"]}
-                      for u in units],
+            "units": _unit_entries(units, slots),
             "index_key": INDEX_KEY, "index_sha256": hashlib.sha256(index).hexdigest(),
-            "totals": {"samples": sum(len(u.samples) for u in units), "tokens": tokens,
+            "totals": {"samples": int(units.num_samples.sum()), "tokens": tokens,
                        "logical_bytes": tokens * row_bytes,
                        "stored_bytes": int(loc.fs.du(loc.root, total=True))},
         },
         "parity": _parity_report(loc),
     }
+
+
+def _unit_entries(units: UnitColumns, slots: SlotColumns) -> list[dict[str, Any]]:
+    """``storage.units``: each unit with its slots' checksums and its accounting."""
+    out = []
+    for i, unit in enumerate(units.unit.tolist()):
+        rows = slots.of_unit(unit)
+        out.append({"unit": unit, "attempt": int(units.attempt[i]),
+                    "slots": [{"slot": s, "num_rows": n, "crc32c": slots.checksums(k)}
+                              for k, s, n in zip(range(rows.start, rows.stop),
+                                                 slots.slot[rows].tolist(),
+                                                 slots.num_rows[rows].tolist(), strict=True)],
+                    "num_samples": int(units.num_samples[i]),
+                    "num_tokens": int(units.num_tokens[i]),
+                    "accounting": accounting_json(units.accounting(i))})
+    return out
 
 
 def _parity_report(loc: storage.Location) -> Any:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Sequence
 from typing import Final
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparkforge.manifests.schema import CacheManifest
-from sparkforge.shared.commit import UnitInfo
 
 INDEX_SCHEMA: Final = pa.schema([
     ("sample_id", pa.int64()), ("unit", pa.int64()), ("slot", pa.int64()),
@@ -20,14 +18,8 @@ INDEX_SCHEMA: Final = pa.schema([
 ])
 
 
-def index_bytes(units: Sequence[UnitInfo]) -> bytes:
-    """The index of the committed units' samples, in sample-id order, as Parquet bytes."""
-    rows = sorted((s for u in units for s in u.samples), key=lambda s: s.sample_id)
-    unit_of = {s.sample_id: u.unit for u in units for s in u.samples}
-    columns = {name: [getattr(s, name) for s in rows] for name in INDEX_SCHEMA.names
-               if name != "unit"}
-    columns["unit"] = [unit_of[s.sample_id] for s in rows]
-    table = pa.table({n: columns[n] for n in INDEX_SCHEMA.names}, schema=INDEX_SCHEMA)
+def index_bytes(table: pa.Table) -> bytes:
+    """The index (:data:`INDEX_SCHEMA`, sorted by sample id) as Parquet bytes."""
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd", row_group_size=256 * 1024)
     return buf.getvalue()

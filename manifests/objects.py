@@ -106,19 +106,36 @@ def _modified(info: Mapping[str, Any]) -> float | None:
 
 
 def _local_objects(root: str, path: str) -> dict[str, dict[str, Any]]:
+    """Files under ``path`` (links followed as zarr follows them, unless they leave ``root``)."""
     found: dict[str, dict[str, Any]] = {}
-    for here, dirs, files in os.walk(path, followlinks=True):
-        depth = len(Path(here).relative_to(root).parts)
-        if not storage.resolves_inside(here, root) or depth > MAX_KEY_DEPTH:  # out, or a cycle
-            dirs.clear()
+    start = len(Path(path).relative_to(root).parts)
+    if not storage.resolves_inside(path, root):
+        return found
+    stack = [(path, start)]
+    while stack:
+        here, depth = stack.pop()
+        if depth > MAX_KEY_DEPTH:  # a link cycle
             continue
-        for name in files:
-            full = Path(here) / name
-            if storage.resolves_inside(str(full), root) and full.is_file():
-                stat = full.stat()
-                found[full.relative_to(root).as_posix()] = {"size": stat.st_size,
-                                                            "mtime": stat.st_mtime}
+        for entry in _entries(here):
+            # Only a link can lead out of the root: its folder was checked on the way down.
+            if entry.is_symlink() and not storage.resolves_inside(entry.path, root):
+                continue
+            if entry.is_dir():
+                stack.append((entry.path, depth + 1))
+            elif entry.is_file():
+                info = entry.stat()
+                found[entry.path[len(root) + 1:]] = {"size": info.st_size,
+                                                     "mtime": info.st_mtime}
     return found
+
+
+def _entries(folder: str) -> list[os.DirEntry[str]]:
+    """A folder's entries (none if it vanished or cannot be listed)."""
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
 
 
 def escaping_links(loc: storage.Location) -> dict[str, str]:
@@ -127,8 +144,8 @@ def escaping_links(loc: storage.Location) -> dict[str, str]:
     A cache holds its own objects; a link out of it could make readers quote or train on files
     the commit records do not describe (e.g. ``/etc/passwd``). Empty for object stores.
     """
-    return {key: os.path.realpath(full) for key, full in _local_entries(loc)
-            if full.is_symlink() and not storage.resolves_inside(str(full), loc.root)}
+    return {key: os.path.realpath(entry.path) for key, entry in _local_entries(loc)
+            if entry.is_symlink() and not storage.resolves_inside(entry.path, loc.root)}
 
 
 def irregular_objects(loc: storage.Location) -> dict[str, str]:
@@ -138,9 +155,9 @@ def irregular_objects(loc: storage.Location) -> dict[str, str]:
     they are named and never opened. Empty for object stores.
     """
     out = {}
-    for key, full in _local_entries(loc):
+    for key, entry in _local_entries(loc):
         try:
-            mode = full.stat().st_mode
+            mode = entry.stat().st_mode
         except OSError:  # a dangling link: missing, as its key reports
             continue
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
@@ -148,11 +165,13 @@ def irregular_objects(loc: storage.Location) -> dict[str, str]:
     return out
 
 
-def _local_entries(loc: storage.Location) -> Iterator[tuple[str, Path]]:
-    """(key, path) of every file and folder under a local root; links to folders not descended."""
+def _local_entries(loc: storage.Location) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """(key, entry) of every file and folder under a local root; links to folders not descended."""
     if not loc.is_local:
         return
-    for here, dirs, files in os.walk(loc.root):
-        for name in dirs + files:
-            full = Path(here) / name
-            yield full.relative_to(loc.root).as_posix(), full
+    stack = [loc.root]
+    while stack:
+        for entry in _entries(stack.pop()):
+            yield entry.path[len(loc.root) + 1:], entry
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)

@@ -16,7 +16,8 @@ from sparkforge.manifests.objects import MAX_COMMIT_BYTES, MAX_MANIFEST_BYTES, r
 from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest, UnitEntry
 from sparkforge.shared import storage
 from sparkforge.shared.cache_tables import SPLITS, SampleColumns, SlotColumns, TableError
-from sparkforge.shared.commit import UnitInfo, parse_commit_bytes
+from sparkforge.shared.commit import UnitInfo
+from sparkforge.shared.commit_columns import parse_commit_bytes
 from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.layer_ids import feature_positions
 from sparkforge.shared.layout import MANIFEST_KEY, TARGET_PREFIX, commit_key

@@ -1,13 +1,17 @@
-"""Deep checks of committed units: recompute every crc32c and find non-finite hidden values.
+"""Deep checks of committed slots: recompute every crc32c and find non-finite hidden values.
 
-Slots are read in row blocks of about :data:`BLOCK_BYTES`, so memory stays bounded for any
-shard size; problems name the unit, slot, sample, array and (for ``aux_hidden``) layer slot.
+Every slot object is read whole, once, ``max_concurrency`` at a time and at most
+:data:`READ_AHEAD_BYTES` ahead (an object store answers each read in tens of milliseconds, so
+one at a time leaves it idle), then decoded from memory in row blocks of about
+:data:`BLOCK_BYTES`, so memory stays bounded for any shard size; problems name the unit, slot,
+sample, array and (for ``aux_hidden``) layer slot.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -15,14 +19,35 @@ import crc32c
 import numpy as np
 import numpy.typing as npt
 import zarr
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.storage import WrapperStore
 
 from sparkforge.manifests.schema import CacheManifest
-from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo
+from sparkforge.shared import storage
 from sparkforge.shared.dtypes import storage_to_float32
-from sparkforge.shared.layout import array_layouts
+from sparkforge.shared.layout import array_layouts, open_arrays, slot_key
 
 BLOCK_BYTES: Final = 64 << 20
-"""Rows read per step and array (about 64 MiB decoded)."""
+"""Rows decoded per step and array (about 64 MiB)."""
+READ_AHEAD_BYTES: Final = 1 << 30
+"""Slot objects held in memory ahead of the decoding, at most (plus the slot being decoded)."""
+
+Int64s = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class SlotToScan:
+    """One committed slot as its commit record has it, with its samples in storage order."""
+
+    unit: int
+    slot: int
+    num_rows: int
+    crc32c: dict[str, int]
+    sample_id: Int64s
+    row_offset: Int64s
+    length: Int64s
+    num_loss_tokens: Int64s
 
 
 @dataclass
@@ -34,24 +59,80 @@ class _Finding:
     layers: set[int] = field(default_factory=set)
 
 
-def scan_unit(info: UnitInfo, arrays: Mapping[str, zarr.Array[Any]], manifest: CacheManifest,
-              checked: Counter[str]) -> list[str]:
-    """Every problem in one committed unit's stored rows (empty when its data is intact)."""
-    problems = []
-    for slot in info.slots:
-        samples = [s for s in info.samples if s.slot == slot.slot]
-        problems += _scan_slot(info.unit, slot, samples, arrays, manifest, checked)
-    return problems
+class _Prefetched(WrapperStore):  # type: ignore[type-arg]
+    """A read-only store that answers from objects already fetched (whole) and falls back to the
+    store it wraps (zarr metadata; an object that could not be fetched reads as zarr reads it)."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.objects: dict[str, bytes] = {}
+
+    async def get(self, key: str, prototype: BufferPrototype,
+                  byte_range: Any = None) -> Buffer | None:
+        data = self.objects.get(key)
+        if data is None:
+            return await super().get(key, prototype, byte_range)
+        if isinstance(byte_range, RangeByteRequest):
+            data = data[byte_range.start:byte_range.end]
+        elif isinstance(byte_range, OffsetByteRequest):
+            data = data[byte_range.offset:]
+        elif isinstance(byte_range, SuffixByteRequest):
+            data = data[-byte_range.suffix:] if byte_range.suffix else b""
+        return prototype.buffer.from_bytes(data)
 
 
-def _scan_slot(unit: int, slot: SlotRecord, samples: Sequence[SampleRow],
-               arrays: Mapping[str, zarr.Array[Any]], m: CacheManifest,
+def scan_slots(loc: storage.Location, slots: Iterable[SlotToScan], m: CacheManifest,
+               checked: Counter[str], *, sizes: Mapping[str, int],
+               max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY,
+               ) -> Iterator[tuple[SlotToScan, list[str]]]:
+    """Each slot with every problem in its stored rows (empty when its data is intact), in the
+    order given; ``sizes`` (key -> bytes, from a listing) bounds the bytes read ahead."""
+    store = _Prefetched(storage.zarr_store(loc, read_only=True))
+    arrays = open_arrays(zarr.open_group(store, mode="r"), m.storage.spec)
+    for slot, objects in _fetched(loc, slots, arrays, sizes, max_concurrency):
+        store.objects.update(objects)
+        try:
+            yield slot, _scan_slot(slot, arrays, m, checked)
+        finally:
+            for key in objects:
+                store.objects.pop(key, None)
+
+
+def _fetched(loc: storage.Location, slots: Iterable[SlotToScan],
+             arrays: Mapping[str, zarr.Array[Any]], sizes: Mapping[str, int],
+             max_concurrency: int) -> Iterator[tuple[SlotToScan, dict[str, bytes]]]:
+    """Each slot with its objects' bytes (those that could be read), fetched ahead in order."""
+    def fetch(key: str) -> bytes | None:
+        try:
+            return storage.read_bytes(loc, key)
+        except (OSError, ValueError):
+            return None  # left to zarr (a missing object reads back as zeros: crc32c mismatch)
+
+    ahead: deque[tuple[SlotToScan, int, dict[str, Future[bytes | None]]]] = deque()
+    held = 0
+    with ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix="deep_scan") as pool:
+        for slot in slots:
+            keys = [slot_key(name, arr, slot.slot) for name, arr in arrays.items()]
+            size = sum(sizes.get(k, 0) for k in keys)
+            while ahead and (held + size > READ_AHEAD_BYTES
+                             or len(ahead) * len(keys) >= 2 * max_concurrency):
+                done, done_size, futures = ahead.popleft()
+                held -= done_size
+                yield done, {k: v for k, f in futures.items() if (v := f.result()) is not None}
+            ahead.append((slot, size, {k: pool.submit(fetch, k) for k in keys}))
+            held += size
+        while ahead:
+            done, _, futures = ahead.popleft()
+            yield done, {k: v for k, f in futures.items() if (v := f.result()) is not None}
+
+
+def _scan_slot(slot: SlotToScan, arrays: Mapping[str, zarr.Array[Any]], m: CacheManifest,
                checked: Counter[str]) -> list[str]:
     spec = m.storage.spec
     layouts = array_layouts(spec)
     base = slot.slot * spec.shard_rows
-    starts = np.array([s.row_offset - base for s in samples], dtype=np.int64)
-    where, problems = f"unit {unit}, slot {slot.slot}", []
+    starts = slot.row_offset - base
+    where, problems = f"unit {slot.unit}, slot {slot.slot}", []
     findings: dict[tuple[int, str], _Finding] = {}
     for name, arr in arrays.items():
         crc = 0
@@ -63,7 +144,7 @@ def _scan_slot(unit: int, slot: SlotRecord, samples: Sequence[SampleRow],
                 if bad is not None:
                     _record(findings, name, bad, lo, starts, layouts[name].layer)
                 if name in ("input_ids", "loss_mask"):
-                    problems += _token_problems(name, block, lo, samples, starts, m, where)
+                    problems += _token_problems(name, block, lo, slot, starts, m, where)
         except Exception as exc:  # a corrupt object fails to decode: record it, scan the rest
             problems.append(f"{where}: array {name}: cannot be decoded "
                             f"({type(exc).__name__}: {exc})")
@@ -77,7 +158,7 @@ def _scan_slot(unit: int, slot: SlotRecord, samples: Sequence[SampleRow],
     for (i, name), f in sorted(findings.items()):
         layers = (f" (layer slots {sorted(f.layers)} = capture.layer_ids "
                   f"{[layer_ids[j] for j in sorted(f.layers)]})" if f.layers else "")
-        problems.append(f"{where}, sample {samples[i].sample_id}: array {name}{layers}: "
+        problems.append(f"{where}, sample {int(slot.sample_id[i])}: array {name}{layers}: "
                         f"{f.count} non-finite values, first at token {f.first_token}")
     return problems
 
@@ -125,23 +206,24 @@ def _record(findings: dict[tuple[int, str], _Finding], name: str, bad: npt.NDArr
             f.layers.add(layer)
 
 
-def _token_problems(name: str, block: npt.NDArray[Any], lo: int, samples: Sequence[SampleRow],
-                    starts: npt.NDArray[np.int64], m: CacheManifest, where: str) -> list[str]:
+def _token_problems(name: str, block: npt.NDArray[Any], lo: int, slot: SlotToScan,
+                    starts: Int64s, m: CacheManifest, where: str) -> list[str]:
     """Token ids inside the vocabulary; loss mask 0/1 with the committed loss-token count."""
     out = []
-    for i, s in enumerate(samples):
-        a, b = max(int(starts[i]) - lo, 0), min(int(starts[i]) + s.length - lo, len(block))
+    for i, (sample, length, loss) in enumerate(zip(slot.sample_id.tolist(), slot.length.tolist(),
+                                                   slot.num_loss_tokens.tolist(), strict=True)):
+        a, b = max(int(starts[i]) - lo, 0), min(int(starts[i]) + length - lo, len(block))
         if a >= b:
             continue
         rows = block[a:b]
         if name == "input_ids" and (rows.min() < 0 or rows.max() >= m.target.vocab_size):
-            out.append(f"{where}, sample {s.sample_id}: input_ids outside [0, target.vocab_size="
+            out.append(f"{where}, sample {sample}: input_ids outside [0, target.vocab_size="
                        f"{m.target.vocab_size}): min {rows.min()}, max {rows.max()}")
         if name == "loss_mask" and rows.max() > 1:
-            out.append(f"{where}, sample {s.sample_id}: loss_mask has values other than 0/1")
-        if name == "loss_mask" and int(starts[i]) >= lo and b - a == s.length and \
-                int(np.count_nonzero(rows)) != s.num_loss_tokens:
-            out.append(f"{where}, sample {s.sample_id}: loss_mask has "
+            out.append(f"{where}, sample {sample}: loss_mask has values other than 0/1")
+        if name == "loss_mask" and int(starts[i]) >= lo and b - a == length and \
+                int(np.count_nonzero(rows)) != loss:
+            out.append(f"{where}, sample {sample}: loss_mask has "
                        f"{np.count_nonzero(rows)} loss tokens but the commit record says "
-                       f"{s.num_loss_tokens}")
+                       f"{loss}")
     return out

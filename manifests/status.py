@@ -20,7 +20,7 @@ from sparkforge.manifests.objects import MAX_COMMIT_BYTES, existing_location, ob
 from sparkforge.manifests.open import read_manifest
 from sparkforge.manifests.schema import ManifestError
 from sparkforge.shared import storage
-from sparkforge.shared.commit import parse_commit_bytes
+from sparkforge.shared.commit_columns import parse_commit_bytes
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (

@@ -16,14 +16,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zarr
 from tqdm import tqdm
 
+from sparkforge.manifests.check_records import (
+    MAX_LISTED,
+    capped,
+    check_commits,
+    committed_index,
+    index_problems,
+)
+from sparkforge.manifests.commits import CommitCollector
 from sparkforge.manifests.contract import EMPTY_TRAIN_SPLIT, RunContract, contract_problems
 from sparkforge.manifests.finalize import read_run_header
-from sparkforge.manifests.index import check_index
 from sparkforge.manifests.objects import (
-    MAX_COMMIT_BYTES,
     MAX_PARITY_BYTES,
     escaping_links,
     existing_location,
@@ -34,10 +41,12 @@ from sparkforge.manifests.objects import (
 from sparkforge.manifests.open import read_manifest
 from sparkforge.manifests.parity import parse_parity
 from sparkforge.manifests.promises import promise_problems
-from sparkforge.manifests.scan import scan_unit
-from sparkforge.manifests.schema import CacheManifest, UnitEntry
+from sparkforge.manifests.scan import scan_slots
+from sparkforge.manifests.schema import CacheManifest
+from sparkforge.manifests.units import UnitColumns
 from sparkforge.shared import storage
-from sparkforge.shared.commit import SampleRow, UnitInfo, committed_units, parse_commit_bytes
+from sparkforge.shared.cache_tables import SlotColumns
+from sparkforge.shared.commit import committed_units
 from sparkforge.shared.fields import shorten
 from sparkforge.shared.layout import (
     PARITY_FILE,
@@ -45,7 +54,6 @@ from sparkforge.shared.layout import (
     CacheSpec,
     array_layouts,
     capacity_rows,
-    commit_key,
     describe_codecs,
     slot_key,
 )
@@ -78,8 +86,8 @@ class ValidationReport:
 
 
 def validate_cache(uri: str, *, deep: bool = False, against: RunContract | None = None,
-                   storage_options: Mapping[str, Any] | None = None,
-                   progress: bool = False) -> ValidationReport:
+                   storage_options: Mapping[str, Any] | None = None, progress: bool = False,
+                   max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY) -> ValidationReport:
     """Check a cache and (optionally) its fit with a training run.
 
     Args:
@@ -88,6 +96,7 @@ def validate_cache(uri: str, *, deep: bool = False, against: RunContract | None 
         against: a training run's contract to check the manifest against.
         storage_options: fsspec options (e.g. S3 endpoint and credentials).
         progress: show a tqdm bar (tokens/s, ETA) over the deep scan.
+        max_concurrency: reads in flight at once (commit records, slot objects).
 
     Raises:
         CacheNotFoundError: if nothing exists at ``uri``.
@@ -103,40 +112,62 @@ def validate_cache(uri: str, *, deep: bool = False, against: RunContract | None 
     manifest = None if "manifest.json" in reported else _manifest(loc, report)
     if manifest is not None:
         _check_store(loc, manifest, report, deep=deep and not reported, against=against,
-                     progress=progress, reported=reported)
+                     progress=progress, reported=reported, max_concurrency=max_concurrency)
     report.problems = [shorten(p, MAX_PROBLEM_CHARS) for p in report.problems]
     return report
 
 
 def _check_store(loc: storage.Location, manifest: CacheManifest, report: ValidationReport, *,
-                 deep: bool, against: RunContract | None, progress: bool,
-                 reported: set[str]) -> None:
+                 deep: bool, against: RunContract | None, progress: bool, reported: set[str],
+                 max_concurrency: int) -> None:
     """Everything after the manifest parsed: header, commits, index, parity, arrays, objects;
     ``reported`` keys (links out, special files) are already problems and are not opened."""
     _check_header(loc, manifest, report)
-    units = _check_commits(loc, manifest, report)
-    splits = _check_index(loc, manifest, units, report)
+    units, slots = _bookkeeping(manifest)
+    collector = check_commits(loc, manifest, units, slots, report.problems, report.checked,
+                              where=lambda i: f"manifest storage.units[{i}]",
+                              max_concurrency=max_concurrency)
+    committed = committed_index(collector, report.problems)
+    splits = index_problems(loc, manifest, committed, report.problems, report.checked)
+    _check_logical_bytes(manifest, report)
     if not splits.get("train"):
         report.problems.append(EMPTY_TRAIN_SPLIT)
     _check_parity(loc, manifest, report)
     arrays = _check_arrays(loc, manifest, report)
     if arrays is not None:
-        _check_objects(loc, manifest, arrays, report, reported)
+        sizes = _check_objects(loc, slots, arrays, report, reported)
         if deep:
-            _deep_scan(units, arrays, manifest, report, progress=progress)
+            _deep_scan(loc, collector, manifest, report, sizes=sizes, progress=progress,
+                       max_concurrency=max_concurrency)
     if against is not None:
         report.problems += [p for p in contract_problems(manifest, against, split_counts=splits)
                             if p not in report.problems]
 
 
-def _deep_scan(units: Mapping[int, UnitInfo], arrays: Mapping[str, zarr.Array[Any]],
-               m: CacheManifest, report: ValidationReport, *, progress: bool) -> None:
-    total = sum(u.num_tokens for u in units.values())
-    with tqdm(total=total, unit="tok", unit_scale=True, desc="deep scan",
+def _bookkeeping(m: CacheManifest) -> tuple[UnitColumns, SlotColumns]:
+    """The manifest's unit rows and slot rows as columns."""
+    entries = m.storage.units
+    units = UnitColumns.from_rows((e.unit, e.attempt, e.num_samples, e.num_tokens, e.accounting)
+                                  for e in entries)
+    arrays = tuple(array_layouts(m.storage.spec))
+    slots = [(e.unit, s) for e in entries for s in e.slots]
+    return units, SlotColumns.from_columns(
+        unit=[u for u, _ in slots], slot=[s.slot for _, s in slots],
+        num_rows=[s.num_rows for _, s in slots], arrays=arrays,
+        crc32c=np.array([[s.crc32c[a] for a in arrays] for _, s in slots],
+                        dtype=np.uint32).reshape(len(slots), len(arrays)))
+
+
+def _deep_scan(loc: storage.Location, collector: CommitCollector, m: CacheManifest,
+               report: ValidationReport, *, sizes: Mapping[str, int], progress: bool,
+               max_concurrency: int) -> None:
+    with tqdm(total=collector.num_tokens, unit="tok", unit_scale=True, desc="deep scan",
               disable=not progress) as bar:
-        for info in units.values():
-            report.problems += scan_unit(info, arrays, m, report.checked)
-            bar.update(info.num_tokens)
+        for slot, problems in scan_slots(loc, collector.slots_to_scan(), m, report.checked,
+                                         sizes=sizes,
+                                         max_concurrency=max_concurrency):
+            report.problems += problems
+            bar.update(slot.num_rows)
 
 
 def _manifest(loc: storage.Location, report: ValidationReport) -> CacheManifest | None:
@@ -169,83 +200,6 @@ def _plain(value: Mapping[str, Any]) -> Any:
     return json.loads(json.dumps({k: dataclasses.asdict(v) for k, v in value.items()}))
 
 
-def _check_commits(loc: storage.Location, m: CacheManifest,
-                   report: ValidationReport) -> dict[int, UnitInfo]:
-    """Each listed unit's commit record exists, parses and agrees with its manifest entry."""
-    spec, units = m.storage.spec, {}
-    for i, entry in enumerate(m.storage.units):
-        where = f"unit {entry.unit}"
-        try:
-            raw = storage.read_bytes(loc, commit_key(entry.unit), max_bytes=MAX_COMMIT_BYTES)
-            info = parse_commit_bytes(raw, unit=entry.unit, spec=spec)
-        except FileNotFoundError:
-            report.problems.append(f"{where}: commit record {commit_key(entry.unit)} is missing")
-            continue
-        except ValueError as exc:
-            report.problems.append(f"{where}: {exc}")
-            continue
-        report.problems += [f"{where}: manifest storage.units[{i}].{p}"
-                            for p in _entry_diff(entry, info)]
-        units[entry.unit] = info
-        report.checked["units"] += 1
-    listed = {e.unit for e in m.storage.units}
-    for unit in sorted(committed_units(loc) - listed):
-        report.problems.append(f"unit {unit}: has a commit record but the manifest does not "
-                               "list it (re-run `sparkforge finalize`)")
-    return units
-
-
-def _entry_diff(entry: UnitEntry, info: UnitInfo) -> list[str]:
-    pairs = [("attempt", entry.attempt, info.attempt),
-             ("slots", entry.slots, info.slots),
-             ("num_samples", entry.num_samples, len(info.samples)),
-             ("num_tokens", entry.num_tokens, info.num_tokens),
-             ("accounting", entry.accounting, info.accounting)]
-    return [f"{name} = {want!r} but the commit record has {have!r}"
-            for name, want, have in pairs if want != have]
-
-
-def _check_index(loc: storage.Location, m: CacheManifest, units: Mapping[int, UnitInfo],
-                 report: ValidationReport) -> Counter[str]:
-    """The index matches its sha256 and schema, and row for row the commit records."""
-    key = m.storage.index_key
-    splits: Counter[str] = Counter(s.split for u in units.values() for s in u.samples)
-    try:
-        raw = storage.read_bytes(loc, key)
-    except FileNotFoundError:
-        report.problems.append(f"index {key}: missing")
-        return splits
-    except ValueError as exc:
-        report.problems.append(f"index {key}: {exc}")
-        return splits
-    table, problems = check_index(raw, m)
-    report.problems += problems
-    if table is None:
-        return splits
-    rows = table.to_pylist()
-    ids = [r["sample_id"] for r in rows]
-    if ids != sorted(set(ids)):
-        report.problems.append(f"index {key}: sample_id not unique and increasing")
-    committed = {s.sample_id: (u.unit, s) for u in units.values() for s in u.samples}
-    for r in rows:
-        report.problems += _row_diff(r, committed.get(r["sample_id"]))
-    for sid in sorted(committed.keys() - set(ids)):
-        report.problems.append(f"unit {committed[sid][0]}, sample {sid}: in the commit record "
-                               f"but missing from index {key}")
-    tokens = sum(r["length"] for r in rows)
-    if tokens != m.storage.totals.tokens:
-        report.problems.append(f"index {key}: lengths sum to {tokens} tokens != manifest "
-                               f"storage.totals.tokens {m.storage.totals.tokens}")
-    row_bytes = sum(a.dtype.itemsize * math.prod(a.row_shape)
-                    for a in array_layouts(m.storage.spec).values())
-    if m.storage.totals.logical_bytes != m.storage.totals.tokens * row_bytes:
-        report.problems.append(f"manifest storage.totals.logical_bytes = "
-                               f"{m.storage.totals.logical_bytes} but tokens x row bytes = "
-                               f"{m.storage.totals.tokens * row_bytes}")
-    report.checked["samples"], report.checked["tokens"] = len(rows), tokens
-    return Counter(str(r["split"]) for r in rows)
-
-
 def _check_parity(loc: storage.Location, m: CacheManifest, report: ValidationReport) -> None:
     """The manifest's parity section is a copy of target/parity.json (finalize copies it)."""
     key = f"{TARGET_PREFIX}/{PARITY_FILE}"
@@ -262,17 +216,6 @@ def _check_parity(loc: storage.Location, m: CacheManifest, report: ValidationRep
     if m.parity is None or _plain_json(stored) != _plain_json(m.parity):  # NaN-safe compare
         report.problems.append(f"manifest parity: differs from {key} (passed={stored.passed} "
                                "there); re-run `sparkforge finalize`")
-
-
-def _row_diff(row: dict[str, Any], committed: tuple[int, SampleRow] | None) -> list[str]:
-    where = f"index row sample {row['sample_id']}"
-    if committed is None:
-        return [f"{where}: references data no listed unit's commit record holds (unit "
-                f"{row['unit']}, slot {row['slot']}, row_offset {row['row_offset']})"]
-    unit, sample = committed
-    have = {"unit": unit, **{k: getattr(sample, k) for k in row if k != "unit"}}
-    return [f"{where}: {k} = {row[k]!r} but unit {unit}'s commit record has {have[k]!r}"
-            for k in row if row[k] != have[k]]
 
 
 def _check_arrays(loc: storage.Location, m: CacheManifest,
@@ -312,22 +255,37 @@ def _check_arrays(loc: storage.Location, m: CacheManifest,
     return arrays if len(report.problems) == before else None
 
 
-def _check_objects(loc: storage.Location, m: CacheManifest, arrays: Mapping[str, zarr.Array[Any]],
-                   report: ValidationReport, reported: set[str]) -> None:
+def _check_logical_bytes(m: CacheManifest, report: ValidationReport) -> None:
+    row_bytes = sum(a.dtype.itemsize * math.prod(a.row_shape)
+                    for a in array_layouts(m.storage.spec).values())
+    if m.storage.totals.logical_bytes != m.storage.totals.tokens * row_bytes:
+        report.problems.append(f"manifest storage.totals.logical_bytes = "
+                               f"{m.storage.totals.logical_bytes} but tokens x row bytes = "
+                               f"{m.storage.totals.tokens * row_bytes}")
+
+
+def _check_objects(loc: storage.Location, slots: SlotColumns,
+                   arrays: Mapping[str, zarr.Array[Any]], report: ValidationReport,
+                   reported: set[str]) -> dict[str, int]:
     """Every committed slot has its object in every array (missing ones would read as zeros);
-    an object already ``reported`` (a link out, a special file) is not called missing too."""
+    an object already ``reported`` (a link out, a special file) is not called missing too.
+    Returns the size of every object listed (key -> bytes)."""
+    sizes: dict[str, int] = {}
+    lines: dict[str, list[str]] = {"missing": [], "empty": []}
     for name, arr in arrays.items():
         present = stored_objects(loc, name)
-        for entry in m.storage.units:
-            for slot in entry.slots:
-                key = slot_key(name, arr, slot.slot)
-                report.checked["objects"] += 1
-                if key in reported:
-                    continue
-                if key not in present:
-                    report.problems.append(f"unit {entry.unit}, slot {slot.slot}: object {key} "
-                                           "is missing (it would read back as zeros)")
-                elif present[key] == 0:
-                    report.problems.append(f"unit {entry.unit}, slot {slot.slot}: object {key} "
-                                           "is empty")
-    report.checked["slots"] = sum(len(e.slots) for e in m.storage.units)
+        sizes |= present
+        for unit, slot in zip(slots.unit.tolist(), slots.slot.tolist(), strict=True):
+            key = slot_key(name, arr, slot)
+            if key in reported:
+                continue
+            if key not in present:
+                lines["missing"].append(f"unit {unit}, slot {slot}: object {key} is missing (it "
+                                        "would read back as zeros)")
+            elif present[key] == 0:
+                lines["empty"].append(f"unit {unit}, slot {slot}: object {key} is empty")
+    for found in lines.values():
+        report.problems += capped(found[:MAX_LISTED + 1], len(found))
+    report.checked["objects"] += len(slots) * len(arrays)
+    report.checked["slots"] = len(slots)
+    return sizes

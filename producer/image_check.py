@@ -16,7 +16,7 @@ from sparkforge.manifests.objects import MAX_COMMIT_BYTES
 from sparkforge.producer.capture import sample_source_hash
 from sparkforge.producer.inputs import InputRows
 from sparkforge.shared import storage
-from sparkforge.shared.commit import parse_commit_bytes
+from sparkforge.shared.commit_columns import parse_commit_bytes
 from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.images import ImageProblem, images_sha256, read_images, row_has_images
 from sparkforge.shared.layout import commit_key

@@ -1,13 +1,13 @@
 """Commit records: what one committed unit holds (slots, checksums, sample rows, accounting).
 
-:meth:`UnitInfo.to_bytes` writes a record and :func:`parse_commit_bytes` reads one back, checking
-every row against the unit and the spec (the record is untrusted once it is in the store).
+:meth:`UnitInfo.to_bytes` writes a record; ``sparkforge.shared.commit_columns`` reads one back,
+checking every row against the unit and the spec (the record is untrusted once it is in the
+store).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,7 +142,7 @@ def parse_accounting(data: object, field: str = "accounting") -> UnitAccounting:
 
 def parse_slots(data: object, field: str, *, spec: CacheSpec, unit: int,
                 attempt: int) -> tuple[SlotRecord, ...]:
-    """Slots of one (unit, attempt): inside its slot range, with one crc32c per array."""
+    """Slots of one (unit, attempt): distinct, inside its slot range, one crc32c per array."""
     lo = first_slot(spec, unit, attempt)
     names = frozenset(array_layouts(spec))
     out = []
@@ -155,74 +155,6 @@ def parse_slots(data: object, field: str, *, spec: CacheSpec, unit: int,
             num_rows=f.integer(d["num_rows"], f"{field}[{i}].num_rows", lo=1, hi=spec.shard_rows),
             crc32c={k: f.integer(v, f"{field}[{i}].crc32c.{k}", hi=0xFFFFFFFF)
                     for k, v in crc.items()}))
+        if out[-1].slot in {s.slot for s in out[:-1]}:
+            raise f.fail(f"{field}[{i}].slot", "a slot not listed before it", out[-1].slot)
     return tuple(out)
-
-
-def parse_commit_bytes(raw: bytes, *, unit: int, spec: CacheSpec) -> UnitInfo:
-    """Decode and parse the commit record stored for ``unit``."""
-    data = f.load_json(raw, f"commit record of unit {unit}")
-    try:
-        return parse_commit_record(data, unit=unit, spec=spec)
-    except ManifestError as exc:
-        raise ManifestError(f"commit record of unit {unit}: {exc}") from exc
-
-
-def parse_commit_record(data: object, *, unit: int, spec: CacheSpec) -> UnitInfo:
-    """A commit record whose slots, rows and accounting are consistent with ``unit``.
-
-    Raises:
-        ManifestError: naming the field, e.g. ``samples.row_offset[3]``.
-    """
-    d = f.obj(data, "commit", required=frozenset({"format_version", "unit", "attempt", "slots",
-                                                  "samples", "accounting"}))
-    f.choice(d["format_version"], "format_version", (spec.format_version,))
-    if f.integer(d["unit"], "unit") != unit:
-        raise f.fail("unit", f"{unit} (the unit named by the record's key)", d["unit"])
-    attempt = f.integer(d["attempt"], "attempt", hi=999)
-    slots = parse_slots(d["slots"], "slots", spec=spec, unit=unit, attempt=attempt)
-    accounting = parse_accounting(d["accounting"])
-    cols = f.obj(d["samples"], "samples", required=frozenset(SAMPLE_COLUMNS))
-    n = accounting.written
-    for name in SAMPLE_COLUMNS:
-        if len(f.array(cols[name], f"samples.{name}", max_len=spec.rows_per_unit)) != n:
-            raise f.fail(f"samples.{name}", f"{n} entries (accounting.written)", len(cols[name]))
-    rows = tuple(_parse_row(cols, i, unit=unit, spec=spec) for i in range(n))
-    _check_placement(rows, slots={s.slot: s.num_rows for s in slots}, spec=spec)
-    return UnitInfo(unit=unit, attempt=attempt, slots=slots, samples=rows, accounting=accounting)
-
-
-def _parse_row(cols: Mapping[str, Any], i: int, *, unit: int,
-               spec: CacheSpec) -> SampleRow:
-    lo, hi = unit * spec.rows_per_unit, (unit + 1) * spec.rows_per_unit - 1
-    length = f.integer(cols["length"][i], f"samples.length[{i}]", lo=1, hi=spec.max_seq_len)
-    return SampleRow(
-        sample_id=f.integer(cols["sample_id"][i], f"samples.sample_id[{i}]"),
-        slot=f.integer(cols["slot"][i], f"samples.slot[{i}]"),
-        row_offset=f.integer(cols["row_offset"][i], f"samples.row_offset[{i}]", hi=1 << 62),
-        length=length,
-        num_loss_tokens=f.integer(cols["num_loss_tokens"][i], f"samples.num_loss_tokens[{i}]",
-                                  hi=length),
-        source_row=f.integer(cols["source_row"][i], f"samples.source_row[{i}]", lo=lo, hi=hi),
-        source_hash=f.hexdigest(cols["source_hash"][i], f"samples.source_hash[{i}]"),
-        split=f.choice(cols["split"][i], f"samples.split[{i}]", ("train", "eval")),
-    )
-
-
-def _check_placement(rows: tuple[SampleRow, ...], *, slots: dict[int, int],
-                     spec: CacheSpec) -> None:
-    """Every sample lies inside the used rows of a listed slot; samples tile the slots exactly."""
-    used = dict.fromkeys(slots, 0)
-    if len({r.sample_id for r in rows}) != len(rows):
-        raise f.fail("samples.sample_id", "unique ids", [r.sample_id for r in rows][:20])
-    for i, r in enumerate(rows):
-        if r.slot not in slots:
-            raise f.fail(f"samples.slot[{i}]", f"one of the unit's slots {sorted(slots)}", r.slot)
-        expected = r.slot * spec.shard_rows + used[r.slot]
-        if r.row_offset != expected:
-            raise f.fail(f"samples.row_offset[{i}]", f"{expected} (packed after the previous "
-                         "sample of its slot)", r.row_offset)
-        used[r.slot] += r.length
-    for slot, num_rows in slots.items():
-        if used[slot] != num_rows:
-            raise f.fail("slots", f"slot {slot} num_rows = rows of its samples ({used[slot]})",
-                         num_rows)

@@ -58,10 +58,13 @@ def json_depth(data: object) -> int:
     deepest, stack = 0, [(data, 0)]
     while stack:
         value, depth = stack.pop()
-        if isinstance(value, dict | list):
-            deepest = max(deepest, depth + 1)
-            stack += [(v, depth + 1) for v in (value.values() if isinstance(value, dict)
-                                               else value)]
+        if not isinstance(value, dict | list):
+            continue
+        deepest = max(deepest, depth + 1)
+        children = value.values() if isinstance(value, dict) else value
+        # A commit record's columns hold thousands of scalars: look at their types all at once.
+        if not {dict, list}.isdisjoint(map(type, children)):
+            stack += [(v, depth + 1) for v in children if isinstance(v, dict | list)]
     return deepest
 
 

@@ -40,6 +40,9 @@ class S3Proxy:
         self.counts: Counter[str] = Counter()
         self.log: list[tuple[str, str]] = []
         """(kind, path) of every request since the last :meth:`reset`."""
+        self.max_in_flight = 0
+        """Most requests forwarded at once since the last :meth:`reset`."""
+        self._in_flight = 0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -52,15 +55,23 @@ class S3Proxy:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def count(self, kind: str, path: str) -> None:
-        """Tally one request."""
+        """Tally one request, now in flight."""
         with self._lock:
             self.counts[kind] += 1
             self.log.append((kind, path))
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+
+    def done(self) -> None:
+        """One request answered."""
+        with self._lock:
+            self._in_flight -= 1
 
     def reset(self) -> Counter[str]:
         """The counts so far, then start again from zero."""
         with self._lock:
             counts, self.counts, self.log = self.counts, Counter(), []
+            self.max_in_flight = self._in_flight
         return counts
 
     def close(self) -> None:
@@ -80,6 +91,12 @@ def _handler(proxy: S3Proxy) -> type[BaseHTTPRequestHandler]:
         def _forward(self) -> None:
             body = self._body()
             proxy.count(request_kind(self.command, self.path), self.path)
+            try:
+                self._answer(body)
+            finally:
+                proxy.done()
+
+        def _answer(self, body: bytes | None) -> None:
             if proxy.latency_s:
                 time.sleep(proxy.latency_s)
             if self.upstream is None:

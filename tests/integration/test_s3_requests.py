@@ -17,6 +17,7 @@ from s3_proxy import S3Proxy
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
+from sparkforge.manifests.validate import validate_cache
 from sparkforge.shared.writer import CacheWriter
 from sparkforge.trainer.datamodule import CacheDataModule
 
@@ -46,6 +47,12 @@ def _put_directly(moto_server: dict[str, Any], keys: list[str]) -> None:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: client.put_object(Bucket=moto_server["bucket"], Key=k, Body=b""),
                       keys))
+
+
+def _key(path: str) -> str:
+    """The cache key a request path names (``/bucket/root/key``; '' for the root itself)."""
+    parts = path.split("?")[0].split("/", 3)
+    return parts[3] if len(parts) > 3 else ""
 
 
 def _commit(writer: CacheWriter, unit: int,
@@ -118,3 +125,36 @@ def test_loader_workers_reuse_the_ranks_index(s3_cache: str, moto_server: dict[s
     assert not [path for _, path in log if path.endswith(("index.parquet", "manifest.json"))]
     assert not [path for kind, path in log if kind == "HEAD" and "/c/" in path]
     assert [path for kind, path in log if kind == "GET" and "/c/" in path]
+
+
+@pytest.mark.slow
+def test_finalize_and_validate_read_each_object_once_a_few_at_a_time(
+        moto_server: dict[str, Any], proxy: S3Proxy) -> None:
+    """Each commit record is read with one GET (no HEAD first) by finalize and validate, and
+    each slot object with one GET by --deep, at most ``max_concurrency`` requests at once."""
+    uri = f"s3://{moto_server['bucket']}/{uuid.uuid4().hex}"
+    options = _options(moto_server, proxy)
+    writer = CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC, num_units=12),
+                              storage_options=options)
+    for unit in range(12):
+        writer.write_unit(unit, *make_unit(SPEC, unit))
+    proxy.latency_s = 0.05  # requests overlap only if they are sent before others come back
+    jobs = {"finalize": lambda: finalize_cache(uri, expected_units=12, storage_options=options,
+                                               max_concurrency=4),
+            "validate": lambda: validate_cache(uri, storage_options=options, max_concurrency=4),
+            "deep": lambda: validate_cache(uri, deep=True, storage_options=options,
+                                           max_concurrency=4)}
+    for name, job in jobs.items():
+        proxy.reset()
+        result = job()
+        reads = Counter((kind, _key(path).split("/")[0]) for kind, path in proxy.log
+                        if kind in ("GET", "HEAD"))
+        assert reads[("GET", "_commits")] == 12, (name, reads)
+        assert reads[("HEAD", "_commits")] == 0, (name, reads)
+        assert 2 <= proxy.max_in_flight <= 4, name
+        if name != "finalize":
+            assert result.problems == [], result.problems
+    data = Counter(_key(path) for kind, path in proxy.log
+                   if kind == "GET" and "/c/" in path and "zarr.json" not in path)
+    assert len(data) == 12 * 5
+    assert set(data.values()) == {1}

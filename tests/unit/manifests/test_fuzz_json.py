@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sparkforge.manifests.schema import parse_manifest
 from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
-from sparkforge.shared.commit import parse_commit_bytes
+from sparkforge.shared.commit_columns import parse_commit_bytes
 from sparkforge.shared.fields import ManifestError, load_json
 from sparkforge.shared.header import parse_header
 
