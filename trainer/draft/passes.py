@@ -220,6 +220,115 @@ def run_layers(
     return out
 
 
+@dataclass(frozen=True)
+class RowGeometry:
+    """Where a batch's rows count: what ``attention_mask``, ``position_ids`` and
+    ``document_ids`` say together about padded and packed rows."""
+
+    loss_mask: torch.Tensor
+    """[B, S] the loss mask with right padding removed, so no anchor and no label lies in it
+    (context is strictly before the anchor, so padding is never visible)."""
+    positions_BS: torch.Tensor
+    """[B, S] per-document positions of a packed row (default 0..S-1) for the context and
+    block RoPE."""
+    starts_BS: torch.Tensor | None
+    """[B, S] first position of each token's document (None: one document per row)."""
+    ends_BS: torch.Tensor | None
+    """[B, S] end (exclusive) of each token's document or of the real tokens (None: the row's
+    end); labels, teacher targets and the Markov head's previous tokens stop there."""
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The batch's blocks: their anchors and the document bounds each one sees."""
+
+    anchors: torch.Tensor
+    """[B, A] int64 anchor positions, sorted (0 for dummy blocks)."""
+    keep: torch.Tensor
+    """[B, A] bool, False for dummy blocks."""
+    anchor_ids_BA: torch.Tensor
+    """[B, A] the data token at each anchor."""
+    starts_BA: torch.Tensor | None
+    """[B, A] first position of the anchor's document (None: the row's start)."""
+    ends_BA: torch.Tensor | None
+    """[B, A] end (exclusive) of the anchor's document (None: the row's end)."""
+
+
+def row_geometry(input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                 attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                 document_ids: torch.Tensor | None) -> RowGeometry:
+    """The rows' geometry from the collated batch's optional padding and packing tensors."""
+    if attention_mask is not None:
+        loss_mask = loss_mask * attention_mask.to(loss_mask.dtype)
+    batch, seq_len = input_ids.shape
+    starts_BS = ends_BS = None
+    if document_ids is not None:
+        starts_BS, ends_BS = document_bounds(document_ids)
+    elif attention_mask is not None:
+        ends_BS = attention_mask.long().sum(dim=1, keepdim=True).expand(batch, seq_len)
+    positions_BS = position_ids if position_ids is not None else torch.arange(
+        seq_len, device=input_ids.device).expand(batch, seq_len)
+    return RowGeometry(loss_mask=loss_mask, positions_BS=positions_BS, starts_BS=starts_BS,
+                       ends_BS=ends_BS)
+
+
+def place_blocks(stack: DraftStack, input_ids: torch.Tensor, rows: RowGeometry,
+                 candidates_BC: torch.Tensor, anchor_positions: torch.Tensor | None,
+                 block_keep_mask: torch.Tensor | None,
+                 generator: torch.Generator | None) -> Blocks:
+    """The given anchors, or ``num_anchors`` sampled among the candidates, with their bounds."""
+    if anchor_positions is None:
+        anchor_positions, block_keep_mask = sample_anchors(
+            rows.loss_mask, stack.config.num_anchors, generator=generator,
+            candidates_BC=candidates_BC)
+    assert block_keep_mask is not None, "block_keep_mask is required with anchor_positions"
+    anchors = anchor_positions
+    return Blocks(
+        anchors=anchors, keep=block_keep_mask, anchor_ids_BA=torch.gather(input_ids, 1, anchors),
+        starts_BA=None if rows.starts_BS is None else torch.gather(rows.starts_BS, 1, anchors),
+        ends_BA=None if rows.ends_BS is None else torch.gather(rows.ends_BS, 1, anchors))
+
+
+def block_hidden(stack: DraftStack, target_hidden_states: torch.Tensor, rows: RowGeometry,
+                 blocks: Blocks) -> torch.Tensor:
+    """[B, A, K', H] normed hidden states of every block's draft slots over its context."""
+    cfg, k, layout = stack.config, stack.config.block_size, stack.layout
+    anchors, keep, starts_BA = blocks.anchors, blocks.keep, blocks.starts_BA
+    (batch, num_a), seq_len = anchors.shape, rows.positions_BS.shape[1]
+    dev = blocks.anchor_ids_BA.device
+    block_ids = torch.full((batch, num_a, k), cfg.mask_token_id,
+                           dtype=blocks.anchor_ids_BA.dtype, device=dev)
+    block_ids[..., 0] = torch.where(keep, blocks.anchor_ids_BA, block_ids[..., 0])
+    x_BQH = embed(stack, block_ids.view(batch, -1))
+    pos_BS = rows.positions_BS
+    pos_BQ = (torch.gather(pos_BS, 1, anchors)[..., None] + torch.arange(k, device=dev)).view(
+        batch, -1)
+    ctx_BSH = stack.project_context(target_hidden_states)
+    chunk = anchor_chunk_size(num_a, k, seq_len)
+    if stack.attn_implementation == "flex":
+        h_BQH = run_layers(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, None,
+                           flex_block_mask(anchors, keep, seq_len, k, starts_BA))
+    elif chunk is None:
+        h_BQH = run_layers(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, None,
+                           dense_allowed(anchors, keep, seq_len, k, starts_BA))
+    else:  # a long row: never the whole [A*K, S+A*K] grid at once
+        h_BQH = run_layers_by_anchor_chunks(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, anchors, keep,
+                                            starts_BA, chunk=chunk)
+    return h_BQH.view(batch, num_a, k, -1)[:, :, layout.first_draft_slot:]
+
+
+@torch.no_grad()
+def teacher_logits(stack: DraftStack, target_last_hidden_states: torch.Tensor,
+                   anchors: torch.Tensor, safe_BAK: torch.Tensor) -> torch.Tensor:
+    """[B, A, K', V] detached teacher logits: the target's hidden state before each label,
+    never before the anchor's own document."""
+    batch, num_a, num_drafts = safe_BAK.shape
+    t_idx = torch.maximum(safe_BAK - 1, anchors[..., None]).flatten(1)
+    t_hid = torch.gather(target_last_hidden_states, 1, t_idx[..., None].expand(
+        -1, -1, target_last_hidden_states.shape[-1]))
+    return logits(stack, t_hid.to(stack.lm_head.weight.dtype)).view(batch, num_a, num_drafts, -1)
+
+
 def training_forward(
     stack: DraftStack,
     input_ids: torch.Tensor,
@@ -243,75 +352,31 @@ def training_forward(
         target_hidden_states: [B, S, F*H] features concatenated in id order.
         target_last_hidden_states: [B, S, H] the target's lm_head input; needed for the L1
             term, the confidence label and the acceptance metrics.
-        attention_mask: [B, S] 1 on real tokens, 0 on right padding. Padding is removed
-            from the loss mask, so no anchor and no label lies in it, and context is
-            strictly before the anchor, so padding is never visible; labels and teacher
-            targets past the real tokens repeat the last one.
-        position_ids: [B, S] per-document positions of a packed row (default 0..S-1); the
-            context and block RoPE use them.
+        attention_mask: [B, S] 1 on real tokens, 0 on right padding (see ``RowGeometry``).
+        position_ids: [B, S] per-document positions of a packed row (default 0..S-1).
         document_ids: [B, S] equal on each document of a packed row (contiguous runs). A block
-            then sees only its anchor's document, an anchor needs its first target (DSpark) or
-            its block (DFlash) inside it, and labels, teacher targets and the Markov head's
-            previous tokens stop at its end.
+            then sees only its anchor's document, and an anchor needs its first target (DSpark)
+            or its block (DFlash) inside it.
         anchor_positions: [B, A] fixed anchors (with block_keep_mask); sampled if None.
         block_keep_mask: [B, A] bool, required with anchor_positions.
         generator: RNG for anchor sampling (default: the global torch RNG).
     """
-    cfg, k, layout = stack.config, stack.config.block_size, stack.layout
-    if attention_mask is not None:
-        loss_mask = loss_mask * attention_mask.to(loss_mask.dtype)
-    batch, seq_len = input_ids.shape
-    dev = input_ids.device
-    starts_BS = ends_BS = None
-    if document_ids is not None:
-        starts_BS, ends_BS = document_bounds(document_ids)
-    elif attention_mask is not None:
-        ends_BS = attention_mask.long().sum(dim=1, keepdim=True).expand(batch, seq_len)
-    candidates_BC = anchor_candidates(loss_mask, layout, block_size=k, ends_BS=ends_BS)
-    if anchor_positions is None:
-        anchor_positions, block_keep_mask = sample_anchors(
-            loss_mask, cfg.num_anchors, generator=generator, candidates_BC=candidates_BC)
-    assert block_keep_mask is not None, "block_keep_mask is required with anchor_positions"
-    anchors, keep = anchor_positions, block_keep_mask
-    num_a = anchors.shape[1]
-    starts_BA = None if starts_BS is None else torch.gather(starts_BS, 1, anchors)
-    ends_BA = None if ends_BS is None else torch.gather(ends_BS, 1, anchors)
+    layout, seq_len = stack.layout, input_ids.shape[1]
+    rows = row_geometry(input_ids, loss_mask, attention_mask, position_ids, document_ids)
+    loss_mask = rows.loss_mask
+    candidates_BC = anchor_candidates(loss_mask, layout, block_size=stack.config.block_size,
+                                      ends_BS=rows.ends_BS)
+    blocks = place_blocks(stack, input_ids, rows, candidates_BC, anchor_positions,
+                          block_keep_mask, generator)
+    anchors, keep, ends_BA = blocks.anchors, blocks.keep, blocks.ends_BA
+    h_BAKH = block_hidden(stack, target_hidden_states, rows, blocks)
 
-    anchor_tok_BA = torch.gather(input_ids, 1, anchors)
-    block_ids = torch.full((batch, num_a, k), cfg.mask_token_id, dtype=input_ids.dtype,
-                           device=dev)
-    block_ids[..., 0] = torch.where(keep, anchor_tok_BA, block_ids[..., 0])
-    x_BQH = embed(stack, block_ids.view(batch, -1))
-    pos_BS = position_ids if position_ids is not None else torch.arange(
-        seq_len, device=dev).expand(batch, seq_len)
-    pos_BQ = (torch.gather(pos_BS, 1, anchors)[..., None] + torch.arange(k, device=dev)).view(
-        batch, -1)
-    ctx_BSH = stack.project_context(target_hidden_states)
-    chunk = anchor_chunk_size(num_a, k, seq_len)
-    if stack.attn_implementation == "flex":
-        h_BQH = run_layers(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, None,
-                           flex_block_mask(anchors, keep, seq_len, k, starts_BA))
-    elif chunk is None:
-        h_BQH = run_layers(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, None,
-                           dense_allowed(anchors, keep, seq_len, k, starts_BA))
-    else:  # a long row: never the whole [A*K, S+A*K] grid at once
-        h_BQH = run_layers_by_anchor_chunks(stack, x_BQH, pos_BQ, ctx_BSH, pos_BS, anchors, keep,
-                                            starts_BA, chunk=chunk)
-    h_BAKH = h_BQH.view(batch, num_a, k, -1)[:, :, layout.first_draft_slot:]
-
-    num_drafts = layout.num_drafts(k)
+    num_drafts = layout.num_drafts(stack.config.block_size)
     _, safe_BAK = label_indices(anchors, keep, num_drafts, seq_len, ends_BA)
     target_ids = torch.gather(input_ids, 1, safe_BAK.flatten(1)).view_as(safe_BAK)
-    target_logits = None
-    if target_last_hidden_states is not None:
-        with torch.no_grad():
-            # The hidden state before each label, never before the anchor's own document.
-            t_idx = torch.maximum(safe_BAK - 1, anchors[..., None]).flatten(1)
-            t_hid = torch.gather(target_last_hidden_states, 1, t_idx[..., None].expand(
-                -1, -1, target_last_hidden_states.shape[-1]))
-            target_logits = logits(stack, t_hid.to(stack.lm_head.weight.dtype)).view(
-                batch, num_a, num_drafts, -1)
-    prev_BAK = torch.cat([anchor_tok_BA[..., None], target_ids[..., :-1]], dim=-1)
+    target_logits = None if target_last_hidden_states is None else teacher_logits(
+        stack, target_last_hidden_states, anchors, safe_BAK)
+    prev_BAK = torch.cat([blocks.anchor_ids_BA[..., None], target_ids[..., :-1]], dim=-1)
     draft_logits = logits(stack, h_BAKH)
     if stack.markov_head is not None:
         draft_logits = draft_logits + stack.markov_head(prev_BAK, h_BAKH)
