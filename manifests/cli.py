@@ -24,13 +24,14 @@ from sparkforge.manifests.no_samples import require_samples
 from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.open import cache_target_config
 from sparkforge.manifests.plan import plan_cache, plan_table, target_shape_from_config
+from sparkforge.manifests.plan_layers import capture_ids
 from sparkforge.manifests.status import DEFAULT_WINDOW_S, StatusReader, status_table
 from sparkforge.manifests.summary import summarize_cache, summary_table
 from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
 from sparkforge.shared.dtypes import HiddenDtype
 from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.fields import shorten
-from sparkforge.shared.layer_ids import LayerIdError, feature_to_hf, strided_feature_ids
+from sparkforge.shared.layer_ids import hf_to_feature
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.storage import DEFAULT_MAX_CONCURRENCY
 
@@ -135,7 +136,10 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
         src.add_argument("--hidden_size", type=int, help="target hidden size (no config.json)")
         p.add_argument("--num_tokens", type=int, required=True, help="tokens to capture")
         layers = p.add_mutually_exclusive_group(required=True)
-        layers.add_argument("--layer_ids", help="HF hidden_states indices to capture, e.g. 2,10,18")
+        layers.add_argument("--layer_ids",
+                            help="feature ids to capture, as `sparkforge produce --layer_ids` "
+                                 "(id l: the output of 0-based decoder layer l, HF "
+                                 "hidden_states index l + 1), e.g. 1,9,17")
         layers.add_argument("--num_aux_layers", type=int, help="how many layers to capture")
         layers.add_argument("--layer_stride", type=int,
                             help="a superset capture: every k-th feature id up to L-2 from "
@@ -251,10 +255,10 @@ def run_plan(cfg: PlanConfig, extra: Extra | None = None) -> int:
     else:
         hidden, num_layers, dtype = cfg.hidden_size, None, "bfloat16"
     dtype = cfg.hidden_dtype or dtype
-    ids = (_layer_ids(cfg.layer_ids, num_layers) if cfg.layer_ids
-           else _strided_ids(cfg, num_layers) if cfg.layer_stride is not None else None)
+    ids = capture_ids(layer_ids=cfg.layer_ids, layer_stride=cfg.layer_stride,
+                      layer_start=cfg.layer_start, num_layers=num_layers)
     try:
-        # The parser requires one of each pair (--target_config/--hidden_size, the two layer flags).
+        # The parser requires --target_config or --hidden_size, and one of the layer flags.
         spec = CacheSpec(hidden_size=cast(int, hidden),
                          num_aux_layers=len(ids) if ids else cast(int, cfg.num_aux_layers),
                          hidden_dtype=cast(HiddenDtype, dtype), max_seq_len=cfg.shard_rows,
@@ -271,25 +275,13 @@ def run_plan(cfg: PlanConfig, extra: Extra | None = None) -> int:
     plan = plan_cache(spec, num_tokens=cfg.num_tokens, mean_seq_len=cfg.mean_seq_len,
                       tokens_per_s=cfg.tokens_per_s)
     if ids:
-        plan["layer_ids"] = ids
+        plan["layer_ids"], plan["feature_ids"] = ids, list(hf_to_feature(ids))
     more = extra() if extra is not None else None
     if more:
         plan["anchor_budget"] = more[0]
     print(json.dumps(plan, indent=1) if cfg.json else
           plan_table(plan) + (f"\n\n{more[1]}" if more else ""))
     return 0
-
-
-def _strided_ids(cfg: PlanConfig, num_layers: int | None) -> list[int]:
-    """HF indices of the ``--layer_stride`` capture (the producer's rule)."""
-    if num_layers is None:
-        raise UsageError("--layer_stride needs --target_config (the number of layers)")
-    try:
-        features = strided_feature_ids(num_layers, cast(int, cfg.layer_stride),
-                                       start=cfg.layer_start)
-    except LayerIdError as exc:
-        raise UsageError(f"--layer_stride / --layer_start: {exc}") from exc
-    return list(feature_to_hf(features))
 
 
 def run_status(cfg: StatusConfig) -> int:
@@ -314,17 +306,6 @@ def run_status(cfg: StatusConfig) -> int:
             time.sleep(cfg.watch)
     except KeyboardInterrupt:
         return 0
-
-
-def _layer_ids(text: str, num_layers: int | None) -> list[int]:
-    try:
-        ids = [int(x) for x in text.split(",")]
-    except ValueError as exc:
-        raise UsageError(f"--layer_ids must be comma-separated integers, got {text!r}") from exc
-    if num_layers is not None and any(not 0 <= i <= num_layers for i in ids):
-        raise UsageError(f"--layer_ids {ids}: HF hidden_states indices must be in "
-                         f"[0, num_hidden_layers={num_layers}]")
-    return ids
 
 
 def run_finalize(cfg: FinalizeConfig) -> int:

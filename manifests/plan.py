@@ -142,8 +142,8 @@ def plan_table(plan: Mapping[str, Any]) -> str:
                      f"{a['bytes_per_token']:>10,.0f}")
     lines += ["", f"target          H={plan['hidden_size']}, {plan['num_aux_layers']} aux layers "
               f"+ final, {plan['hidden_dtype']}, aux codec {plan['aux_codec']}",
-              *([f"layers          hidden_states {plan['layer_ids']}"] if "layer_ids" in plan
-                else []),
+              *([f"layers          hidden_states {plan['layer_ids']} (feature ids "
+                 f"{plan['feature_ids']})"] if "layer_ids" in plan else []),
               f"tokens          {plan['num_tokens']:,} in ~{plan['num_samples']:,} samples "
               f"(mean {plan['mean_seq_len']:g})",
               f"bytes/token     {plan['bytes_per_token']:,.0f} "

@@ -90,7 +90,7 @@ def test_plan_sizes_a_strided_superset_capture(tiny_config: Path,
     assert main(["plan", "--target_config", str(tiny_config), "--layer_stride", "1",
                  "--layer_start", "0", "--num_tokens", "1000", "--json"]) == 0
     strided = json.loads(capsys.readouterr().out)
-    assert main(["plan", "--target_config", str(tiny_config), "--layer_ids", "1,2,3",
+    assert main(["plan", "--target_config", str(tiny_config), "--layer_ids", "0,1,2",
                  "--num_tokens", "1000", "--json"]) == 0
     assert strided == json.loads(capsys.readouterr().out)
     assert strided["layer_ids"] == [1, 2, 3]
@@ -104,6 +104,30 @@ def test_plan_sizes_a_strided_superset_capture(tiny_config: Path,
     assert main(["plan", "--target_config", str(tiny_config), "--layer_stride", "0",
                  "--num_tokens", "10"]) == 2
     assert "layer_stride must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("ids", "accepted"), [
+    ("0,1,2", True), ("1,3", True), ("3", True),  # feature ids of a 4-layer target: [0, 3]
+    ("2,4", False), ("0,0", False), ("2,1", False), ("-1,1", False)])
+def test_plan_layer_ids_are_feature_ids_as_produce_takes_them(
+        tiny_config: Path, ids: str, accepted: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """plan --layer_ids takes feature ids, as produce and the drafts: it sizes the HF indices
+    id + 1 and refuses what produce refuses (HF index 4, valid before, is feature id 3)."""
+    features = [int(i) for i in ids.split(",")]
+    code = main(["plan", "--target_config", str(tiny_config), f"--layer_ids={ids}",
+                 "--num_tokens", "1000", "--json"])
+    out = capsys.readouterr()
+    assert code == (0 if accepted else 2)
+    if accepted:
+        plan = json.loads(out.out)
+        assert plan["feature_ids"] == features
+        assert plan["layer_ids"] == [i + 1 for i in features]
+        assert plan["num_aux_layers"] == len(features)
+    else:
+        assert f"--layer_ids {features} for a 4-layer target" in out.err
+        assert "HF hidden_states index = id + 1" in out.err
+    no_config = main(["plan", "--hidden_size", "128", f"--layer_ids={ids}", "--num_tokens", "10"])
+    assert no_config == (0 if accepted or ids == "2,4" else 2)  # no L: only order and sign
 
 
 @pytest.fixture
