@@ -4,11 +4,19 @@ A YAML header the Hub reads (``base_model`` = the target, ``library_name``, ``ta
 ``pipeline_tag``), then the target, the draft's architecture and sizes, the cache it was trained
 on (manifest sha256 and data identity), the training config, the eval table when an eval report
 is given, and the ``vllm serve`` command that serves the folder.
+
+Names come from the user's paths and data (a target folder may be called anything), so every one
+is escaped where it lands: for the shell in the serve command (``shlex.quote``), for markdown in
+text and table cells (HTML and markdown punctuation escaped, line breaks flattened), and code
+spans and fences are longer than any backtick run they hold.
 """
 
 from __future__ import annotations
 
+import html
 import json
+import re
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,10 +42,42 @@ def num_speculative_tokens(cfg: DSparkDraftConfig) -> int:
 
 
 def serve_command(cfg: DSparkDraftConfig, target: str, draft_dir: str) -> str:
-    """The ``vllm serve`` command line that serves ``draft_dir`` as ``target``'s draft."""
+    """The ``vllm serve`` command line that serves ``draft_dir`` as ``target``'s draft (each
+    argument quoted for a POSIX shell)."""
     spec = {"method": serving_method(cfg), "model": draft_dir,
             "num_speculative_tokens": num_speculative_tokens(cfg)}
-    return f"vllm serve {target} --speculative-config '{json.dumps(spec)}'"
+    return (f"vllm serve {shlex.quote(target)} --speculative-config "
+            f"{shlex.quote(json.dumps(spec))}")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]|~!#])")
+"""What makes inline markdown (emphasis, links, images, code, table cells, a heading's closing
+``#``) where it is not at a line start (names never are)."""
+
+
+def markdown_text(text: object) -> str:
+    """``text`` as literal markdown: one line, HTML escaped, markdown punctuation escaped."""
+    flat = _CONTROL.sub(" ", str(text))
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", html.escape(flat, quote=False))
+
+
+def markdown_code(text: object) -> str:
+    """``text`` as one inline code span (on one line, whatever backticks it holds)."""
+    flat = _CONTROL.sub(" ", str(text))
+    fence = "`" * (_longest_backtick_run(flat) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"
+
+
+def _fenced(language: str, text: str) -> list[str]:
+    """A fenced code block longer than any backtick run of ``text``."""
+    fence = "`" * max(3, _longest_backtick_run(text) + 1)
+    return [f"{fence}{language}", text, fence]
+
+
+def _longest_backtick_run(text: str) -> int:
+    return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
 def card_metadata(cfg: DSparkDraftConfig, target: str) -> dict[str, Any]:
@@ -49,7 +89,7 @@ def card_metadata(cfg: DSparkDraftConfig, target: str) -> dict[str, Any]:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
+    return lines + ["| " + " | ".join(markdown_text(v) for v in row) + " |" for row in rows]
 
 
 def _draft_section(cfg: DSparkDraftConfig, sizes: Mapping[str, int]) -> list[str]:
@@ -63,19 +103,20 @@ def _draft_section(cfg: DSparkDraftConfig, sizes: Mapping[str, int]) -> list[str
 
 
 def _data_section(provenance: Mapping[str, Any]) -> list[str]:
+    code = markdown_code
     lines = ["## Training data", "",
-             f"- cache: `{provenance.get('cache_uri', 'unknown')}`",
-             f"- cache manifest sha256: `{provenance.get('cache_manifest_sha256', 'unknown')}`",
-             f"- target content hash: `{provenance.get('target_content_hash', 'unknown')}`"]
+             f"- cache: {code(provenance.get('cache_uri', 'unknown'))}",
+             f"- cache manifest sha256: {code(provenance.get('cache_manifest_sha256', 'unknown'))}",
+             f"- target content hash: {code(provenance.get('target_content_hash', 'unknown'))}"]
     data = provenance.get("data") or {}
     for source in data.get("sources", []):
         hf = source.get("hf_dataset")
-        what = (f"Hugging Face dataset `{hf['name']}` split `{hf['split']}`, revision "
-                f"`{hf['revision'] or '-'}`, fingerprint `{hf['fingerprint']}`" if hf else
-                f"`{source['uri']}` (sha256 `{source['content_hash']}`)")
+        what = (f"Hugging Face dataset {code(hf['name'])} split {code(hf['split'])}, revision "
+                f"{code(hf['revision'] or '-')}, fingerprint {code(hf['fingerprint'])}" if hf else
+                f"{code(source['uri'])} (sha256 {code(source['content_hash'])})")
         lines.append(f"- source: {what}")
     if data.get("mix"):
-        lines += ["", f"Weighted mix (seed {data.get('mix_seed')}):", ""]
+        lines += ["", f"Weighted mix (seed {markdown_text(data.get('mix_seed'))}):", ""]
         lines += _table(("source", "weight", "rows drawn", "rows held"),
                         [(e["name"], e["weight"], e["rows"], e["source_rows"])
                          for e in data["mix"]])
@@ -112,14 +153,14 @@ def model_card(cfg: DSparkDraftConfig, provenance: Mapping[str, Any], *, draft_d
     training = {k: provenance[k] for k in ("training", "loss", "global_step", "epoch",
                                            "checkpoint") if k in provenance}
     body = [
-        f"# DSpark draft for {target}", "",
+        f"# DSpark draft for {markdown_text(target)}", "",
         f"A {serving_method(cfg)} speculative-decoding draft ({cfg.num_hidden_layers}-layer "
         f"{cfg.architecture} stack, block of {cfg.block_size}) trained by sparkforge on "
-        f"hidden states of `{target}` captured into a cache.", "",
-        "## Serve it", "", "```bash", serve_command(cfg, target, draft_dir), "```", "",
+        f"hidden states of {markdown_code(target)} captured into a cache.", "",
+        "## Serve it", "", *_fenced("bash", serve_command(cfg, target, draft_dir)), "",
         *_draft_section(cfg, sizes or {}), "", *_data_section(provenance), "",
-        "## Training config", "", "```yaml",
-        yaml.safe_dump(training, sort_keys=True).rstrip(), "```",
+        "## Training config", "",
+        *_fenced("yaml", yaml.safe_dump(training, sort_keys=True).rstrip()),
     ]
     if eval_report:
         body += ["", *_eval_section(eval_report)]

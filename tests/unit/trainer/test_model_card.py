@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 from huggingface_hub import ModelCard
@@ -69,3 +73,62 @@ def test_tau_interval_resamples_prompts() -> None:
     assert 2.0 <= lo < 3.0 < hi <= 4.0
     assert tau_interval([[2, 2], [4, 4]]) == (lo, hi)  # seeded
     assert tau_interval([[5]]) is None
+
+
+# Target names a dataset author or a careless folder could produce. The shell payloads only ever
+# touch a file in the test's own folder: run against unquoted code (the defect this test must
+# catch), whatever a payload holds is executed for real.
+HOSTILE = ["/models/my model", "x; touch {tmp}/pwned #", "$(touch {tmp}/pwned)", "a'b\"c",
+           "evil</code><script>alert(1)</script>", "line\n# Injected heading\n<img src=x>",
+           "```\ntouch {tmp}/pwned\n```", "`tick` | cell | *star* [link](http://x)"]
+
+
+def _tokens(text: str) -> list[Any]:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table").parse(text)
+
+
+def _inline_text(token: Any) -> str:
+    return "".join(c.content for c in token.children or [] if c.type in ("text", "code_inline"))
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_target_name_stays_one_argument_and_literal_markdown(name: str,
+                                                                       tmp_path: Path) -> None:
+    """A real shell given the serve command (``printf`` standing in for ``vllm``) gets the same
+    five arguments whatever the target's name, and runs nothing the name holds; rendered by a
+    CommonMark parser, the card holds no HTML, no heading, link, image or emphasis the name made,
+    and shows the name literally (it used to go in raw)."""
+    target = name.format(tmp=tmp_path)
+    cfg = draft_tiny()
+    draft_dir = f"out/{target}"
+    text = model_card(cfg, {**PROVENANCE, "target_name_or_path": target,
+                            "cache_uri": target}, draft_dir=draft_dir)
+    command = serve_command(cfg, target, draft_dir)
+    assert command.startswith("vllm serve ")
+    shell = subprocess.run(["/bin/sh", "-c", "printf '%s\\0' " + command], check=False,
+                           capture_output=True, cwd=tmp_path,
+                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert shell.returncode == 0, shell.stderr
+    argv = shell.stdout.decode().split("\0")[:-1]
+    assert argv[:3] == ["vllm", "serve", target]
+    assert argv[3] == "--speculative-config"
+    assert json.loads(argv[4])["model"] == draft_dir
+    assert len(argv) == 5
+    assert not (tmp_path / "pwned").exists()
+    tokens = _tokens(text.split("---\n", 2)[2])
+    kinds = {t.type for t in tokens} | {c.type for t in tokens for c in t.children or []}
+    assert not kinds & {"html_block", "html_inline", "link_open", "image", "em_open",
+                        "strong_open"}, kinds
+    headings = [_inline_text(tokens[i + 1]) for i, t in enumerate(tokens)
+                if t.type == "heading_open"]
+    shown = target.replace("\n", " ")
+    assert headings[0] == f"DSpark draft for {shown}"
+    assert all(not h.startswith("Injected") for h in headings)
+    fences = [t for t in tokens if t.type == "fence"]
+    assert [f.info for f in fences] == ["bash", "yaml"]
+    assert fences[0].content.strip() == command
+    paragraph = next(_inline_text(tokens[i + 1]) for i, t in enumerate(tokens)
+                     if t.type == "paragraph_open" and "hidden states of" in tokens[i + 1].content)
+    assert shown in paragraph
