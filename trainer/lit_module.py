@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import lightning as L
@@ -63,6 +64,12 @@ def nonfinite_message(batch: dict[str, torch.Tensor], loss: torch.Tensor, *, ste
              "from an earlier checkpoint)")
     return (f"non-finite training loss {float(loss)} at step {step} (rank {rank}), batch samples "
             f"{ids}: {cause}; stopped before the optimizer step, no checkpoint holds it")
+
+
+def _same_tensors(mine: Mapping[str, torch.Tensor], saved: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's state_dict has exactly these tensor names and shapes."""
+    return mine.keys() == saved.keys() and all(
+        tuple(getattr(saved[k], "shape", ())) == tuple(v.shape) for k, v in mine.items())
 
 
 class DSparkLitModule(L.LightningModule):
@@ -170,6 +177,14 @@ class DSparkLitModule(L.LightningModule):
         saved, now = checkpoint.get("draft_config", {}), self.model.config.to_dict()
         problems = [f"model.draft.{name}: checkpoint has {saved[name]!r}, this run {now[name]!r}"
                     for name in RESUME_FIELDS if name in saved and saved[name] != now[name]]
+        weights = checkpoint.get("state_dict")
+        if not problems and weights is not None and not _same_tensors(self.state_dict(), weights):
+            # A shape-changing field (num_hidden_layers, intermediate_size, ...): name every
+            # field that differs rather than let load_state_dict list the missing tensors.
+            problems = [f"model.draft.{name}: checkpoint has {saved[name]!r}, this run "
+                        f"{value!r}" for name, value in now.items()
+                        if name in saved and saved[name] != value]
+            problems = problems or ["its weights have other names or shapes than this draft's"]
         if problems:
             raise SparkforgeError("cannot resume: " + "; ".join(problems))
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
 from sparkforge.trainer.lit_module import (
     DSparkLitModule,
@@ -76,6 +77,27 @@ def test_resume_refuses_a_checkpoint_with_another_draft_contract(field: str, val
     with pytest.raises(ValueError, match=field):
         lit.on_load_checkpoint({"draft_config": saved})
     lit.on_load_checkpoint({"draft_config": cfg.to_dict()})   # the same contract resumes
+
+
+@pytest.mark.parametrize(("field", "value"), [("num_hidden_layers", 2),
+                                              ("intermediate_size", 96)])
+def test_resume_with_another_shape_names_the_field(field: str, value: int) -> None:
+    """A checkpoint of a draft with other tensor shapes is refused naming the field that differs
+    (it used to reach load_state_dict, whose RuntimeError listed every missing tensor)."""
+    import dataclasses
+
+    saved = DSparkLitModule(draft=SPEC)
+    saved.build(dataclasses.replace(draft_tiny(), **{field: value}))
+    assert saved.model is not None
+    lit = DSparkLitModule(draft=SPEC)
+    lit.build(draft_tiny())
+    checkpoint = {"draft_config": saved.model.config.to_dict(), "state_dict": saved.state_dict()}
+    with pytest.raises(SparkforgeError, match=rf"cannot resume: model\.draft\.{field}: "
+                                              rf"checkpoint has {value}"):
+        lit.on_load_checkpoint(checkpoint)
+    assert lit.model is not None
+    lit.on_load_checkpoint({"draft_config": lit.model.config.to_dict(),
+                            "state_dict": lit.state_dict()})   # its own weights resume
 
 
 @pytest.mark.parametrize(("batch_idx", "num_batches", "accumulate", "scale"), [
