@@ -10,7 +10,7 @@ import lightning as L
 
 from sparkforge.manifests.contract import RunContract, check_contract
 from sparkforge.manifests.promises import check_promises
-from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.trainer.checkpoint import load_checkpoint
 from sparkforge.trainer.ckpt_folder import CheckpointFolderLock
 from sparkforge.trainer.datamodule import CacheDataModule
@@ -38,11 +38,29 @@ def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Traine
     draft's, in its order.
     """
     contract = run_contract(model, data, trainer, data.target_config())
-    check_contract(data.reader.manifest, contract, split_counts=data.split_counts(), uri=data.uri)
+    counts = data.split_counts()
+    check_contract(data.reader.manifest, contract, split_counts=counts, uri=data.uri)
     check_promises(data.uri, data.reader.manifest, data.storage_options)
+    if not len(data.split_index("train")):
+        raise SparkforgeError(
+            f"{data.uri}: none of its {counts.get('train', 0)} train samples has "
+            f"data.min_loss_tokens={data.settings.min_loss_tokens} supervised tokens: nothing to "
+            "train on; lower data.min_loss_tokens")
     data.use_features(contract.target_layer_ids)
     logger.info("cache %s fits the run: %d train / %d eval samples", data.uri,
                 len(data.split_index("train")), len(data.split_index("eval")))
+
+
+def check_rows(model: DSparkLitModule, data: CacheDataModule) -> None:
+    """Refuse a draft that no training row can hold, before anything is allocated: each anchor
+    is a position of a row of at most ``data.max_seq_len`` tokens (100,000 anchors of 4 tokens
+    asked for a 320 GB attention mask)."""
+    anchors, positions = model.draft.num_anchors, data.settings.max_seq_len
+    if anchors > positions:
+        raise ConfigError(
+            f"--model.draft.num_anchors {anchors} is more than the {positions} positions "
+            "of a training row (--data.max_seq_len): no row can hold that many anchors; lower "
+            "num_anchors or raise data.max_seq_len")
 
 
 def check_resume_target(trainer: L.Trainer, ckpt_path: str | None) -> None:
@@ -84,6 +102,7 @@ def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
             find a checkpoint (each run logs into a new version folder).
     """
     check_resume_target(trainer, ckpt_path)
+    check_rows(model, data)
     if ckpt_path is not None and ckpt_path not in LIGHTNING_CKPT_NAMES:
         load_checkpoint(ckpt_path, mmap=True)  # one line for a foreign file, not a traceback
     check_cache(model, data, trainer)

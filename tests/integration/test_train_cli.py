@@ -348,3 +348,21 @@ def test_enable_checkpointing_false_trains_and_writes_no_checkpoint(
                             "--trainer.enable_checkpointing", "false")) == 0
     assert not list(out.rglob("*.ckpt"))
     assert "trainer.enable_checkpointing is false: this run writes no checkpoint" in caplog.text
+
+
+@pytest.mark.parametrize(("extra", "code", "message"), [
+    (("--data.batching", "pack", "--model.draft.num_anchors", "100000"), 2,
+     "--model.draft.num_anchors 100000 is more than the 256 positions of a training row"),
+    (("--model.draft.num_anchors", "257"), 2, "num_anchors 257 is more than the 256 positions"),
+    (("--data.min_loss_tokens", "100000"), 1,
+     "has data.min_loss_tokens=100000 supervised tokens: nothing to train on"),
+])
+def test_a_run_no_row_can_feed_is_refused_before_training(
+        tiny_cache: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        extra: tuple[str, ...], code: int, message: str) -> None:
+    """Anchors no row can hold (100,000 used to allocate 320 GB) and a filter that leaves no
+    sample (used to train 0 steps and exit 0) are one line before anything is allocated."""
+    assert main(_train_args(tiny_cache, tmp_path, *extra)) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1], err[-3:]
+    assert not list(tmp_path.glob("dspark/version_*/checkpoints/*.ckpt"))
