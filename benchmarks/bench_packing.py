@@ -43,7 +43,7 @@ from sparkforge.shared.reader import CachedSample
 from sparkforge.trainer.anchor_budget import chat_like_index
 from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.data import collate
 from sparkforge.trainer.data_plan import Batching, SplitIndex, plan_epoch
 from sparkforge.trainer.loss import compute_dspark_loss

@@ -4,7 +4,9 @@ Each architecture is a backbone, a folder here (``qwen3/``, ``gemma4/``, ``kimi_
 ``deepseek_v4/``) holding its layers (``model.py``), its serving formats (``export.py``; the
 qwen3 backbone's DFlash one is ``qwen3/dflash_export.py``) and, when it has them, its own config
 fields, checks and derivation from a target (``config.py``), plus one entry of
-``ARCHITECTURES``. A draft is an (architecture, block layout) pair: every backbone trains every
+``ARCHITECTURES``. Next to the folders, what they share: the config (``config.py``), the
+DSpark serving checks (``serving.py``) and the tiny config the CPU tests start from
+(``tiny.py``). A draft is an (architecture, block layout) pair: every backbone trains every
 layout (``sparkforge.trainer.draft.block_layout``), and ``formats`` says which pairs an engine
 serves. Training, export and eval look the pair up here. Importing this package does not
 import torch: ``build_draft`` imports the model it builds.
@@ -31,7 +33,7 @@ from sparkforge.trainer.architectures.kimi_k3 import export as kimi_k3_export
 from sparkforge.trainer.architectures.kimi_k3.tiny import draft_tiny_kimi_k3
 from sparkforge.trainer.architectures.qwen3 import dflash_export
 from sparkforge.trainer.architectures.qwen3 import export as qwen3_export
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS, LAYOUTS, NO_HEADS, Layout
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import torch
 
 from sparkforge.trainer.architectures import DRAFT_PAIRS, build_draft, tiny_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 
 Batch = dict[str, torch.Tensor]
 

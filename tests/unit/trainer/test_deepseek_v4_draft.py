@@ -20,7 +20,7 @@ from sparkforge.trainer.architectures.deepseek_v4.model import (
     DeepseekV4DSparkLayer,
 )
 from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.draft.attention_mask import dense_allowed
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 from sparkforge.trainer.export import ExportError, export_draft, key_problems

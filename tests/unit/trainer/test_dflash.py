@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures import SERVED_PAIRS, build_draft, tiny_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.cli import train_cli
 from sparkforge.trainer.draft.anchors import anchor_candidates
 from sparkforge.trainer.draft.block_layout import DFLASH_LAYOUT, NO_HEADS

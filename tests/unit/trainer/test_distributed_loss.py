@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import all_reduce_sums, metric_sums

@@ -14,7 +14,7 @@ from transformers import Qwen3Config
 from sparkforge.shared.layer_ids import default_feature_ids
 from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
 from sparkforge.trainer.architectures.qwen3.export import serving_config
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.draft.model import DSparkDraftModel
 
 

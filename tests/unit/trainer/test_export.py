@@ -12,7 +12,7 @@ from export_helpers import foreign_checkpoint
 from safetensors.torch import load_file
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.checkpoint import CheckpointError, load_checkpoint
 from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.export import (

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.export import (
     ExportError,
     config_from_hf,

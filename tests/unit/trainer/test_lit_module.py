@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sparkforge.shared.errors import SparkforgeError
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.lit_module import (
     DSparkLitModule,
     anchor_generator,

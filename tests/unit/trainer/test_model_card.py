@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from huggingface_hub import ModelCard
 
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.model_card import model_card, serve_command
 from sparkforge.trainer.report import tau_interval
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkforge.shared.target_config import FULL_ATTENTION, TargetConfig
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.architectures.qwen3.export import dspark_problems
+from sparkforge.trainer.architectures.serving import dspark_problems
 from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, head_shapes
 
 if TYPE_CHECKING:

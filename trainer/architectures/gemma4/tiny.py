@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.architectures.qwen3.tiny import draft_tiny
+from sparkforge.trainer.architectures.tiny import draft_tiny
 
 
 def draft_tiny_gemma4(*, vocab_size: int = 256, mask_token_id: int = 3) -> DSparkDraftConfig:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.shared.layer_ids import every_engine_feature_range
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.serving import head_problems, id_problems
 from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, head_shapes
 
 if TYPE_CHECKING:
@@ -23,49 +23,12 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     return backbone_problems(cfg, engine) + head_problems(cfg, engine)
 
 
-def dspark_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
-    """Serving problems of the DSpark parts every DSpark format shares (ids, mask, heads)."""
-    return id_problems(cfg, engine) + head_problems(cfg, engine)
-
-
 def backbone_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     """What ``engine`` cannot serve in any Qwen3-shaped format (DSpark or DFlash) for this draft."""
     problems = id_problems(cfg, engine)
     if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
         problems.append("the draft uses a Gemma-style embedding scale or logit softcap, which the "
                         "Qwen3-shaped serving format cannot express (use architecture 'gemma4')")
-    return problems
-
-
-def id_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
-    """Feature ids and mask id ``engine`` can serve as trained."""
-    problems = []
-    lo, hi = every_engine_feature_range(cfg.num_target_layers)
-    if any(i < lo for i in cfg.target_layer_ids):
-        problems.append("target_layer_ids holds -1 (the embeddings): no cache holds it, and "
-                        "SGLang cannot capture it")
-    if engine in ("sglang", "any") and any(i > hi for i in cfg.target_layer_ids):
-        problems.append(f"target_layer_ids holds {hi + 1}, the last layer: SGLang cannot capture "
-                        "it (vLLM serves it as the layer's raw output, which the cache holds)")
-    if not 0 <= cfg.mask_token_id < cfg.vocab_size:
-        problems.append(f"mask_token_id={cfg.mask_token_id} must be below "
-                        f"vocab_size={cfg.vocab_size}")
-    return problems
-
-
-def head_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
-    """Markov and confidence heads an engine would build differently from the trained ones."""
-    problems = []
-    if engine in ("vllm", "any"):
-        if cfg.markov_rank == 0:
-            problems.append("markov_rank=0: vLLM's DSpark draft has no rank-0 path (markov_rank "
-                            "must be > 0)")
-        elif cfg.markov_head_type != "vanilla":
-            problems.append(f"markov_head_type={cfg.markov_head_type!r}: vLLM builds only the "
-                            "vanilla Markov head and fails to load gated/rnn weights")
-    if engine in ("sglang", "any") and not cfg.enable_confidence_head:
-        problems.append("enable_confidence_head=False: SGLang builds the confidence head anyway "
-                        "and refuses a draft without its weights")
     return problems
 
 
