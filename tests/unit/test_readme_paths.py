@@ -157,3 +157,39 @@ def test_every_package_readme_is_linked_from_the_top_readme() -> None:
     top = (ROOT / "README.md").read_text()
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in _LINK.findall(top)}
     assert [p for p in READMES if p != ROOT / "README.md" and p not in linked] == []
+
+
+@cache
+def _vllm_importers() -> frozenset[str]:
+    """Library files that import vllm (at any depth, type-checking imports left out)."""
+    found = set()
+    for path in sorted((ROOT / "producer").rglob("*.py")) + sorted((ROOT / "shared").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and ast.unparse(node.test).endswith("TYPE_CHECKING") for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if id(node) not in typing_only and any(n.split(".")[0] == "vllm" for n in names):
+                found.add(str(path.relative_to(ROOT)))
+    return frozenset(found)
+
+
+@pytest.mark.parametrize("readme", ["README.md", "producer/README.md"])
+def test_the_readmes_name_every_module_that_imports_vllm(readme: str) -> None:
+    """The sentence 'vLLM is imported only in ...' names exactly the files that import it."""
+    text = " ".join((ROOT / readme).read_text().split())
+    sentence = re.search(r"vLLM is imported only in (.+?)(?:, Lightning|\.\s)", text)
+    assert sentence, f"{readme} no longer says where vLLM is imported"
+    assert set(re.findall(r"`(producer/\w+\.py)`", sentence[1])) == _vllm_importers()
+
+
+def test_the_architecture_table_has_a_row_per_serving_format() -> None:
+    """trainer/README's table of draft architectures lists each (architecture, layout) of the
+    table in trainer/architectures, so adding one means adding its row."""
+    from sparkforge.trainer.architectures import ARCHITECTURES
+
+    text = (ROOT / "trainer" / "README.md").read_text().split("## The draft architectures")[1]
+    rows = re.findall(r"^\| `(\w+)`[^|]*\| `(\w+)`", text.split("\n## ")[0], re.MULTILINE)
+    assert sorted(rows) == sorted((name, layout) for name, arch in ARCHITECTURES.items()
+                                  for layout in arch.formats)
