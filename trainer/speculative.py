@@ -144,7 +144,10 @@ def speculative_generate(
         target_inputs: An image prompt's extra target inputs (``pixel_values``, ...; see
             ``sparkforge.shared.image_inputs``), given with the prefill and, on a target that
             re-runs the whole sequence, at every verification step; ``mm_token_type_ids`` is
-            extended with text (0) over the generated tokens.
+            extended with text (0) over the generated tokens. With them, neither the draft nor
+            the target may emit an image, video or audio placeholder id: transformers reads any
+            such id in ``input_ids`` as a slot for the prompt's features (a re-run over a
+            generated one fails: more slots than features), where vLLM keeps generated ids text.
     """
     t0 = time.perf_counter()
     ids = prompt_ids.view(1, -1)
@@ -156,18 +159,20 @@ def speculative_generate(
     # sequence each round instead of cropping the rejected tokens' K/V.
     rewindable = not getattr(target, "_is_stateful", False) and not _has_sliding_layers(target)
     res = SpecDecodeResult(tokens=[], position_accepted=[0] * k, position_trials=[0] * k)
+    banned = placeholder_ids(target.config) if target_inputs else []
     out, states = _forward(target, ids, use_cache=rewindable,
                            **_with_images(target_inputs, ids.shape[1]))
     cache_t = out.past_key_values
     cache_d = draft.extend_context(draft.empty_cache(), target_features(states, layer_ids, family))
-    x0 = int(sample_token(out.logits[0, -1], temperature, generator))
+    x0 = int(sample_token(_banning(out.logits[0, -1], banned), temperature, generator))
     res.tokens.append(x0)
     context = ids
     while len(res.tokens) < max_new_tokens and eos_token_id not in res.tokens:
         res.round_context.append(int(context.shape[1]))   # the anchor x0 follows the context
         anchor = torch.tensor([x0], device=ids.device)
         hidden, base = draft.draft_block(anchor, cache_d)
-        drafts, q_logits = sample_draft_tokens(base, anchor, hidden, draft.markov_head,
+        drafts, q_logits = sample_draft_tokens(_banning(base, banned), anchor, hidden,
+                                               draft.markov_head,
                                                temperature, generator)
         prev = torch.cat([anchor[:, None], drafts[:, :-1]], dim=1)
         conf_logits = draft.confidence(hidden, prev)
@@ -183,7 +188,7 @@ def speculative_generate(
                                    **_with_images(target_inputs, full.shape[1]))
             logits = ver.logits[:, -(m + 1):]
             states = [h[:, -(m + 1):] for h in states]
-        p = logits_to_probs(logits[0], temperature)
+        p = logits_to_probs(_banning(logits[0], banned), temperature)
         q = logits_to_probs(q_logits[0, :m], temperature)
         n, nxt = verify_draft(drafts[0, :m], q, p, generator)
         if rewindable:
@@ -206,6 +211,27 @@ def speculative_generate(
     res.tokens = _cut(res.tokens, max_new_tokens, eos_token_id)
     res.wall_time_s = time.perf_counter() - t0
     return res
+
+
+PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id", "audio_token_id")
+"""Config keys of the multimodal placeholder ids transformers' VL models look for."""
+
+
+def placeholder_ids(config: Any) -> list[int]:
+    """The multimodal placeholder token ids a transformers config names within its vocabulary
+    (a config may name defaults of modalities the checkpoint does not have, past the vocab)."""
+    vocab = config.get_text_config().vocab_size
+    ids = {getattr(config, key, None) for key in PLACEHOLDER_KEYS}
+    return sorted(i for i in ids if isinstance(i, int) and 0 <= i < vocab)
+
+
+def _banning(logits: torch.Tensor, banned: Sequence[int]) -> torch.Tensor:
+    """``logits`` with the ``banned`` ids (last dim) at -inf: probability 0 at any T."""
+    if not banned:
+        return logits
+    out = logits.clone()
+    out[..., list(banned)] = float("-inf")
+    return out
 
 
 def _with_images(inputs: Mapping[str, torch.Tensor] | None, length: int) -> dict[str, Any]:

@@ -165,3 +165,58 @@ def test_temperature_one_output_follows_the_target_law() -> None:
     q2 = _draft_first_slot_law(target, draft, prompt, joint12.sum(1))
     assert 0.5 * float((q2 - joint12.sum(0)).abs().sum()) > 3 * bound(joint12.sum(0))
     assert 0.1 * trials < accepted < trials
+
+
+def test_image_prompt_decodes_with_a_draft_that_proposes_image_slots(tmp_path: Path) -> None:
+    """A Gemma4 target re-runs the whole sequence with the prompt's pixels each round, and
+    transformers reads every image id in it as a slot for the pixels' features: a draft that
+    proposes the image id made the re-run fail (more slots than features). Neither side may emit
+    a placeholder id: the draft's proposals and the output skip it, and at T=0 the output is the
+    target's greedy decoding over the other ids."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from sparkforge.app.tiny_target import main as tiny_target_main
+    from sparkforge.shared.image_inputs import target_images
+    from sparkforge.shared.image_sources import ImageReader
+    from sparkforge.shared.target_config import read_target_config
+    from sparkforge.trainer.chat_prompts import chat_prompts
+    from sparkforge.trainer.speculative import placeholder_ids
+
+    assert tiny_target_main([str(tmp_path), "--model_type", "gemma4", "--rows", "2"]) == 0
+    target = AutoModelForImageTextToText.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    images = target_images(tmp_path, read_target_config(tmp_path).raw)
+    prompts = chat_prompts(str(tmp_path / "chat.jsonl"), AutoTokenizer.from_pretrained(tmp_path),
+                           2, images=images, image_reader=ImageReader.from_options([str(tmp_path)]))
+    prompt = next(p for p in prompts if p.model_inputs is not None)
+    image_id = images.image_token_id
+    assert image_id in placeholder_ids(target.config)
+    draft = DSparkDraftModel(
+        dataclasses.replace(from_target_config(target.config, mask_token_id=3,
+                                               target_layer_ids=(0, 1), num_hidden_layers=1,
+                                               num_anchors=8, markov_rank=8), block_size=4),
+        embed_weight=target.get_input_embeddings().weight,
+        lm_head_weight=target.get_output_embeddings().weight).eval()
+    block = draft.draft_block
+
+    def proposing_image_slots(*args: Any) -> Any:
+        hidden, base = block(*args)
+        return hidden, base.index_fill(-1, torch.tensor([image_id]), 1e4)
+
+    draft.draft_block = proposing_image_slots  # type: ignore[method-assign]
+    ids = torch.from_numpy(prompt.input_ids)
+    res = speculative_generate(target, draft, ids, max_new_tokens=6,
+                               target_inputs=prompt.model_inputs)
+    assert image_id not in res.tokens
+    assert len(res.tokens) == 6
+    assert sum(res.verified_per_round) > 0   # the draft's blocks were verified
+    # the reference: full forwards with the pixels, the placeholder ids never chosen
+    seq, banned = ids.view(1, -1), placeholder_ids(target.config)
+    inputs = dict(prompt.model_inputs)
+    prompt_types = inputs["mm_token_type_ids"]
+    with torch.no_grad():
+        for _ in range(6):
+            types = torch.nn.functional.pad(prompt_types, (0, seq.shape[1] - prompt_types.shape[1]))
+            logits = target(seq, **{**inputs, "mm_token_type_ids": types}).logits[0, -1]
+            logits[banned] = float("-inf")
+            seq = torch.cat([seq, logits.argmax().view(1, 1)], dim=1)
+    assert res.tokens == seq[0, ids.numel():].tolist()
