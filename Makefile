@@ -36,10 +36,11 @@ lint: install
 
 # Two pytest-xdist workers, a test file each at a time (its module fixtures are built once):
 # 14 min against 25 in one process on 2 cores, since most tests wait on engine start-up and
-# subprocesses. TEST_WORKERS=0 runs in this process (for --pdb or a single test).
+# subprocesses. TEST_WORKERS=0 runs in this process (for --pdb or a single test). The 30
+# slowest tests are listed at the end: CI has 30 minutes for lint and the suite together.
 TEST_WORKERS ?= 2
 test: install lint
-	$(BIN)/python -P -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -P -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 demo: install
 	$(BIN)/sparkforge demo --out_dir demo-out
