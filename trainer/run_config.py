@@ -38,14 +38,15 @@ from sparkforge.trainer.draft.config import MarkovHeadType
 from sparkforge.trainer.loader_settings import LoaderSettings
 
 RecipeName = Literal["dspark", "dflash"]
-Objective = Literal["dspark", "dflash"]
+"""A recipe's name (``RECIPES``); each recipe's loss objective has the recipe's name
+(``LossSpec.objective``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Recipe:
     """A training recipe: the draft fields and the loss objective it stands for."""
 
-    objective: Objective
+    objective: RecipeName
     """The loss objective (``LossSpec.objective``)."""
     draft_defaults: Mapping[str, Any]
     """DraftSpec fields a run leaves unset (None) take these values."""
@@ -53,7 +54,7 @@ class Recipe:
     """Fields of ``draft_defaults`` the recipe needs: a run setting another value is refused."""
 
 
-RECIPES: dict[str, Recipe] = {
+RECIPES: dict[RecipeName, Recipe] = {
     # The paper's DSpark draft: Markov head and confidence head (the draft config's defaults,
     # so the two cannot drift apart); any draft architecture.
     "dspark": Recipe(objective="dspark", draft_defaults={
@@ -122,7 +123,7 @@ class DraftSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     """Other DSparkDraftConfig fields to change (e.g. {"intermediate_size": 2048})."""
 
-    def for_recipe(self, recipe: str) -> DraftSpec:
+    def for_recipe(self, recipe: RecipeName) -> DraftSpec:
         """This spec with the recipe's values in its unset fields.
 
         Raises:
@@ -192,7 +193,7 @@ class DraftSpec:
             "confidence_head_with_markov": spec.confidence_head_with_markov, **spec.overrides})
 
 
-OBJECTIVE_ALPHAS: dict[str, dict[str, float]] = {
+OBJECTIVE_ALPHAS: dict[RecipeName, dict[str, float]] = {
     "dspark": {"ce_loss_alpha": 0.1, "l1_loss_alpha": 0.9, "confidence_head_alpha": 1.0},
     "dflash": {"ce_loss_alpha": 1.0, "l1_loss_alpha": 0.0, "confidence_head_alpha": 0.0},
 }
@@ -208,7 +209,7 @@ class LossSpec:
     position k is block slot k+1 and the weight is DFlash's decay ``exp(-(slot-1)/gamma)``.
     """
 
-    objective: Objective | None = None
+    objective: RecipeName | None = None
     """``dspark`` (0.1 CE + 0.9 L1 + 1.0 confidence BCE) or ``dflash`` (CE only); None: the
     run's recipe's (``model.recipe``), or dspark."""
     ce_loss_alpha: float | None = None
@@ -241,7 +242,7 @@ class LossSpec:
                 if getattr(self, name) is None:
                     object.__setattr__(self, name, value)
 
-    def with_objective(self, objective: Objective) -> LossSpec:
+    def with_objective(self, objective: RecipeName) -> LossSpec:
         """This spec under ``objective`` (a no-op when it already has it).
 
         Raises:
