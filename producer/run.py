@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,12 +40,19 @@ from sparkforge.producer.image_rows import ImageChatEncoder
 from sparkforge.producer.inputs import InputRows, open_inputs
 from sparkforge.producer.source import CaptureRequest, HiddenStateSource
 from sparkforge.producer.splits import SplitRule, load_eval_ids
+from sparkforge.producer.stop import SignalStop, StopRequested
 from sparkforge.producer.summary import RunSummary
 from sparkforge.producer.target_files import resolve_model_dir, target_files, target_identity
-from sparkforge.producer.units import num_units, owned_units, resolve_share, rows_by_unit
+from sparkforge.producer.units import (
+    WorkerShare,
+    num_units,
+    owned_units,
+    resolve_share,
+    rows_by_unit,
+)
 from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
 from sparkforge.shared import storage
-from sparkforge.shared.errors import ConfigError, SparkforgeError
+from sparkforge.shared.errors import ConfigError, Interrupted, SparkforgeError
 from sparkforge.shared.image_inputs import target_images
 from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.io_errors import storage_errors
@@ -234,6 +242,15 @@ def run(
         StorageError: The data or the cache cannot be read or written (disk full, ...).
     """
     share = resolve_share(cfg.worker_index, cfg.num_workers, os.environ if env is None else env)
+    with SignalStop() as stop:
+        try:
+            return _run(cfg, share, source, stop)
+        except StopRequested as exc:
+            raise _stopped(cfg, stop, exc.signum) from None
+
+
+def _run(cfg: ProducerConfig, share: WorkerShare, source: HiddenStateSource | None,
+         stop: SignalStop) -> RunSummary:
     prep = prepare(cfg)
     storage.set_codec_threads(writer_threads(cfg))  # before the first store opens
     with storage_errors("output", cfg.output):
@@ -242,6 +259,7 @@ def run(
             logger.info("removed %s, left by a write that was killed", path)
     mine = owned_units(prep.num_units, share)
     todo = sorted(set(mine) - writer.committed_units())
+    stop.todo, stop.writer = todo, writer
     if isinstance(prep.encoder, ImageChatEncoder) and len(todo) < len(mine):
         with storage_errors("output", cfg.output):
             checked = check_committed_images(
@@ -260,7 +278,7 @@ def run(
         try:
             if cfg.parity_samples:
                 _check_parity(cfg, prep, active, writer)
-            _capture_units(cfg, prep, writer, active, todo, summary)
+            _capture_units(cfg, prep, writer, active, todo, summary, stop)
         finally:
             if source is None:
                 active.close()
@@ -275,9 +293,25 @@ def run(
     return summary
 
 
+def _stopped(cfg: ProducerConfig, stop: SignalStop, signum: int) -> Interrupted:
+    """What a stop by signal did: the units this run committed, the one it abandoned."""
+    name = signal.Signals(signum).name
+    if stop.writer is None:
+        return Interrupted(f"stopped by {name} before capturing; nothing was written to "
+                           f"{cfg.output}", signum=signum)
+    with storage_errors("output", cfg.output):
+        done = sorted(set(stop.todo) & stop.writer.committed_units())
+    abandoned = (f"unit {stop.unit_in_flight} was being captured and is abandoned (nothing of it "
+                 "is committed)" if stop.unit_in_flight is not None else "no unit was abandoned")
+    return Interrupted(
+        f"stopped by {name}: {len(done)} of this worker's {len(stop.todo)} units to do are "
+        f"committed in {cfg.output}; {abandoned}; re-run the same command to capture the other "
+        f"{len(stop.todo) - len(done)} (committed units are kept)", signum=signum)
+
+
 def _capture_units(
     cfg: ProducerConfig, prep: Prepared, writer: CacheWriter, source: HiddenStateSource,
-    todo: list[int], summary: RunSummary,
+    todo: list[int], summary: RunSummary, stop: SignalStop,
 ) -> None:
     """Capture the units in ``todo``; ``writer_threads`` threads write and commit them, one unit
     each, while the engine captures the next ones (``writer_queue_units`` bounds the units
@@ -314,10 +348,12 @@ def _capture_units(
                 _taken_over(summary, unit)
                 bar.update(1)
                 continue
+            stop.unit_in_flight = unit
             records, accounting = capturer.capture(source, unit_rows)
-            with storage_errors("output", cfg.output):
+            with stop.deferred(), storage_errors("output", cfg.output):
                 count(writes.submit(CapturedUnit(unit, records, accounting)))
-        with storage_errors("output", cfg.output):
+                stop.unit_in_flight = None
+        with stop.deferred(), storage_errors("output", cfg.output):
             count(writes.close())
 
 

@@ -14,3 +14,14 @@ class SparkforgeError(ValueError):
 
 class ConfigError(SparkforgeError):
     """The command line or a config file asks for something unusable (the CLI exits 2)."""
+
+
+class Interrupted(SparkforgeError):
+    """A job stopped by a signal before it finished; what it saved resumes it. The CLI exits
+    128 + the signal's number (143 for SIGTERM), what a shell and a scheduler report for a job
+    the signal ended, so a requeue-on-failure policy requeues it."""
+
+    def __init__(self, message: str, *, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        """The signal that stopped the job."""

@@ -10,6 +10,7 @@ resumed run recomputes the plan and skips those batches without reading them.
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
@@ -223,6 +224,14 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
                 yield pending.pop(0).result()
 
 
+def ignore_sigterm(worker_id: int) -> None:
+    """A loader worker leaves a SIGTERM to the training process (a scheduler signals every
+    process of the job), which stops at the next step with a checkpoint and then ends the
+    workers; a worker killed first would fail the step instead."""
+    del worker_id
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 class ResumableLoader:
     """A DataLoader over a ``CacheStream`` that records how many batches the trainer consumed.
 
@@ -258,6 +267,7 @@ class ResumableLoader:
         loader = DataLoader(
             self.stream, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor if workers else None,
+            worker_init_fn=ignore_sigterm,
         )
         for batch in loader:
             self.consumed += 1

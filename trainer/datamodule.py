@@ -19,7 +19,7 @@ from sparkforge.shared.layer_ids import feature_positions
 from sparkforge.shared.layout import MANIFEST_KEY
 from sparkforge.shared.reader import CacheReader
 from sparkforge.shared.target_config import parse_target_config
-from sparkforge.trainer.data import CacheStream, ResumableLoader, load_split_index
+from sparkforge.trainer.data import CacheStream, ResumableLoader, ignore_sigterm, load_split_index
 from sparkforge.trainer.data_plan import SplitIndex
 from sparkforge.trainer.loader_settings import Batching, LoaderSettings
 
@@ -156,6 +156,7 @@ class CacheDataModule(L.LightningDataModule):
         stream = self._stream("eval", shuffle=False)
         workers = self.settings.num_workers
         return DataLoader(stream, batch_size=None, num_workers=workers, pin_memory=self._pin(),
+                          worker_init_fn=ignore_sigterm,
                           prefetch_factor=self.settings.prefetch_factor if workers else None)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from sparkforge.manifests.contract import RunContract, check_contract
 from sparkforge.manifests.promises import check_promises
@@ -14,6 +15,7 @@ from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.trainer.checkpoint import load_checkpoint
 from sparkforge.trainer.ckpt_folder import CheckpointFolderLock
 from sparkforge.trainer.datamodule import CacheDataModule
+from sparkforge.trainer.interrupt import StopOnSigterm, stopped_by_lightning
 from sparkforge.trainer.lit_module import DSparkLitModule
 from sparkforge.trainer.run_config import validation_on
 
@@ -100,16 +102,20 @@ def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
         CacheContractError: the cache does not match the run's draft and data settings.
         ValueError: ``ckpt_path="last"`` without a fixed checkpoint folder, where it can never
             find a checkpoint (each run logs into a new version folder).
+        Interrupted: a SIGTERM stopped the fit (a resumable checkpoint saved where it could).
     """
     check_resume_target(trainer, ckpt_path)
     check_rows(model, data)
     if ckpt_path is not None and ckpt_path not in LIGHTNING_CKPT_NAMES:
         load_checkpoint(ckpt_path, mmap=True)  # one line for a foreign file, not a traceback
     check_cache(model, data, trainer)
-    # Trainer builds its callback list at init (LightningCLI's); a run-time one is appended.
-    trainer.callbacks.append(  # type: ignore[attr-defined]
-        CheckpointFolderLock(ckpt_path, run_folder=run_folder))
-    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    # Trainer builds its callback list at init (LightningCLI's); run-time ones are appended.
+    trainer.callbacks.extend(  # type: ignore[attr-defined]
+        [CheckpointFolderLock(ckpt_path, run_folder=run_folder), StopOnSigterm()])
+    try:
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    except SIGTERMException:  # Lightning's own stop (exit code None): a stop, not a success
+        raise stopped_by_lightning(trainer) from None
     finish_wandb_runs(trainer)
     callback = trainer.checkpoint_callback
     summary = {

@@ -7,7 +7,8 @@ imports vLLM.
 
 Exit codes, for every command: 0 done, 1 the job or its data failed (an invalid cache, a cache that
 does not fit the run, a failed capture), 2 a usage or config error (a bad option or value, a path
-that names nothing). A refusal (``SparkforgeError``; ``ConfigError`` for exit 2) or a storage
+that names nothing), 128 + N a stop by signal N before the job finished (143: SIGTERM; what the
+job saved resumes it). A refusal (``SparkforgeError``; ``ConfigError`` for exit 2) or a storage
 failure is one line on stderr; any other exception is a bug and keeps its traceback.
 """
 
@@ -30,7 +31,7 @@ from sparkforge.manifests.open import open_cache
 from sparkforge.producer import cli as producer_cli
 from sparkforge.producer.config import ProducerConfig, RegenerateConfig
 from sparkforge.shared.config_yaml import use_bounded_yaml
-from sparkforge.shared.errors import ConfigError, SparkforgeError
+from sparkforge.shared.errors import ConfigError, Interrupted, SparkforgeError
 from sparkforge.shared.io_errors import describe
 from sparkforge.trainer import cli as trainer_cli
 from sparkforge.trainer.anchor_budget import (
@@ -204,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CONFIG_ERRORS as exc:
         print(f"sparkforge {name}: error: {error_message(exc)}", file=sys.stderr)
         return USAGE
+    except Interrupted as exc:  # a signal stopped the job; what it saved resumes it
+        print(f"sparkforge {name}: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except SparkforgeError as exc:  # data and job failures
         print(f"sparkforge {name}: error: {error_message(exc)}", file=sys.stderr)
         return 1

@@ -157,3 +157,47 @@ def test_sigkill_then_resume_s3(moto_server: dict[str, Any]) -> None:
     prefix = f"s3://{moto_server['bucket']}/{uuid.uuid4().hex}"
     _reference(f"{prefix}/ref", options)
     _crash_and_resume(f"{prefix}/cache", f"{prefix}/ref", options)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_produce_saying_what_it_kept(tiny_target: Path, tmp_path: Path) -> None:
+    """A real SIGTERM to a real ``sparkforge produce`` mid-run: exit 143 and one line naming the
+    units committed and the one abandoned (it used to die silently); the re-run completes a
+    cache equal, byte for byte, to an uninterrupted one."""
+    from producer_helpers import assert_same_samples, cache_samples, chat_rows, write_jsonl
+
+    from sparkforge.app.cli import main
+
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(24))
+    args = ["produce", "--backend", "hf", "--data", str(data), "--layer_ids", "[0, 1, 2]",
+            "--hidden_dtype", "float32", "--rows_per_unit", "2", "--shard_rows", "256",
+            "--progress", "false", "--writer_threads", "1", "--engine.model", str(tiny_target),
+            "--engine.max_model_len", "128", "--engine.dtype", "float32"]
+    assert main([*args, "--output", str(tmp_path / "ref")]) == 0
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "sparkforge.app.cli", *args,
+                             "--output", str(cache)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list((cache / "_commits").glob("unit_*.json"))) < 2:
+            assert proc.poll() is None, "produce ended before its second commit"
+            assert time.monotonic() < deadline, "no second commit"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sparkforge produce: stopped by SIGTERM: "), last
+    done = int(last.split("stopped by SIGTERM: ")[1].split(" of ")[0])
+    assert f"{done} of this worker's 12 units to do are committed" in last
+    assert ("was being captured and is abandoned" in last) or ("no unit was abandoned" in last)
+    committed = len(list((cache / "_commits").glob("unit_*.json")))
+    assert 2 <= committed == done < 12, (committed, last)
+    assert not (cache / "manifest.json").exists()
+    assert main([*args, "--output", str(cache)]) == 0
+    assert_same_samples(cache_samples(str(cache)), cache_samples(str(tmp_path / "ref")))
+    assert main(["validate", "--deep", str(cache)]) == 0

@@ -99,13 +99,28 @@ PACKED = ("--data.batching", "pack", "--data.max_seq_len", "96")
 """Packed rows of 96 tokens (the tiny cache's capture length): 3 micro-batches an epoch."""
 
 
+@pytest.fixture(scope="module")
+def bucket_reference(tiny_cache: str, tmp_path_factory: pytest.TempPathFactory
+                     ) -> dict[int, float]:
+    """The per-step losses of an uninterrupted 9-step run, which a run killed or stopped and
+    resumed must reproduce."""
+    ref = tmp_path_factory.mktemp("ref")
+    assert main(_train_args(tiny_cache, ref, "--trainer.max_steps", "9")) == 0
+    return _losses(_run_dir(ref))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("data", [(), PACKED], ids=["bucket", "pack"])
-def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_path: Path,
-                                                          data: tuple[str, ...]) -> None:
+def test_killed_run_resumes_with_the_uninterrupted_losses(
+        tiny_cache: str, tmp_path: Path, data: tuple[str, ...],
+        request: pytest.FixtureRequest) -> None:
     """SIGKILL after the step-4 checkpoint, resume from it: steps 5..9 match an unkilled run."""
-    ref = tmp_path / "ref"
-    assert main(_train_args(tiny_cache, ref, "--trainer.max_steps", "9", *data)) == 0
+    if data:
+        ref = tmp_path / "ref"
+        assert main(_train_args(tiny_cache, ref, "--trainer.max_steps", "9", *data)) == 0
+        want = _losses(_run_dir(ref))
+    else:
+        want = request.getfixturevalue("bucket_reference")
     killed = tmp_path / "killed"
     cmd = [sys.executable, "-P", "-m", "sparkforge.app.cli",
            *_train_args(tiny_cache, killed, "--trainer.max_steps", "60", *data,
@@ -127,7 +142,7 @@ def test_killed_run_resumes_with_the_uninterrupted_losses(tiny_cache: str, tmp_p
     resumed = tmp_path / "resumed"
     assert main(_train_args(tiny_cache, resumed, "--trainer.max_steps", "9", *data,
                             "--ckpt_path", str(ckpt))) == 0
-    want, got = _losses(_run_dir(ref)), _losses(_run_dir(resumed))
+    got = _losses(_run_dir(resumed))
     assert sorted(got) == [5, 6, 7, 8, 9]
     if data:
         fill = _metric(_run_dir(resumed), "train/fill_ratio")
@@ -366,3 +381,41 @@ def test_a_run_no_row_can_feed_is_refused_before_training(
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1], err[-3:]
     assert not list(tmp_path.glob("dspark/version_*/checkpoints/*.ckpt"))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_exits_143_and_resumes_exactly(
+        tiny_cache: str, tmp_path: Path, bucket_reference: dict[int, float]) -> None:
+    """A SIGTERM to the whole process group (as a scheduler sends it; one loader worker) stops
+    the run at the next optimizer step with last.ckpt and exit 143 (it used to train on to the
+    epoch end and exit 0); --ckpt_path last continues with the uninterrupted run's losses."""
+    args = ("--data.num_workers", "1", "--checkpoint.every_n_train_steps", "2")
+    ckpts = tmp_path / "ckpt"
+    stopped = ("--checkpoint.dirpath", str(ckpts), *args)
+    cmd = [sys.executable, "-P", "-m", "sparkforge.app.cli",
+           *_train_args(tiny_cache, tmp_path / "run", "--trainer.max_steps", "60", *stopped)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(ckpts.glob("*step=2.ckpt")):
+            assert proc.poll() is None, "training exited before its step-2 checkpoint"
+            assert time.monotonic() < deadline, "no step-2 checkpoint"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sparkforge train: stopped by SIGTERM after step "), last
+    step = int(last.split("after step ")[1].split(":")[0])
+    assert 2 <= step < 9, last
+    assert f"saved the resumable checkpoint {ckpts / 'last.ckpt'}" in last
+    assert torch.load(ckpts / "last.ckpt", weights_only=False)["global_step"] == step
+    assert main(_train_args(tiny_cache, tmp_path / "resumed", "--trainer.max_steps", "9",
+                            *stopped, "--ckpt_path", "last")) == 0
+    got = _losses(_run_dir(tmp_path / "resumed"))
+    assert sorted(got) == list(range(step + 1, 10))
+    assert got == pytest.approx({s: bucket_reference[s] for s in got}, rel=1e-6, abs=1e-7)
