@@ -69,7 +69,7 @@ def slot_keys(root: Path) -> Callable[[int], dict[str, str]]:
 
     group = zarr.open_group(str(root), mode="r")
     arrays = {name: group[name] for name in array_layouts(spec())}
-    return lambda slot: {name: slot_key(name, arr, slot) for name, arr in arrays.items()}
+    return lambda slot: {name: slot_key(name, arr, slot, spec()) for name, arr in arrays.items()}
 
 
 def synthesize(root: Path, num_units: int) -> dict[str, Any]:
@@ -227,15 +227,16 @@ def job_copy(p: Phase) -> dict[str, Any]:
     import zarr
 
     from sparkforge.manifests.open import read_manifest
+    from sparkforge.manifests.tables import read_slot_table
     from sparkforge.shared import storage
     from sparkforge.shared.layout import slot_key
 
     loc = storage.open_location(p.uri, p.options)
     manifest = read_manifest(loc)
     group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
-    slots = [s.slot for u in manifest.storage.units for s in u.slots]
-    paths = [loc.path(slot_key(name, group[name], slot)) for name in group.array_keys()
-             for slot in slots]
+    slots = read_slot_table(loc, manifest).slot.tolist()
+    paths = [loc.path(slot_key(name, group[name], slot, manifest.storage.spec))
+             for name in group.array_keys() for slot in slots]
     p.start()
     with ThreadPoolExecutor(p.max_concurrency) as pool:
         total = sum(map(len, pool.map(lambda path: loc.fs.cat_file(path, start=0), paths)))

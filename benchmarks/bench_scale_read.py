@@ -95,11 +95,8 @@ def synthesize(root: Path, num_samples: int) -> str:
     num_units = num_samples // PER_UNIT
     manifest = json.loads((root / "manifest.json").read_text())
     storage = manifest["storage"]
-    (template,) = storage["units"]
     s = spec()
-    storage["units"] = [{**template, "unit": u, "slots": [
-        {**slot, "slot": first_slot(s, u, 0)} for slot in template["slots"]]}
-        for u in range(num_units)]
+    widen_tables(root, manifest, num_units, first_slot(s, 1, 0))
     n = num_units * PER_UNIT
     for key in ("samples", "tokens", "logical_bytes"):
         storage["totals"][key] *= num_units
@@ -122,6 +119,33 @@ def synthesize(root: Path, num_samples: int) -> str:
     storage["index_sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
     (root / "manifest.json").write_text(json.dumps(manifest))
     return str(root)
+
+
+def widen_tables(root: Path, manifest: dict[str, Any], num_units: int, unit_slots: int) -> None:
+    """Unit 0's rows of units.parquet and slots.parquet repeated for ``num_units`` units (unit
+    ``u``'s slots ``u * unit_slots`` later), the manifest's references re-sealed."""
+    import dataclasses
+
+    from sparkforge.manifests.schema import CacheManifest
+    from sparkforge.manifests.tables import read_tables, slot_table_bytes, unit_table_bytes
+    from sparkforge.shared import storage as st
+    from sparkforge.shared.cache_tables import SlotColumns
+
+    units, slots = read_tables(st.open_location(str(root)), CacheManifest.from_json(manifest))
+    ids = np.arange(num_units)
+    wide_units = dataclasses.replace(
+        units, **{f.name: np.repeat(getattr(units, f.name), num_units)
+                  for f in dataclasses.fields(units) if f.name not in ("unit", "skipped")},
+        unit=ids, skipped={k: np.repeat(v, num_units) for k, v in units.skipped.items()})
+    wide_slots = SlotColumns.from_columns(
+        unit=np.repeat(ids, len(slots)), slot=(ids[:, None] * unit_slots + slots.slot).ravel(),
+        num_rows=np.tile(slots.num_rows, num_units), crc32c=np.tile(slots.crc32c, (num_units, 1)),
+        arrays=slots.arrays)
+    for field, raw, rows in (("unit_table", unit_table_bytes(wide_units), num_units),
+                             ("slot_table", slot_table_bytes(wide_slots), len(wide_slots))):
+        ref = manifest["storage"][field]
+        (root / ref["key"]).write_bytes(raw)
+        ref |= {"sha256": hashlib.sha256(raw).hexdigest(), "num_rows": rows}
 
 
 def rss_bytes() -> int:

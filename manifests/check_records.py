@@ -9,7 +9,6 @@ the records imply as whole columns. At most :data:`MAX_LISTED` problems of one k
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -24,34 +23,45 @@ from sparkforge.shared import storage
 from sparkforge.shared.cache_tables import SlotColumns
 from sparkforge.shared.commit import SlotRecord, committed_units
 from sparkforge.shared.commit_columns import CommitColumns
-from sparkforge.shared.layout import commit_key
+from sparkforge.shared.layout import array_layouts, commit_key
 
 MAX_LISTED: Final = 100
 """Problems of one kind listed in full; the rest are counted on one more line."""
 
 
-def check_commits(loc: storage.Location, m: CacheManifest, units: UnitColumns,
-                  slots: SlotColumns, problems: list[str], checked: Counter[str], *,
-                  where: Callable[[int], str], max_concurrency: int) -> CommitCollector:
-    """Each listed unit's commit record exists, parses and agrees with its unit row and slot rows
-    (``where(i)`` names row ``i`` in messages); returns what the records hold."""
-    collector = CommitCollector(slots.arrays)
-    for i, (unit, record) in enumerate(read_commits(loc, m.storage.spec, units.unit.tolist(),
-                                                    max_concurrency=max_concurrency)):
+def check_commits(loc: storage.Location, m: CacheManifest,
+                  tables: tuple[UnitColumns, SlotColumns] | None, problems: list[str],
+                  checked: Counter[str], *, max_concurrency: int) -> CommitCollector:
+    """Each listed unit's commit record exists, parses and agrees with its unit and slot rows
+    (``tables``; None when they cannot be read); returns what the records hold."""
+    collector = CommitCollector(tuple(array_layouts(m.storage.spec)))
+    listed = range(m.storage.num_units)  # a complete cache's units are 0..n-1
+    for unit, record in read_commits(loc, m.storage.spec, listed,
+                                     max_concurrency=max_concurrency):
         if isinstance(record, FileNotFoundError):
             problems.append(f"unit {unit}: commit record {commit_key(unit)} is missing")
         elif not isinstance(record, CommitColumns):
             problems.append(f"unit {unit}: {record}")
         else:
-            problems += [f"unit {unit}: {where(i)}.{name} = {want!r} but the commit record has "
-                         f"{have!r}" for name, want, have in _differences(units, slots, i, record)]
+            if tables is not None:
+                problems += [f"unit {unit}: {_where(m, unit, name)} = {want!r} but the commit "
+                             f"record has {have!r}"
+                             for name, want, have in _differences(*tables, unit, record)]
             collector.add(record)
             checked["units"] += 1
-    listed = set(units.unit.tolist())
-    for unit in sorted(committed_units(loc) - listed):
+    for unit in sorted(committed_units(loc) - set(listed)):
         problems.append(f"unit {unit}: has a commit record but the manifest does not list it "
                         "(re-run `sparkforge finalize`)")
     return collector
+
+
+def _where(m: CacheManifest, unit: int, name: str) -> str:
+    """Where the manifest lists a unit's ``name``: its entry (formats 1-2) or a table."""
+    tables = {"slots": m.storage.slot_table, "unit": m.storage.unit_table}
+    ref = tables["slots" if name == "slots" else "unit"]
+    if ref is None:
+        return f"manifest storage.units[{unit}].{name}"
+    return f"{ref.key} {name}"
 
 
 def _differences(units: UnitColumns, slots: SlotColumns, i: int,

@@ -23,6 +23,13 @@ from sparkforge.manifests.schema import (
     CacheManifest,
     parse_format_version,
 )
+from sparkforge.manifests.tables import (
+    SLOT_TABLE_KEY,
+    UNIT_TABLE_KEY,
+    slot_table_bytes,
+    table_ref,
+    unit_table_bytes,
+)
 from sparkforge.manifests.units import UnitColumns
 from sparkforge.shared import storage
 from sparkforge.shared.cache_tables import SlotColumns
@@ -102,7 +109,7 @@ def finalize_cache(uri: str, *, expected_units: int,
     if storage.exists(loc, MANIFEST_KEY):
         existing = CacheManifest.from_json(read_json(loc, MANIFEST_KEY,
                                                      max_bytes=MAX_MANIFEST_BYTES))
-        if existing.complete and len(existing.storage.units) == expected_units:
+        if existing.complete and existing.storage.num_units == expected_units:
             return existing
     collector = CommitCollector(tuple(array_layouts(spec)))
     for _, record in read_commits(loc, spec, range(expected_units),
@@ -112,17 +119,33 @@ def finalize_cache(uri: str, *, expected_units: int,
         collector.add(record)
     index = index_bytes(collector.index())
     storage.atomic_write(loc, INDEX_KEY, index)
-    manifest = CacheManifest.from_json(_manifest_json(loc, spec, header, collector, index))
+    rows = _write_tables(loc, spec, collector.units(), collector.slots())
+    manifest = CacheManifest.from_json(_manifest_json(loc, spec, header, collector, index, rows))
     storage.atomic_write(loc, MANIFEST_KEY, json.dumps(manifest.to_json(), indent=1).encode())
     logger.info("finalized %s: %d units, %d samples, %d tokens", uri, expected_units,
                 manifest.storage.totals.samples, manifest.storage.totals.tokens)
     return manifest
 
 
+def _write_tables(loc: storage.Location, spec: CacheSpec, units: UnitColumns,
+                  slots: SlotColumns) -> dict[str, Any]:
+    """The manifest's unit and slot rows: written as tables from format 3 (the manifest holds
+    their digests), listed in ``storage.units`` before it (until sparkforge 0.4.0)."""
+    if spec.format_version < 3:
+        return {"units": _unit_entries(units, slots)}
+    out = {}
+    for field, key, raw, n in [("unit_table", UNIT_TABLE_KEY, unit_table_bytes(units), len(units)),
+                               ("slot_table", SLOT_TABLE_KEY, slot_table_bytes(slots), len(slots))]:
+        storage.atomic_write(loc, key, raw)
+        out[field] = table_ref(key, raw, n)
+    return out
+
+
 def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
-                   collector: CommitCollector, index: bytes) -> dict[str, Any]:
+                   collector: CommitCollector, index: bytes,
+                   rows: dict[str, Any]) -> dict[str, Any]:
     layouts = array_layouts(spec)
-    units, slots = collector.units(), collector.slots()
+    units = collector.units()
     tokens = int(units.num_tokens.sum())
     row_bytes = sum(a.dtype.itemsize * math.prod(a.row_shape) for a in layouts.values())
     return {
@@ -137,7 +160,7 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
                            "row_shape": list(a.row_shape)} for n, a in layouts.items()},
             "codecs": {n: describe_codecs([compressor(a, spec)], sharded=a.blosc)
                        for n, a in layouts.items()},
-            "units": _unit_entries(units, slots),
+            **rows,
             "index_key": INDEX_KEY, "index_sha256": hashlib.sha256(index).hexdigest(),
             "totals": {"samples": int(units.num_samples.sum()), "tokens": tokens,
                        "logical_bytes": tokens * row_bytes,

@@ -13,7 +13,9 @@ import pyarrow.parquet as pq
 
 from sparkforge.manifests.index import INDEX_SCHEMA
 from sparkforge.manifests.objects import MAX_COMMIT_BYTES, MAX_MANIFEST_BYTES, read_json
-from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest, UnitEntry
+from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
+from sparkforge.manifests.tables import read_tables
+from sparkforge.manifests.units import UnitColumns
 from sparkforge.shared import storage
 from sparkforge.shared.cache_tables import SPLITS, SampleColumns, SlotColumns, TableError
 from sparkforge.shared.commit import UnitInfo
@@ -104,24 +106,20 @@ def _sha256(loc: storage.Location, path: str) -> str:
     return digest.hexdigest()
 
 
-def read_slots(manifest: CacheManifest) -> SlotColumns:
-    """The committed slots as columns (from the manifest's ``storage.units``)."""
-    return SlotColumns.from_units(manifest.storage.units, tuple(manifest.storage.arrays))
-
-
-def unit_differences(entry: UnitEntry, committed: UnitInfo, samples: SampleColumns,
+def unit_differences(units: UnitColumns, committed: UnitInfo, samples: SampleColumns,
                      slots: SlotColumns) -> list[str]:
-    """How a unit as the manifest, slot table and index describe it differs from its commit
+    """How a unit as the unit and slot tables and the index describe it differs from its commit
     record, compared column by column."""
-    out = [f"{name}: manifest has {getattr(entry, name)!r}, commit record "
-           f"{getattr(committed, name)!r}" for name in ("attempt", "accounting")
-           if getattr(entry, name) != getattr(committed, name)]
-    rows = slots.of_unit(entry.unit)
+    row = int(np.searchsorted(units.unit, committed.unit))
+    listed = {"attempt": int(units.attempt[row]), "accounting": units.accounting(row)}
+    out = [f"{name}: manifest has {want!r}, commit record {getattr(committed, name)!r}"
+           for name, want in listed.items() if want != getattr(committed, name)]
+    rows = slots.of_unit(committed.unit)
     theirs = SlotColumns.from_units([committed], slots.arrays)
     for name in ("slot", "num_rows", "crc32c"):
         if not np.array_equal(getattr(slots, name)[rows], getattr(theirs, name)):
             out.append(f"slots: the manifest's {name} differ from the commit record's")
-    mine = samples.of_unit(entry.unit)
+    mine = samples.of_unit(committed.unit)
     mine = mine[np.argsort(samples.sample_id[mine])]
     record = sorted(committed.samples, key=lambda s: s.sample_id)
     ids = samples.sample_id[mine]
@@ -149,7 +147,8 @@ def _shown(name: str, value: Any) -> object:
     return SPLITS[int(value)] if name == "split" else int(value)
 
 
-def commit_check(manifest: CacheManifest) -> Callable[[int, CacheReader[CacheManifest]], None]:
+def commit_check(manifest: CacheManifest,
+                 units: UnitColumns) -> Callable[[int, CacheReader[CacheManifest]], None]:
     """A reader callback: a unit's boundaries must be the ones its commit record holds (read
     through the reader's own location, so it works in any process).
 
@@ -157,7 +156,6 @@ def commit_check(manifest: CacheManifest) -> Callable[[int, CacheReader[CacheMan
         IndexMismatchError: naming the unit and the first differences.
     """
     spec = manifest.storage.spec
-    entries = {e.unit: e for e in manifest.storage.units}
 
     def check(unit: int, reader: CacheReader[CacheManifest]) -> None:
         where = f"unit {unit}"
@@ -166,7 +164,7 @@ def commit_check(manifest: CacheManifest) -> Callable[[int, CacheReader[CacheMan
         except FileNotFoundError as exc:
             raise IndexMismatchError(f"{where}: commit record {commit_key(unit)} is "
                                      "missing") from exc
-        problems = unit_differences(entries[unit], parse_commit_bytes(raw, unit=unit, spec=spec),
+        problems = unit_differences(units, parse_commit_bytes(raw, unit=unit, spec=spec),
                                     reader.samples, reader.slots)
         if problems:
             raise IndexMismatchError(f"{where}: the index or manifest disagrees with the commit "
@@ -200,7 +198,7 @@ def open_cache(uri: str, *, storage_options: Mapping[str, Any] | None = None,
     samples = read_samples(loc, manifest)
     positions = None if features is None else feature_positions(manifest.capture.layer_ids,
                                                                 features)
-    units = np.array([u.unit for u in manifest.storage.units], dtype=np.int64)
-    return CacheReader(loc, manifest.storage.spec, units, samples, read_slots(manifest), manifest,
+    units, slots = read_tables(loc, manifest)
+    return CacheReader(loc, manifest.storage.spec, units.unit, samples, slots, manifest,
                        vocab_size=manifest.target.vocab_size, verify=verify,
-                       check_unit=commit_check(manifest), aux_layers=positions)
+                       check_unit=commit_check(manifest, units), aux_layers=positions)

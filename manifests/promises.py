@@ -21,7 +21,7 @@ from sparkforge.shared.header import RunHeader
 def promise_problems(header: RunHeader, m: CacheManifest) -> list[str]:
     """The run header's unit and input-row counts against what the manifest lists."""
     try:
-        promised = [("num_units", "units", header.num_units, len(m.storage.units)),
+        promised = [("num_units", "units", header.num_units, m.storage.num_units),
                     ("num_rows", "input rows", header.num_rows, m.accounting.input_rows)]
     except ManifestError:
         return []  # a header without the producer's resolved counts promises nothing

@@ -9,6 +9,7 @@ sample, array and (for ``aux_hidden``) layer slot.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,12 +22,13 @@ import numpy.typing as npt
 import zarr
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.core.sync import sync as zarr_sync
 from zarr.storage import WrapperStore
 
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.shared import storage
 from sparkforge.shared.dtypes import storage_to_float32
-from sparkforge.shared.layout import array_layouts, open_arrays, slot_key
+from sparkforge.shared.layout import CacheSpec, array_layouts, open_arrays, row_selection, slot_key
 
 BLOCK_BYTES: Final = 64 << 20
 """Rows decoded per step and array (about 64 MiB)."""
@@ -89,7 +91,7 @@ def scan_slots(loc: storage.Location, slots: Iterable[SlotToScan], m: CacheManif
     order given; ``sizes`` (key -> bytes, from a listing) bounds the bytes read ahead."""
     store = _Prefetched(storage.zarr_store(loc, read_only=True))
     arrays = open_arrays(zarr.open_group(store, mode="r"), m.storage.spec)
-    for slot, objects in _fetched(loc, slots, arrays, sizes, max_concurrency):
+    for slot, objects in _fetched(loc, slots, arrays, m.storage.spec, sizes, max_concurrency):
         store.objects.update(objects)
         try:
             yield slot, _scan_slot(slot, arrays, m, checked)
@@ -99,7 +101,7 @@ def scan_slots(loc: storage.Location, slots: Iterable[SlotToScan], m: CacheManif
 
 
 def _fetched(loc: storage.Location, slots: Iterable[SlotToScan],
-             arrays: Mapping[str, zarr.Array[Any]], sizes: Mapping[str, int],
+             arrays: Mapping[str, zarr.Array[Any]], spec: CacheSpec, sizes: Mapping[str, int],
              max_concurrency: int) -> Iterator[tuple[SlotToScan, dict[str, bytes]]]:
     """Each slot with its objects' bytes (those that could be read), fetched ahead in order."""
     def fetch(key: str) -> bytes | None:
@@ -112,7 +114,7 @@ def _fetched(loc: storage.Location, slots: Iterable[SlotToScan],
     held = 0
     with ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix="deep_scan") as pool:
         for slot in slots:
-            keys = [slot_key(name, arr, slot.slot) for name, arr in arrays.items()]
+            keys = [slot_key(name, arr, slot.slot, spec) for name, arr in arrays.items()]
             size = sum(sizes.get(k, 0) for k in keys)
             while ahead and (held + size > READ_AHEAD_BYTES
                              or len(ahead) * len(keys) >= 2 * max_concurrency):
@@ -130,26 +132,28 @@ def _scan_slot(slot: SlotToScan, arrays: Mapping[str, zarr.Array[Any]], m: Cache
                checked: Counter[str]) -> list[str]:
     spec = m.storage.spec
     layouts = array_layouts(spec)
-    base = slot.slot * spec.shard_rows
-    starts = slot.row_offset - base
+    starts = slot.row_offset - slot.slot * spec.shard_rows
     where, problems = f"unit {slot.unit}, slot {slot.slot}", []
     findings: dict[tuple[int, str], _Finding] = {}
-    for name, arr in arrays.items():
-        crc = 0
-        try:
-            for lo, block in _blocks(arr, base, slot.num_rows):
-                crc = crc32c.crc32c(np.ascontiguousarray(block).data.cast("B"), crc)
-                checked["bytes_scanned"] += block.nbytes
-                bad = _nonfinite(layouts[name].field, block, spec.hidden_dtype)
-                if bad is not None:
-                    _record(findings, name, bad, lo, starts, layouts[name].layer)
-                if name in ("input_ids", "loss_mask"):
-                    problems += _token_problems(name, block, lo, slot, starts, m, where)
-        except Exception as exc:  # a corrupt object fails to decode: record it, scan the rest
-            problems.append(f"{where}: array {name}: cannot be decoded "
-                            f"({type(exc).__name__}: {exc})")
+    crcs: dict[str, int] = {}
+    broken: set[str] = set()
+    for name, lo, block in _blocks(arrays, m, slot):
+        if name in broken:
             continue
-        expected = slot.crc32c.get(name)
+        if isinstance(block, BaseException):  # a corrupt object fails to decode: scan the rest
+            problems.append(f"{where}: array {name}: cannot be decoded "
+                            f"({type(block).__name__}: {block})")
+            broken.add(name)
+            continue
+        crcs[name] = crc32c.crc32c(np.ascontiguousarray(block).data.cast("B"), crcs.get(name, 0))
+        checked["bytes_scanned"] += block.nbytes
+        bad = _nonfinite(layouts[name].field, block, spec.hidden_dtype)
+        if bad is not None:
+            _record(findings, name, bad, lo, starts, layouts[name].layer)
+        if name in ("input_ids", "loss_mask"):
+            problems += _token_problems(name, block, lo, slot, starts, m, where)
+    for name in arrays.keys() - broken:
+        crc, expected = crcs.get(name, 0), slot.crc32c.get(name)
         if crc != expected:
             shown = "none" if expected is None else f"{expected:#010x}"
             problems.append(f"{where}: array {name}: crc32c {crc:#010x} != committed {shown} "
@@ -163,14 +167,42 @@ def _scan_slot(slot: SlotToScan, arrays: Mapping[str, zarr.Array[Any]], m: Cache
     return problems
 
 
-def _blocks(arr: zarr.Array[Any], base: int,
-            num_rows: int) -> Iterator[tuple[int, npt.NDArray[Any]]]:
-    """(first row in the slot, decoded rows) in inner-chunk-aligned blocks."""
-    row_bytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
-    chunk = arr.chunks[0]
-    step = max(chunk, BLOCK_BYTES // max(row_bytes, 1) // chunk * chunk)
-    for lo in range(0, num_rows, step):
-        yield lo, np.asarray(arr[base + lo:base + min(lo + step, num_rows)])
+def _blocks(arrays: Mapping[str, zarr.Array[Any]], m: CacheManifest,
+            slot: SlotToScan) -> Iterator[tuple[str, int, npt.NDArray[Any] | BaseException]]:
+    """(array, first row in the slot, decoded rows or the error decoding them) for every
+    array's used rows of the slot in inner-chunk-aligned blocks, array by array; blocks are
+    decoded together until they add up to :data:`BLOCK_BYTES` (one zarr call for a small slot)."""
+    spec, base = m.storage.spec, slot.slot * m.storage.spec.shard_rows
+    batch: list[tuple[str, int, int]] = []
+    size = 0
+    for name, layout in array_layouts(spec).items():
+        row_bytes = layout.dtype.itemsize * int(np.prod(layout.row_shape, dtype=np.int64))
+        chunk = arrays[name].chunks[-1 - len(layout.row_shape)]
+        step = max(chunk, BLOCK_BYTES // max(row_bytes, 1) // chunk * chunk)
+        for lo in range(0, slot.num_rows, step):
+            hi = min(lo + step, slot.num_rows)
+            batch.append((name, lo, hi))
+            size += (hi - lo) * row_bytes
+            if size >= BLOCK_BYTES:
+                yield from _decode(arrays, spec, base, batch)
+                batch, size = [], 0
+    yield from _decode(arrays, spec, base, batch)
+
+
+def _decode(arrays: Mapping[str, zarr.Array[Any]], spec: CacheSpec, base: int,
+            jobs: list[tuple[str, int, int]],
+            ) -> Iterator[tuple[str, int, npt.NDArray[Any] | BaseException]]:
+    """Rows ``[lo, hi)`` of the slot at row ``base`` for each job, in one zarr call."""
+    reads = [arrays[name].async_array.getitem(row_selection(spec, base + lo, base + hi))
+             for name, lo, hi in jobs]
+    results = zarr_sync(_gather(reads)) if reads else []
+    for (name, lo, _), result in zip(jobs, results, strict=True):
+        yield name, lo, result if isinstance(result, BaseException) else np.asarray(result)
+
+
+async def _gather(jobs: list[Any]) -> list[Any]:
+    """Every job's result or exception, in order."""
+    return list(await asyncio.gather(*jobs, return_exceptions=True))
 
 
 def _nonfinite(field: str, block: npt.NDArray[Any],

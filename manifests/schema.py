@@ -35,7 +35,8 @@ from sparkforge.shared.records import UnitAccounting, sum_accounting
 from sparkforge.shared.storage import UnsafeKeyError, safe_key
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_KEYS", "CacheIncompleteError", "CacheManifest",
-           "ManifestError", "ManifestJSON", "UnknownFormatVersionError", "parse_manifest"]
+           "ManifestError", "ManifestJSON", "TableRef", "UnknownFormatVersionError",
+           "parse_manifest"]
 
 
 class UnknownFormatVersionError(ManifestError):
@@ -103,18 +104,54 @@ class Totals:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TableRef:
+    """A Parquet table beside the manifest, which the manifest commits to by digest."""
+
+    key: str
+    sha256: str
+    num_rows: int
+
+
+_LEGACY: Final = {"optional_in_json": True}
+"""Present in some format versions only: ``units`` up to format 2, the tables from format 3."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class StorageInfo:
-    """Arrays, codecs, chunking, units with checksums, the index and totals."""
+    """Arrays, codecs, chunking, the index, the unit and slot rows (with checksums), totals."""
 
     spec: CacheSpec
     arrays: dict[str, ArrayInfo]
     codecs: dict[str, str]
     """Array name -> human-readable codec chain, e.g. 'sharded blosc zstd-1 shuffle'
     (:func:`sparkforge.shared.layout.describe_codecs`)."""
-    units: tuple[UnitEntry, ...]
+    units: tuple[UnitEntry, ...] | None = dataclasses.field(default=None, metadata=_LEGACY)
+    """Formats 1-2 only (read until sparkforge 0.4.0): every unit with its slots' checksums.
+    From format 3 these rows are in ``unit_table`` and ``slot_table``."""
     index_key: str
     index_sha256: str
+    unit_table: TableRef | None = dataclasses.field(default=None, metadata=_LEGACY)
+    """Format 3: ``units.parquet``, one row per unit (attempt, counts, accounting)."""
+    slot_table: TableRef | None = dataclasses.field(default=None, metadata=_LEGACY)
+    """Format 3: ``slots.parquet``, one row per slot (used rows, a crc32c per array)."""
     totals: Totals
+
+    @property
+    def num_units(self) -> int:
+        """Committed units."""
+        return len(self.units) if self.units is not None else _rows(self.unit_table)
+
+    @property
+    def num_slots(self) -> int:
+        """Committed slots."""
+        if self.units is not None:
+            return sum(len(u.slots) for u in self.units)
+        return _rows(self.slot_table)
+
+
+def _rows(table: TableRef | None) -> int:
+    assert table is not None, "parse_storage requires the tables from format 3"
+    return table.num_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +184,9 @@ class CacheManifest:
         out: ManifestJSON = _lists(dataclasses.asdict(self))
         out["storage"]["spec"] = self.storage.spec.to_json()  # its version is format_version
         _drop_unset(out["data"], ("mix", "mix_seed"))
-        for accounting in (out["accounting"], *(u["accounting"] for u in out["storage"]["units"])):
+        _drop_unset(out["storage"], ("units", "unit_table", "slot_table"))
+        units = out["storage"].get("units") or ()
+        for accounting in (out["accounting"], *(u["accounting"] for u in units)):
             _drop_unset(accounting, ("image_rows",))
         for source in out["data"]["sources"]:
             _drop_unset(source, ("hf_dataset",))
@@ -225,11 +264,24 @@ def parse_index_key(data: object) -> str:
         raise f.fail("storage.index_key", "a relative key inside the cache root", data) from exc
 
 
+def parse_table_ref(data: object, field: str, *, max_rows: int) -> TableRef:
+    """A table beside the manifest: a key inside the cache root, its sha256 and row count."""
+    d = f.obj(data, field, required=frozenset({"key", "sha256", "num_rows"}))
+    try:
+        key = safe_key(f.string(d["key"], f"{field}.key", max_len=256))
+    except UnsafeKeyError as exc:
+        raise f.fail(f"{field}.key", "a relative key inside the cache root", d["key"]) from exc
+    return TableRef(key=key, sha256=f.hexdigest(d["sha256"], f"{field}.sha256", length=64),
+                    num_rows=f.integer(d["num_rows"], f"{field}.num_rows", hi=max_rows))
+
+
 def parse_storage(data: object, format_version: int = FORMAT_VERSION) -> StorageInfo:
-    """The ``storage`` section: spec, arrays matching the spec (and its format version), units,
-    index, totals."""
-    d = f.obj(data, "storage", required=frozenset({"spec", "arrays", "codecs", "units",
-                                                   "index_key", "index_sha256", "totals"}))
+    """The ``storage`` section: spec, arrays matching the spec (and its format version), the
+    index, the units (up to format 2) or the unit and slot tables (from format 3), totals."""
+    legacy = format_version < 3  # storage.units: read until sparkforge 0.4.0
+    rows = frozenset({"units"} if legacy else {"unit_table", "slot_table"})
+    d = f.obj(data, "storage", required=frozenset({"spec", "arrays", "codecs", "index_key",
+                                                   "index_sha256", "totals"}) | rows)
     spec = parse_spec(d["spec"], format_version=format_version)
     layouts = array_layouts(spec)
     arrays_raw = f.obj(d["arrays"], "storage.arrays", required=frozenset(layouts))
@@ -242,16 +294,21 @@ def parse_storage(data: object, format_version: int = FORMAT_VERSION) -> Storage
         arrays[name] = ArrayInfo(dtype=str(layout.dtype), dtype_logical=layout.dtype_logical,
                                  row_shape=layout.row_shape)
     codecs = f.obj(d["codecs"], "storage.codecs", required=frozenset(layouts))
-    units = tuple(parse_unit_entry(u, f"storage.units[{i}]", spec)
-                  for i, u in enumerate(f.array(d["units"], "storage.units", max_len=MAX_UNITS)))
     t = f.obj(d["totals"], "storage.totals",
               required=frozenset({"samples", "tokens", "logical_bytes", "stored_bytes"}))
+    tables = {} if legacy else {
+        "unit_table": parse_table_ref(d["unit_table"], "storage.unit_table", max_rows=MAX_UNITS),
+        "slot_table": parse_table_ref(d["slot_table"], "storage.slot_table",
+                                      max_rows=MAX_UNITS * spec.rows_per_unit)}
     return StorageInfo(
         spec=spec, arrays=arrays,
         codecs={k: f.string(v, f"storage.codecs.{k}", max_len=256) for k, v in codecs.items()},
-        units=units, index_key=parse_index_key(d["index_key"]),
+        units=tuple(parse_unit_entry(u, f"storage.units[{i}]", spec) for i, u in
+                    enumerate(f.array(d["units"], "storage.units", max_len=MAX_UNITS)))
+        if legacy else None,
+        index_key=parse_index_key(d["index_key"]),
         index_sha256=f.hexdigest(d["index_sha256"], "storage.index_sha256", length=64),
-        totals=Totals(**{k: f.integer(t[k], f"storage.totals.{k}") for k in t}))
+        totals=Totals(**{k: f.integer(t[k], f"storage.totals.{k}") for k in t}), **tables)
 
 
 def parse_manifest(data: object) -> CacheManifest:
@@ -280,8 +337,9 @@ def parse_manifest(data: object) -> CacheManifest:
 
 
 def check_cross_fields(m: CacheManifest) -> None:
-    """Rules that tie sections together (spec vs target/capture, units vs totals/accounting)."""
-    spec, units, totals = m.storage.spec, m.storage.units, m.storage.totals
+    """Rules that tie sections together (spec vs target/capture, units vs totals/accounting;
+    from format 3 the units' rules are checked where their table is read)."""
+    spec, totals = m.storage.spec, m.storage.totals
     rules: list[tuple[bool, str, str, object]] = [
         (len(m.capture.layer_ids) == spec.num_aux_layers, "capture.layer_ids",
          f"{spec.num_aux_layers} ids (storage.spec.num_aux_layers)", list(m.capture.layer_ids)),
@@ -293,20 +351,24 @@ def check_cross_fields(m: CacheManifest) -> None:
          f"storage.spec.hidden_size = {spec.hidden_size}", m.target.hidden_size),
         (m.capture.max_seq_len == spec.max_seq_len, "capture.max_seq_len",
          f"storage.spec.max_seq_len = {spec.max_seq_len}", m.capture.max_seq_len),
-        ([u.unit for u in units] == sorted({u.unit for u in units}), "storage.units",
-         "unique units in increasing order", [u.unit for u in units][:20]),
-        (not m.complete or [u.unit for u in units] == list(range(len(units))),
-         "storage.units", "units 0..n-1 without gaps in a complete cache",
-         [u.unit for u in units][:20]),
-        (totals.samples == sum(u.num_samples for u in units) == m.accounting.written,
-         "storage.totals.samples", "the sum of unit samples and accounting.written",
-         totals.samples),
-        (totals.tokens == sum(u.num_tokens for u in units), "storage.totals.tokens",
-         "the sum of unit tokens", totals.tokens),
-        (m.accounting == sum_accounting([u.accounting for u in units]), "accounting",
-         "the sum of the units' accounting", dataclasses.asdict(m.accounting)),
+        (totals.samples == m.accounting.written, "storage.totals.samples",
+         "accounting.written", totals.samples),
     ]
+    units = m.storage.units
+    if units is not None:  # formats 1-2
+        rules += [
+            ([u.unit for u in units] == sorted({u.unit for u in units}), "storage.units",
+             "unique units in increasing order", [u.unit for u in units][:20]),
+            (not m.complete or [u.unit for u in units] == list(range(len(units))),
+             "storage.units", "units 0..n-1 without gaps in a complete cache",
+             [u.unit for u in units][:20]),
+            (totals.samples == sum(u.num_samples for u in units), "storage.totals.samples",
+             "the sum of unit samples and accounting.written", totals.samples),
+            (totals.tokens == sum(u.num_tokens for u in units), "storage.totals.tokens",
+             "the sum of unit tokens", totals.tokens),
+            (m.accounting == sum_accounting([u.accounting for u in units]), "accounting",
+             "the sum of the units' accounting", dataclasses.asdict(m.accounting)),
+        ]
     for ok, field, expected, value in rules:
         if not ok:
             raise f.fail(field, expected, value)
-

@@ -185,7 +185,7 @@ def _num_units(loc: storage.Location, header: RunHeader) -> int:
         return header.num_units
     except ManifestError as exc:
         if storage.exists(loc, MANIFEST_KEY):
-            return len(read_manifest(loc).storage.units)
+            return read_manifest(loc).storage.num_units
         raise ManifestError(f"{loc.uri}: no manifest, so the number of units must come from the "
                             f"run header: {exc}") from exc
 

@@ -19,6 +19,7 @@ from sparkforge.manifests.objects import (
 from sparkforge.manifests.open import read_manifest, read_samples
 from sparkforge.manifests.plan import human_bytes
 from sparkforge.manifests.schema import CacheManifest
+from sparkforge.manifests.tables import read_slot_table
 from sparkforge.shared import storage
 from sparkforge.shared.cache_tables import SPLITS, SampleColumns
 from sparkforge.shared.layer_ids import default_feature_ids, hf_to_feature
@@ -66,8 +67,8 @@ def summarize_cache(uri: str, *,
                    "features": c.features, "final_hidden": c.final_hidden},
         "engine": f"{c.engine} {c.engine_version}", "max_seq_len": c.max_seq_len,
         "hidden_dtype": spec.hidden_dtype, "aux_codec": spec.aux_codec, "topk": spec.topk,
-        "units": len(m.storage.units),
-        "shards": sum(len(u.slots) for u in m.storage.units),
+        "units": m.storage.num_units,
+        "shards": m.storage.num_slots,
         "samples": m.storage.totals.samples, "tokens": tokens,
         "splits": {k: dict(v) for k, v in sorted(splits.items())},
         "accounting": {"input_rows": m.accounting.input_rows, "written": m.accounting.written,
@@ -156,11 +157,12 @@ def _array_bytes(loc: storage.Location,
     """Per array: codec, logical and stored bytes of committed slots; plus unreferenced bytes."""
     spec = m.storage.spec
     zarrays = read_arrays(loc, spec)
+    slots = read_slot_table(loc, m).slot.tolist()
     arrays: dict[str, dict[str, Any]] = {}
     unreferenced = 0
     for name, layout in array_layouts(spec).items():
         objects = stored_objects(loc, name)
-        keys = {slot_key(name, zarrays[name], s.slot) for u in m.storage.units for s in u.slots}
+        keys = {slot_key(name, zarrays[name], s, spec) for s in slots}
         stored = sum(objects.get(k, 0) for k in keys)
         unreferenced += sum(v for k, v in objects.items()
                             if k not in keys and not k.endswith("zarr.json"))

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import zarr
 from tqdm import tqdm
 
@@ -43,7 +42,7 @@ from sparkforge.manifests.parity import parse_parity
 from sparkforge.manifests.promises import promise_problems
 from sparkforge.manifests.scan import scan_slots
 from sparkforge.manifests.schema import CacheManifest
-from sparkforge.manifests.units import UnitColumns
+from sparkforge.manifests.tables import read_tables
 from sparkforge.shared import storage
 from sparkforge.shared.cache_tables import SlotColumns
 from sparkforge.shared.commit import committed_units
@@ -53,8 +52,9 @@ from sparkforge.shared.layout import (
     TARGET_PREFIX,
     CacheSpec,
     array_layouts,
-    capacity_rows,
+    array_shape,
     describe_codecs,
+    slot_block,
     slot_key,
 )
 from sparkforge.shared.writer import diff_json
@@ -123,10 +123,14 @@ def _check_store(loc: storage.Location, manifest: CacheManifest, report: Validat
     """Everything after the manifest parsed: header, commits, index, parity, arrays, objects;
     ``reported`` keys (links out, special files) are already problems and are not opened."""
     _check_header(loc, manifest, report)
-    units, slots = _bookkeeping(manifest)
-    collector = check_commits(loc, manifest, units, slots, report.problems, report.checked,
-                              where=lambda i: f"manifest storage.units[{i}]",
+    try:
+        tables = read_tables(loc, manifest)
+    except ValueError as exc:  # the records are still checked, against nothing listed
+        report.problems.append(str(exc))
+        tables = None
+    collector = check_commits(loc, manifest, tables, report.problems, report.checked,
                               max_concurrency=max_concurrency)
+    slots = collector.slots()
     committed = committed_index(collector, report.problems)
     splits = index_problems(loc, manifest, committed, report.problems, report.checked)
     _check_logical_bytes(manifest, report)
@@ -135,27 +139,13 @@ def _check_store(loc: storage.Location, manifest: CacheManifest, report: Validat
     _check_parity(loc, manifest, report)
     arrays = _check_arrays(loc, manifest, report)
     if arrays is not None:
-        sizes = _check_objects(loc, slots, arrays, report, reported)
+        sizes = _check_objects(loc, manifest.storage.spec, slots, arrays, report, reported)
         if deep:
             _deep_scan(loc, collector, manifest, report, sizes=sizes, progress=progress,
                        max_concurrency=max_concurrency)
     if against is not None:
         report.problems += [p for p in contract_problems(manifest, against, split_counts=splits)
                             if p not in report.problems]
-
-
-def _bookkeeping(m: CacheManifest) -> tuple[UnitColumns, SlotColumns]:
-    """The manifest's unit rows and slot rows as columns."""
-    entries = m.storage.units
-    units = UnitColumns.from_rows((e.unit, e.attempt, e.num_samples, e.num_tokens, e.accounting)
-                                  for e in entries)
-    arrays = tuple(array_layouts(m.storage.spec))
-    slots = [(e.unit, s) for e in entries for s in e.slots]
-    return units, SlotColumns.from_columns(
-        unit=[u for u, _ in slots], slot=[s.slot for _, s in slots],
-        num_rows=[s.num_rows for _, s in slots], arrays=arrays,
-        crc32c=np.array([[s.crc32c[a] for a in arrays] for _, s in slots],
-                        dtype=np.uint32).reshape(len(slots), len(arrays)))
 
 
 def _deep_scan(loc: storage.Location, collector: CommitCollector, m: CacheManifest,
@@ -239,12 +229,12 @@ def _check_arrays(loc: storage.Location, m: CacheManifest,
         if not isinstance(arr, zarr.Array):
             report.problems.append(f"array {name}: missing from the store")
             continue
-        block = (spec.shard_rows, *layout.row_shape)
+        shape, lead = array_shape(spec, layout), arr.ndim - len(layout.row_shape)
         checks = [("dtype", str(arr.dtype), str(layout.dtype)),
-                  ("row shape", arr.shape[1:], layout.row_shape),
-                  ("rows", arr.shape[0], capacity_rows(spec)),
+                  ("row shape", arr.shape[lead:], layout.row_shape),
+                  ("rows", arr.shape[:lead], shape[:len(shape) - len(layout.row_shape)]),
                   ("shard shape" if layout.blosc else "chunk shape",
-                   arr.shards if layout.blosc else arr.chunks, block),
+                   arr.shards if layout.blosc else arr.chunks, slot_block(spec, layout)),
                   ("dtype_logical attribute", arr.attrs.get("dtype_logical"),
                    layout.dtype_logical),
                   ("codec", describe_codecs(arr.compressors, sharded=arr.shards is not None),
@@ -264,7 +254,7 @@ def _check_logical_bytes(m: CacheManifest, report: ValidationReport) -> None:
                                f"{m.storage.totals.tokens * row_bytes}")
 
 
-def _check_objects(loc: storage.Location, slots: SlotColumns,
+def _check_objects(loc: storage.Location, spec: CacheSpec, slots: SlotColumns,
                    arrays: Mapping[str, zarr.Array[Any]], report: ValidationReport,
                    reported: set[str]) -> dict[str, int]:
     """Every committed slot has its object in every array (missing ones would read as zeros);
@@ -276,7 +266,7 @@ def _check_objects(loc: storage.Location, slots: SlotColumns,
         present = stored_objects(loc, name)
         sizes |= present
         for unit, slot in zip(slots.unit.tolist(), slots.slot.tolist(), strict=True):
-            key = slot_key(name, arr, slot)
+            key = slot_key(name, arr, slot, spec)
             if key in reported:
                 continue
             if key not in present:

@@ -16,12 +16,19 @@ from sparkforge.shared import fields as f
 from sparkforge.shared.dtypes import STORAGE_DTYPES, HiddenDtype
 from sparkforge.shared.errors import SparkforgeError
 
-FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
 """The layout new caches get. 1: ``aux_hidden`` (and fp8 ``aux_scale``) hold every captured layer
 of a row in one array, so any read decodes all layers. 2: one array per captured layer
-(``aux_hidden.0``, ``aux_hidden.1``, ...), so a run reads only the layers it trains on."""
-READABLE_VERSIONS: Final = (1, 2)
-"""Format 1 is still read (``_layered``); its reader is dropped in sparkforge 0.3.0."""
+(``aux_hidden.0``, ``aux_hidden.1``, ...), so a run reads only the layers it trains on. 3: as 2,
+with a leading slot-group axis on every array (the slots of :data:`UNITS_PER_GROUP` units per
+group), so slot objects nest as ``c/{group}/{slot in group}`` instead of one folder holding
+every slot, and the manifest keeps its unit and slot rows in Parquet tables beside it."""
+READABLE_VERSIONS: Final = (1, 2, 3)
+"""Formats 1 (``_layered``) and 2 (flat slot keys: ``_flat``) are still read; format 1's reader is
+dropped in sparkforge 0.3.0, format 2's in 0.4.0."""
+UNITS_PER_GROUP: Final = 1000
+"""Format 3: units whose slots share a group; a group folder holds their slots (about 17k at 256
+rows per unit), the ``c/`` folder one group per 1,000 units (400 at 400k units)."""
 AuxCodec = Literal["lossless", "fp8"]
 """How aux hidden states are stored: as ``hidden_dtype``, or fp8 with a per-row scale."""
 AUX_CODECS: Final = get_args(AuxCodec)
@@ -158,6 +165,48 @@ def capacity_rows(spec: CacheSpec) -> int:
     return MAX_UNITS * MAX_ATTEMPTS * slots_per_attempt(spec) * spec.shard_rows
 
 
+def _flat(spec: CacheSpec) -> bool:
+    """Whether slots lie on one row axis (formats 1 and 2; read until sparkforge 0.4.0)."""
+    return spec.format_version < 3
+
+
+def slots_per_group(spec: CacheSpec) -> int:
+    """Format 3: slot ids in one group (every attempt of :data:`UNITS_PER_GROUP` units)."""
+    return UNITS_PER_GROUP * MAX_ATTEMPTS * slots_per_attempt(spec)
+
+
+def row_selection(spec: CacheSpec, start: int, stop: int) -> tuple[int | slice, ...]:
+    """The zarr selection of rows ``[start, stop)`` inside one slot, in the absolute row numbers
+    of ``row_offset`` (slot ``s`` holds rows ``[s * shard_rows, (s + 1) * shard_rows)``).
+
+    Every array of a cache is indexed through this: the writer, the readers and validate.
+    """
+    if _flat(spec):
+        return (slice(start, stop),)
+    group_rows = slots_per_group(spec) * spec.shard_rows
+    group = start // group_rows
+    return (group, slice(start - group * group_rows, stop - group * group_rows))
+
+
+def slot_coords(spec: CacheSpec, slot: int) -> tuple[int, ...]:
+    """The slot's position on the leading axes of the chunk grid."""
+    return (slot,) if _flat(spec) else divmod(slot, slots_per_group(spec))
+
+
+def array_shape(spec: CacheSpec, a: ArrayLayout) -> tuple[int, ...]:
+    """The full shape of one array (unwritten slots cost nothing)."""
+    if _flat(spec):
+        return (capacity_rows(spec), *a.row_shape)
+    return (MAX_UNITS // UNITS_PER_GROUP, slots_per_group(spec) * spec.shard_rows, *a.row_shape)
+
+
+def slot_block(spec: CacheSpec, a: ArrayLayout, rows: int | None = None) -> tuple[int, ...]:
+    """The block of ``rows`` rows (default: a slot's, i.e. the shard of a sharded array and the
+    chunk of the others) in this array's grid."""
+    lead = () if _flat(spec) else (1,)
+    return (*lead, spec.shard_rows if rows is None else rows, *a.row_shape)
+
+
 def inner_chunk_rows(row_bytes: int, shard_rows: int) -> int:
     """c: the smallest power of two with c * row_bytes >= 1 MiB, capped to divide shard_rows."""
     rows = 1
@@ -258,26 +307,21 @@ def create_arrays(group: zarr.Group, spec: CacheSpec) -> None:
 
     Arrays that already exist are kept, so a creation interrupted by a crash can be finished.
     """
-    rows = capacity_rows(spec)
     existing = set(group.array_keys())
     for a in array_layouts(spec).values():
         if a.name in existing:
             continue
-        shape = (rows, *a.row_shape)
         attrs: dict[str, Any] = {"dtype_logical": a.dtype_logical}
+        common: dict[str, Any] = {"shape": array_shape(spec, a), "dtype": a.dtype,
+                                  "compressors": compressor(a, spec), "fill_value": 0,
+                                  "attributes": attrs, "config": {"write_empty_chunks": False}}
         if a.blosc:
             row_bytes = a.dtype.itemsize * int(np.prod(a.row_shape, dtype=np.int64))
             chunk = inner_chunk_rows(row_bytes, spec.shard_rows)
-            group.create_array(a.name, shape=shape, dtype=a.dtype,
-                               chunks=(chunk, *a.row_shape),
-                               shards=(spec.shard_rows, *a.row_shape),
-                               compressors=compressor(a, spec), fill_value=0, attributes=attrs,
-                               config={"write_empty_chunks": False})
+            group.create_array(a.name, chunks=slot_block(spec, a, chunk),
+                               shards=slot_block(spec, a), **common)
         else:
-            group.create_array(a.name, shape=shape, dtype=a.dtype,
-                               chunks=(spec.shard_rows, *a.row_shape),
-                               compressors=compressor(a, spec), fill_value=0, attributes=attrs,
-                               config={"write_empty_chunks": False})
+            group.create_array(a.name, chunks=slot_block(spec, a), **common)
 
 
 def open_arrays(group: zarr.Group, spec: CacheSpec,
@@ -297,6 +341,7 @@ def open_arrays(group: zarr.Group, spec: CacheSpec,
     return out
 
 
-def slot_key(name: str, arr: zarr.Array[Any], slot: int) -> str:
+def slot_key(name: str, arr: zarr.Array[Any], slot: int, spec: CacheSpec) -> str:
     """The store key of one slot's object (a shard, or the one chunk of an unsharded array)."""
-    return f"{name}/{arr.metadata.encode_chunk_key((slot, *[0] * (arr.ndim - 1)))}"
+    coords = slot_coords(spec, slot)
+    return f"{name}/{arr.metadata.encode_chunk_key((*coords, *[0] * (arr.ndim - len(coords))))}"

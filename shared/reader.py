@@ -33,6 +33,7 @@ from sparkforge.shared.layout import (
     CacheSpec,
     array_layouts,
     open_arrays,
+    row_selection,
     slot_key,
 )
 
@@ -276,10 +277,12 @@ class CacheReader(Generic[M]):
         for k, *_ in reads:
             for name, arr in arrays.items():
                 try:
-                    storage.inside_root(self.loc, slot_key(name, arr, int(self.slots.slot[k])))
+                    key = slot_key(name, arr, int(self.slots.slot[k]), self.spec)
+                    storage.inside_root(self.loc, key)
                 except (storage.UnsafeKeyError, storage.IrregularObjectError) as exc:
                     raise CacheDataError(f"{self._where(k)}: array {name}: {exc}") from exc
-        results = zarr_sync(_gather([arr.async_array.getitem(slice(start, start + count))
+        results = zarr_sync(_gather([arr.async_array.getitem(row_selection(self.spec, start,
+                                                                           start + count))
                                      for _, _, start, count in reads
                                      for arr in arrays.values()]))
         out, at = [], 0

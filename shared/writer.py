@@ -34,6 +34,7 @@ from sparkforge.shared.layout import (
     create_arrays,
     first_slot,
     open_arrays,
+    row_selection,
 )
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 
@@ -198,7 +199,7 @@ class CacheWriter:
         crcs = {}
         for name, buf in buffers.items():
             buf[used:stale] = 0
-            self._arrays[name][slot * sr:(slot + 1) * sr] = buf
+            self._arrays[name][row_selection(self.spec, slot * sr, (slot + 1) * sr)] = buf
             crcs[name] = checksum(buf[:used])
         self._local.dirty_rows = used
         return SlotRecord(slot=slot, num_rows=used, crc32c=crcs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ import numpy as np
 from zarr.storage import WrapperStore
 
 from sparkforge.shared import storage
+from sparkforge.shared.cache_tables import SlotColumns
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting
@@ -222,28 +223,76 @@ def write_tiny_cache(uri: str, target_dir: Path, *, hidden_dtype: str = "bfloat1
     return uri
 
 
+def cache_spec(cache: Path) -> CacheSpec:
+    """The spec of a finalized local cache, from its manifest."""
+    from sparkforge.manifests.open import read_manifest
+
+    return read_manifest(storage.open_location(str(cache))).storage.spec
+
+
+def unit_slots(cache: Path, unit: int) -> list[int]:
+    """The slots of one unit, in order, as the cache's slot table lists them."""
+    from sparkforge.manifests.open import read_manifest
+    from sparkforge.manifests.tables import read_slot_table
+
+    loc = storage.open_location(str(cache))
+    slots = read_slot_table(loc, read_manifest(loc))
+    return slots.slot[slots.of_unit(unit)].tolist()
+
+
+def slot_object(cache: Path, name: str, slot: int) -> Path:
+    """The file holding one slot of array ``name`` (``c/{group}/{slot in group}/...``)."""
+    import zarr
+
+    from sparkforge.shared.layout import slot_key
+
+    arr = zarr.open_array(str(cache / name), mode="r")
+    return cache / slot_key(name, arr, slot, cache_spec(cache))
+
+
+def reseal_slot_table(cache: Path, edit: Callable[[SlotColumns], None]) -> None:
+    """Edit the slot rows in place, rewrite the slot table and re-seal the manifest's sha256 of
+    it, so only the checks after the digest can object."""
+    import json
+
+    from sparkforge.manifests.open import read_manifest
+    from sparkforge.manifests.tables import read_slot_table, slot_table_bytes
+
+    loc = storage.open_location(str(cache))
+    slots = read_slot_table(loc, read_manifest(loc))
+    edit(slots)
+    raw = slot_table_bytes(slots)
+    manifest = json.loads((cache / "manifest.json").read_text())
+    ref = manifest["storage"]["slot_table"]
+    (cache / ref["key"]).write_bytes(raw)
+    ref["sha256"] = hashlib.sha256(raw).hexdigest()
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+
+
 def forge_rows(cache: Path, name: str, row: int, values: np.ndarray) -> None:
     """Overwrite rows of one array and re-seal the slot's crc32c in its commit record and the
-    manifest, as a producer writing bad values would (the checksums then match the bad data)."""
+    slot table, as a producer writing bad values would (the checksums then match the bad data)."""
     import json
 
     import zarr
 
     from sparkforge.shared.commit import checksum
+    from sparkforge.shared.layout import row_selection
 
-    manifest = json.loads((cache / "manifest.json").read_text())
-    shard_rows = manifest["storage"]["spec"]["shard_rows"]
+    spec = cache_spec(cache)
     arr = zarr.open_group(str(cache), mode="r+")[name]
-    arr[row:row + len(values)] = values
-    slot = row // shard_rows
-    for unit in manifest["storage"]["units"]:
-        for entry in unit["slots"]:
-            if entry["slot"] != slot:
-                continue
-            crc = checksum(np.asarray(arr[slot * shard_rows:slot * shard_rows + entry["num_rows"]]))
-            entry["crc32c"][name] = crc
-            path = cache / f"_commits/unit_{unit['unit']:08d}.json"
-            record = json.loads(path.read_text())
-            next(s for s in record["slots"] if s["slot"] == slot)["crc32c"][name] = crc
-            path.write_text(json.dumps(record))
-    (cache / "manifest.json").write_text(json.dumps(manifest))
+    arr[row_selection(spec, row, row + len(values))] = values
+    slot = row // spec.shard_rows
+
+    def edit(slots: SlotColumns) -> None:
+        k = int(np.flatnonzero(slots.slot == slot)[0])
+        start = slot * spec.shard_rows
+        used = row_selection(spec, start, start + int(slots.num_rows[k]))
+        crc = checksum(np.asarray(arr[used]))
+        slots.crc32c[k, slots.arrays.index(name)] = crc
+        path = cache / f"_commits/unit_{int(slots.unit[k]):08d}.json"
+        record = json.loads(path.read_text())
+        next(s for s in record["slots"] if s["slot"] == slot)["crc32c"][name] = crc
+        path.write_text(json.dumps(record))
+
+    reseal_slot_table(cache, edit)

@@ -17,10 +17,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from cache_helpers import forge_rows
+from cache_helpers import cache_spec, forge_rows, slot_object
 from export_helpers import foreign_checkpoint, load_in_vllm
 
 from sparkforge.app.cli import main
+from sparkforge.shared.layout import row_selection
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_YAML = ROOT / "trainer" / "examples" / "tiny.yaml"
@@ -220,8 +221,8 @@ def test_nonfinite_hidden_state_stops_training_naming_the_sample(
     cache = _copy(tiny_cache, tmp_path)
     sample = _train_sample(cache)
     import zarr
-    row = np.asarray(zarr.open_group(str(cache), mode="r")["aux_hidden.0"][
-        sample["row_offset"]:sample["row_offset"] + 1])
+    rows = row_selection(cache_spec(cache), sample["row_offset"], sample["row_offset"] + 1)
+    row = np.asarray(zarr.open_group(str(cache), mode="r")["aux_hidden.0"][rows])
     row[0, 5] = 0x7FC0  # bf16 NaN at token 0: every anchor's context sees it
     forge_rows(cache, "aux_hidden.0", sample["row_offset"], row)
     out = tmp_path / "run"
@@ -249,7 +250,7 @@ def test_corrupt_chunk_in_a_worker_ends_train_with_one_line(tiny_cache: str,
     array, no traceback."""
     cache = _copy(tiny_cache, tmp_path)
     sample = _train_sample(cache)
-    chunk = cache / f"input_ids/c/{sample['slot']}"
+    chunk = slot_object(cache, "input_ids", sample["slot"])
     data = bytearray(chunk.read_bytes())
     data[8:24] = b"\xff" * 16
     chunk.write_bytes(bytes(data))

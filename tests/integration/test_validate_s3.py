@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import s3fs
 from cache_helpers import make_run_header, make_unit
@@ -38,11 +40,12 @@ def test_validate_and_inspect_on_s3(moto_server: dict[str, Any],
     assert main(["inspect", uri, "--json", *flags]) == 0
     assert json.loads(capsys.readouterr().out)["samples"] == 8
 
-    manifest = json.loads(s3fs.S3FileSystem(**options).cat_file(f"{uri[5:]}/manifest.json"))
-    slot = manifest["storage"]["units"][1]["slots"][0]["slot"]
+    slots = pq.read_table(io.BytesIO(s3fs.S3FileSystem(**options).cat_file(
+        f"{uri[5:]}/slots.parquet"))).to_pylist()
+    slot = next(s["slot"] for s in slots if s["unit"] == 1)
     s3fs.S3FileSystem(**options, skip_instance_cache=True).rm_file(
-        f"{uri[5:]}/final_hidden/c/{slot}/0")
+        f"{uri[5:]}/final_hidden/c/0/{slot}/0")
     assert main(["validate", uri, *flags]) == 1
-    assert f"unit 1, slot {slot}: object final_hidden/c/{slot}/0 is missing" in \
+    assert f"unit 1, slot {slot}: object final_hidden/c/0/{slot}/0 is missing" in \
         capsys.readouterr().out
     assert main(["validate", f"s3://{moto_server['bucket']}/nothing-here", *flags]) == 2

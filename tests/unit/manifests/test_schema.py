@@ -69,7 +69,7 @@ def _set(path: str, value: Any) -> Any:
 _DELETE = object()
 
 INVALID = [
-    ("format_version", 3, UnknownFormatVersionError, r"reads versions \[1, 2\], got 3"),
+    ("format_version", 4, UnknownFormatVersionError, r"reads versions \[1, 2, 3\], got 4"),
     ("format_version", "1", ManifestError, "'format_version': expected an integer"),
     ("complete", "yes", ManifestError, "'complete': expected true or false"),
     ("created_at", "yesterday", ManifestError, "'created_at': expected an ISO 8601"),
@@ -123,6 +123,23 @@ INVALID = [
 ]
 
 
+FORMAT_3 = [  # from format 3 the manifest names its unit and slot tables instead of listing units
+    ("storage.slot_table", _DELETE, ManifestError, r"'storage': expected keys \['slot_table'\]"),
+    ("storage.units", [], ManifestError,
+     r"'storage': expected only keys .* unknown, got \['units'\]"),
+    ("storage.unit_table.key", "../units.parquet", ManifestError,
+     "'storage.unit_table.key': expected a relative key inside the cache root"),
+    ("storage.slot_table.sha256", "ab", ManifestError, "'storage.slot_table.sha256'"),
+    ("storage.slot_table.num_rows", -1, ManifestError, "'storage.slot_table.num_rows'"),
+    ("storage.unit_table.num_rows", 10**8, ManifestError, "'storage.unit_table.num_rows'"),
+]
+
+
+def _format_3_example() -> dict[str, Any]:
+    (path,) = (p for p in EXAMPLES if p.name == "tiny_vllm_format3.json")
+    return json.loads(path.read_text())
+
+
 def _case_id(path: str, value: Any, match: str) -> str:
     """A test id that is the same in every process (pytest-xdist compares them): a deletion or
     a function is named by its path and the error it expects, not by its address."""
@@ -135,6 +152,17 @@ def _case_id(path: str, value: Any, match: str) -> str:
 def test_invalid_manifest_is_named(path: str, value: Any, error: type, match: str) -> None:
     """A bad field raises ManifestError naming the field and, where useful, the value."""
     data = copy.deepcopy(_example())
+    _set(path, value)(data)
+    with pytest.raises(error, match=match):
+        CacheManifest.from_json(data)
+
+
+@pytest.mark.parametrize(("path", "value", "error", "match"), FORMAT_3,
+                         ids=[_case_id(p, v, m) for p, v, _, m in FORMAT_3])
+def test_invalid_format_3_storage_is_named(path: str, value: Any, error: type,
+                                           match: str) -> None:
+    """A format-3 manifest's table references are parsed field by field like the rest."""
+    data = _format_3_example()
     _set(path, value)(data)
     with pytest.raises(error, match=match):
         CacheManifest.from_json(data)

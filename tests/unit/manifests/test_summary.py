@@ -7,8 +7,16 @@ import os
 import re
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
-from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, build_cache, make_unit
+from cache_helpers import (
+    SMALL_FP8_SPEC,
+    SMALL_SPEC,
+    build_cache,
+    make_unit,
+    slot_object,
+    unit_slots,
+)
 
 from sparkforge.app.cli import main
 from sparkforge.manifests.summary import summarize_cache
@@ -24,10 +32,9 @@ def test_inspect_numbers_match_a_hand_count(tmp_path: Path, spec: CacheSpec,
     tokens = sum(s.num_tokens for s in samples)
     files = [p for p in cache.rglob("*") if p.is_file()]
     on_disk = sum(p.stat().st_size for p in files)
-    manifest = json.loads((cache / "manifest.json").read_text())
-    slots = [s["slot"] for u in manifest["storage"]["units"] for s in u["slots"]]
+    slots = pq.read_table(cache / "slots.parquet")["slot"].to_pylist()
     layouts = array_layouts(spec)
-    stored = {name: sum((cache / name / "c" / str(slot)).joinpath(
+    stored = {name: sum((cache / name / "c" / "0" / str(slot)).joinpath(  # group 0
         *["0"] * len(a.row_shape)).stat().st_size for slot in slots)
         for name, a in layouts.items()}
     logical = {name: tokens * a.dtype.itemsize * max(1, _prod(a.row_shape))
@@ -74,7 +81,7 @@ def test_abandoned_attempt_counts_as_unreferenced(tmp_path: Path) -> None:
     """Slots written by an attempt that never committed are on disk but not in the ratio."""
     cache = build_cache(tmp_path / "c")
     before = summarize_cache(str(cache))
-    orphan = cache / "aux_hidden.1/c/999999/0"
+    orphan = cache / "aux_hidden.1/c/0/999999/0"
     orphan.parent.mkdir(parents=True)
     orphan.write_bytes(b"\0" * 1000)
     after = summarize_cache(str(cache))
@@ -99,6 +106,10 @@ def _no_index(c: Path) -> None:
     (c / "index.parquet").unlink()
 
 
+def _no_slot_table(c: Path) -> None:
+    (c / "slots.parquet").unlink()
+
+
 def _deep_manifest(c: Path) -> None:
     (c / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
 
@@ -118,10 +129,12 @@ def _fifo_shard(c: Path) -> None:
 @pytest.mark.parametrize(("corrupt", "message"), [
     (_no_array_metadata, r"zarr metadata cannot be read .*final_hidden"),
     (_no_index, r"index.parquet is missing \(manifest storage.index_key\)"),
+    (_no_slot_table, r"slots.parquet \(manifest storage.slot_table\) is missing"),
     (_deep_manifest, r"manifest.json: JSON nested deeper than 32 levels"),
     (_shard_links_out, r"aux_hidden.0/c/.*: a link to /etc/passwd, outside the cache root"),
     (_fifo_shard, r"aux_hidden.0/c/.*: a FIFO \(named pipe\), not a regular file"),
-], ids=["array_metadata", "index", "deep_manifest", "shard_links_out", "fifo_shard"])
+], ids=["array_metadata", "index", "slot_table", "deep_manifest", "shard_links_out",
+        "fifo_shard"])
 def test_damaged_cache_is_one_line_and_exit_1(tmp_path: Path, corrupt: object, message: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """inspect on a cache missing array metadata or its index, or with a hostile manifest,
@@ -138,8 +151,7 @@ def test_missing_shards_warn_that_the_ratio_is_inflated(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """With committed shard objects missing, inspect warns instead of showing a bare ratio."""
     cache = build_cache(tmp_path / "c")
-    slot = json.loads((cache / "manifest.json").read_text())["storage"]["units"][0]["slots"][0]
-    (cache / f"aux_hidden.1/c/{slot['slot']}/0").unlink()
+    slot_object(cache, "aux_hidden.1", unit_slots(cache, 0)[0]).unlink()
     s = summarize_cache(str(cache))
     assert s["arrays"]["aux_hidden.1"]["missing_objects"] == 1
     assert s["warnings"] == [

@@ -15,13 +15,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zarr
-from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, build_cache
+from cache_helpers import (
+    SMALL_FP8_SPEC,
+    SMALL_SPEC,
+    build_cache,
+    cache_spec,
+    slot_object,
+    unit_slots,
+)
 
 from sparkforge.app.cli import main
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
-from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.layout import CacheSpec, row_selection
 
 SPEC, FP8 = SMALL_SPEC, SMALL_FP8_SPEC
 
@@ -37,7 +44,7 @@ def _edit_json(path: Path, edit: Callable[[dict], object]) -> None:
 
 
 def _first_slot(cache: Path, unit: int = 0) -> int:
-    return int(_json(cache / "manifest.json")["storage"]["units"][unit]["slots"][0]["slot"])
+    return unit_slots(cache, unit)[0]
 
 
 def _rewrite_index(cache: Path, edit: Callable[[list[dict]], list[dict]]) -> None:
@@ -56,15 +63,15 @@ def _delete_commit(c: Path) -> None:
 
 
 def _delete_shard(c: Path) -> None:
-    (c / f"aux_hidden.1/c/{_first_slot(c, 2)}/0").unlink()
+    slot_object(c, "aux_hidden.1", _first_slot(c, 2)).unlink()
 
 
 def _delete_chunk(c: Path) -> None:
-    (c / f"input_ids/c/{_first_slot(c)}").unlink()
+    slot_object(c, "input_ids", _first_slot(c)).unlink()
 
 
 def _wrong_row_shape(c: Path) -> None:
-    _edit_json(c / "aux_hidden.1/zarr.json", lambda z: z["shape"].__setitem__(1, 8))
+    _edit_json(c / "aux_hidden.1/zarr.json", lambda z: z["shape"].__setitem__(-1, 8))
 
 
 def _wrong_dtype(c: Path) -> None:
@@ -197,13 +204,13 @@ def _commit_links_out(c: Path) -> None:
 
 
 def _shard_links_out(c: Path) -> None:
-    shard = c / f"aux_hidden.1/c/{_first_slot(c, 1)}/0"
+    shard = slot_object(c, "aux_hidden.1", _first_slot(c, 1))
     shard.unlink()
     shard.symlink_to("/etc/passwd")
 
 
 def _fifo_shard(c: Path) -> None:
-    shard = c / f"aux_hidden.1/c/{_first_slot(c, 1)}/0"
+    shard = slot_object(c, "aux_hidden.1", _first_slot(c, 1))
     shard.unlink()
     os.mkfifo(shard)
 
@@ -225,16 +232,16 @@ def _device_manifest(c: Path) -> None:
 
 CORRUPTIONS = [
     (_delete_commit, r"^unit 1: commit record _commits/unit_00000001.json is missing$"),
-    (_delete_shard, r"^unit 2, slot \d+: object aux_hidden.1/c/\d+/0 is missing \(it would read"),
-    (_delete_chunk, r"^unit 0, slot \d+: object input_ids/c/\d+ is missing"),
+    (_delete_shard, r"^unit 2, slot \d+: object aux_hidden.1/c/0/\d+/0 is missing \(it would read"),
+    (_delete_chunk, r"^unit 0, slot \d+: object input_ids/c/0/\d+ is missing"),
     (_wrong_row_shape, r"^array aux_hidden.1: row shape is \(8,\) but the manifest implies "
                        r"\(16,\)$"),
     (_wrong_dtype, r"^array final_hidden: dtype is 'int16' but the manifest implies 'uint16'$"),
-    (_tampered_crc, r"^unit 0: manifest storage.units\[0\].slots = .* but the commit record has"),
-    (_tampered_accounting, r"^unit 2: manifest storage.units\[2\].accounting = .*too_long.* but "
+    (_tampered_crc, r"^unit 0: slots.parquet slots = .* but the commit record has"),
+    (_tampered_accounting, r"^unit 2: units.parquet accounting = .*too_long.* but "
                            r"the commit record has .*empty"),
-    (_accounting_off, r"^manifest: manifest field 'accounting': expected the sum of the units' "
-                      r"accounting"),
+    (_accounting_off, r"^units.parquet: the units' accounting add up to .*input_rows=15.*, the "
+                      r"manifest records .*input_rows=16"),
     (_index_length, r"^index row sample \d+: length = \d+ but unit \d's commit record has \d+$"),
     (_index_extra_row, r"^index row sample 99: references data no listed unit's commit record"),
     (_index_tampered, r"^index index.parquet: sha256 [0-9a-f]+ != manifest"),
@@ -268,9 +275,9 @@ CORRUPTIONS = [
                         r"read\)$"),
     (_commit_links_out, r"^unit 1: _commits/unit_00000001.json: a link to .*elsewhere.json, "
                         r"outside the cache root .*; refusing to read it$"),
-    (_shard_links_out, r"^aux_hidden.1/c/\d+/0: a link to /etc/passwd, outside the cache root"),
+    (_shard_links_out, r"^aux_hidden.1/c/0/\d+/0: a link to /etc/passwd, outside the cache root"),
     # special files: named, never opened (open() on a FIFO blocks forever)
-    (_fifo_shard, r"^aux_hidden.1/c/\d+/0: a FIFO \(named pipe\), not a regular file \(never "
+    (_fifo_shard, r"^aux_hidden.1/c/0/\d+/0: a FIFO \(named pipe\), not a regular file \(never "
                   r"opened; replace it with the real file\)$"),
     (_fifo_commit, r"^_commits/unit_00000001.json: a FIFO \(named pipe\), not a regular file"),
     (_fifo_array_metadata, r"^final_hidden/zarr.json: a FIFO \(named pipe\), not a regular"),
@@ -316,7 +323,8 @@ def test_overwritten_slot_is_caught_only_by_deep(cache: Path) -> None:
     """A zombie overwrite of a committed slot passes the shallow check; --deep names the crc."""
     slot = _first_slot(cache, 1)
     arr = zarr.open_group(str(cache), mode="r+")["input_ids"]
-    arr[slot * 32:(slot + 1) * 32] = np.arange(32, dtype=np.int32)
+    rows = row_selection(cache_spec(cache), slot * 32, (slot + 1) * 32)
+    arr[rows] = np.arange(32, dtype=np.int32)
     assert validate_cache(str(cache)).problems == []
     problems = validate_cache(str(cache), deep=True).problems
     assert any(re.match(rf"unit 1, slot {slot}: array input_ids: crc32c 0x[0-9a-f]{{8}} != "
@@ -326,7 +334,7 @@ def test_overwritten_slot_is_caught_only_by_deep(cache: Path) -> None:
 def test_flipped_bytes_in_a_shard_object_are_caught_by_deep(cache: Path) -> None:
     """Bytes flipped inside a stored shard file: --deep reports a crc mismatch or a decode error."""
     slot = _first_slot(cache, 0)
-    path = cache / f"aux_hidden.1/c/{slot}/0"
+    path = slot_object(cache, "aux_hidden.1", slot)
     data = bytearray(path.read_bytes())
     for i in range(40, 60):
         data[i] ^= 0xFF
@@ -339,18 +347,16 @@ def test_flipped_bytes_in_a_shard_object_are_caught_by_deep(cache: Path) -> None
 @pytest.mark.parametrize("name", ["aux_hidden.1", "final_hidden"])
 def test_nan_in_a_slot_names_unit_slot_sample_and_layer(cache: Path, name: str) -> None:
     """A NaN written through zarr is reported with unit, slot, sample, token (and layer slot)."""
-    manifest = _json(cache / "manifest.json")
     index = pq.read_table(cache / "index.parquet").to_pylist()
     sample = next(r for r in index if r["unit"] == 1 and r["length"] > 3)
     arr = zarr.open_group(str(cache), mode="r+")[name]
-    row = sample["row_offset"] + 2
-    value = np.asarray(arr[row:row + 1])
+    row = row_selection(cache_spec(cache), sample["row_offset"] + 2, sample["row_offset"] + 3)
+    value = np.asarray(arr[row])
     if name == "aux_hidden.1":
         value[0, 5] = 0x7FC0  # bf16 quiet NaN bits in the array of layer slot 1
     else:
         value[0, 3] = 0x7F80  # bf16 +inf
-    arr[row:row + 1] = value
-    assert manifest["storage"]["units"][1]["unit"] == 1
+    arr[row] = value
     problems = validate_cache(str(cache), deep=True).problems
     layer = r" \(layer slots \[1\] = capture.layer_ids \[2\]\)" if name == "aux_hidden.1" else ""
     expected = (rf"unit 1, slot {sample['slot']}, sample {sample['sample_id']}: array {name}"
@@ -363,7 +369,8 @@ def test_wrong_loss_token_count_is_caught_by_deep(cache: Path) -> None:
     sample = pq.read_table(cache / "index.parquet").to_pylist()[0]
     arr = zarr.open_group(str(cache), mode="r+")["loss_mask"]
     start = sample["row_offset"]
-    arr[start:start + sample["length"]] = np.ones(sample["length"], dtype=np.uint8)
+    rows = row_selection(cache_spec(cache), start, start + sample["length"])
+    arr[rows] = np.ones(sample["length"], dtype=np.uint8)
     problems = validate_cache(str(cache), deep=True).problems
     assert any(f"sample {sample['sample_id']}: loss_mask has {sample['length']} loss tokens but "
                f"the commit record says {sample['num_loss_tokens']}" in p for p in problems)
@@ -428,7 +435,7 @@ def test_a_reported_object_is_not_also_called_missing(cache: Path,
 
 def test_directory_link_inside_the_root_is_followed_like_zarr_does(cache: Path) -> None:
     """A slot directory moved inside the cache and linked back is present, not 'missing'."""
-    slot = cache / f"aux_hidden.1/c/{_first_slot(cache, 0)}"
+    slot = slot_object(cache, "aux_hidden.1", _first_slot(cache, 0)).parent
     moved = cache / "aux_hidden.1/moved"
     slot.rename(moved)
     slot.symlink_to(moved, target_is_directory=True)

@@ -1,5 +1,6 @@
-"""Format 2 stores one array per captured layer, so a subset read takes only its layers' bytes;
-format 1 caches (every layer in one array) still read, exactly as before."""
+"""Formats 2 and 3 store one array per captured layer, so a subset read takes only its layers'
+bytes; format 3 nests slot objects under slot groups; format 1 caches (every layer in one array)
+and format 2 caches (flat slot keys) still read, exactly as before."""
 
 from __future__ import annotations
 
@@ -21,7 +22,14 @@ from sparkforge.shared.dtypes import (
     quantize_e4m3,
     storage_to_float32,
 )
-from sparkforge.shared.layout import FORMAT_VERSION, CacheSpec
+from sparkforge.shared.layout import (
+    FORMAT_VERSION,
+    MAX_ATTEMPTS,
+    MAX_UNITS,
+    UNITS_PER_GROUP,
+    CacheSpec,
+    row_selection,
+)
 from sparkforge.shared.writer import CacheMismatchError, CacheWriter
 
 SPEC = CacheSpec(hidden_size=256, num_aux_layers=4, hidden_dtype="bfloat16", max_seq_len=24,
@@ -51,9 +59,9 @@ def _aux_bytes_read(uri: str, features: tuple[int, ...] | None) -> dict[str, int
     return total
 
 
-def test_new_caches_get_format_2() -> None:
-    """The writer's default layout is the per-layer one."""
-    assert FORMAT_VERSION == 2 == SPEC.format_version
+def test_new_caches_get_format_3() -> None:
+    """The writer's default layout is the per-layer one with slot groups."""
+    assert FORMAT_VERSION == 3 == SPEC.format_version
 
 
 @pytest.mark.parametrize("features", [(0,), (2,), (1, 3), (0, 1, 3), (0, 1, 2, 3)])
@@ -75,11 +83,11 @@ def test_format_1_subset_reads_every_layer(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("codec", ["lossless", "fp8"])
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("features", [None, (2,), (3, 0)])
 def test_both_formats_read_back_what_was_written(tmp_path: Path, codec: str, version: int,
                                                  features: tuple[int, ...] | None) -> None:
-    """Every sample of a format-1 or format-2 cache reads back as written, in the asked order."""
+    """Every sample of a format-1, -2 or -3 cache reads back as written, in the asked order."""
     spec = dataclasses.replace(SPEC, aux_codec=codec, format_version=version)
     uri = _write(tmp_path / "c", spec)
     written = {s.sample_id: s for u in range(2) for s in make_unit(spec, u)[0]}
@@ -99,13 +107,13 @@ def test_both_formats_read_back_what_was_written(tmp_path: Path, codec: str, ver
         np.testing.assert_array_equal(s.input_ids, w.input_ids)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_both_formats_validate_deep(tmp_path: Path, version: int) -> None:
-    """validate --deep finds nothing wrong in an intact cache of either format."""
+    """validate --deep finds nothing wrong in an intact cache of any format."""
     uri = _write(tmp_path / "c", dataclasses.replace(SPEC, format_version=version))
     report = validate_cache(uri, deep=True)
     assert report.problems == []
-    arrays = 3 + (4 if version == 2 else 1)   # ids, mask, final + aux
+    arrays = 3 + (1 if version == 1 else 4)   # ids, mask, final + aux
     assert report.checked["objects"] == arrays * report.checked["slots"] > 0
 
 
@@ -114,7 +122,7 @@ def test_format_1_arrays_are_the_old_layout(tmp_path: Path) -> None:
     old = tmp_path / "v1"
     _write(old, dataclasses.replace(SPEC, format_version=1), units=1)
     new = tmp_path / "v2"
-    _write(new, SPEC, units=1)
+    _write(new, dataclasses.replace(SPEC, format_version=2), units=1)
     aux = zarr.open_array(str(old / "aux_hidden"), mode="r")
     assert (aux.shape[1:], aux.chunks, aux.shards) == ((4, 256), (64, 4, 256), (64, 4, 256))
     assert json.loads((old / "manifest.json").read_text())["format_version"] == 1
@@ -124,10 +132,37 @@ def test_format_1_arrays_are_the_old_layout(tmp_path: Path) -> None:
     assert not (new / "aux_hidden").exists()
 
 
-def test_format_1_store_is_not_resumed_as_format_2(tmp_path: Path) -> None:
-    """A producer run cannot add format-2 units to a format-1 cache; the error says what to do."""
-    old = dataclasses.replace(SPEC, format_version=1)
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_store_is_not_resumed_as_format_3(tmp_path: Path, version: int) -> None:
+    """A producer run cannot add format-3 units to an older cache; the error says what to do."""
+    old = dataclasses.replace(SPEC, format_version=version)
     CacheWriter.open(str(tmp_path / "c"), spec=old, header=make_run_header(old))
-    with pytest.raises(CacheMismatchError, match="has format_version 1 and this run writes 2: "
-                                                 "finish it with the sparkforge that started it"):
+    with pytest.raises(CacheMismatchError, match=f"has format_version {version} and this run "
+                                                 "writes 3: finish it with the sparkforge that "
+                                                 "started it"):
         CacheWriter.open(str(tmp_path / "c"), spec=SPEC, header=make_run_header(SPEC))
+
+
+def test_format_3_nests_slot_objects_under_slot_groups(tmp_path: Path) -> None:
+    """Format 3 arrays gain a leading group axis: a slot's object is c/{group}/{slot in group},
+    so the c/ folder holds one entry per 1,000 units and a group folder their slots only."""
+    uri = _write(tmp_path / "c", SPEC, units=2)
+    per_group = UNITS_PER_GROUP * MAX_ATTEMPTS * SPEC.rows_per_unit
+    slots = open_cache(uri).slots.slot.tolist()
+    layer = zarr.open_array(str(tmp_path / "c/aux_hidden.0"), mode="r")
+    assert (layer.shape[0], layer.shards) == (MAX_UNITS // UNITS_PER_GROUP, (1, 64, 256))
+    assert sorted(p.name for p in (tmp_path / "c/aux_hidden.0/c").iterdir()) == ["0"]
+    assert sorted(int(p.name) for p in (tmp_path / "c/aux_hidden.0/c/0").iterdir()) == \
+        sorted(s % per_group for s in slots)
+    assert all((tmp_path / f"c/input_ids/c/{s // per_group}/{s % per_group}").is_file()
+               for s in slots)
+
+
+def test_one_helper_addresses_rows_in_every_format() -> None:
+    """row_selection maps a slot's absolute rows onto each format's grid: flat before format 3,
+    (group, rows inside the group) from it."""
+    flat = dataclasses.replace(SPEC, format_version=2)
+    group_rows = UNITS_PER_GROUP * MAX_ATTEMPTS * SPEC.rows_per_unit * SPEC.shard_rows
+    start = 3 * group_rows + 5 * SPEC.shard_rows
+    assert row_selection(flat, start, start + 7) == (slice(start, start + 7),)
+    assert row_selection(SPEC, start, start + 7) == (3, slice(5 * 64, 5 * 64 + 7))

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from cache_helpers import forge_rows, make_run_header, make_unit
+from cache_helpers import forge_rows, make_run_header, make_unit, slot_object
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import IndexMismatchError, open_cache
 from sparkforge.shared.layer_ids import LayerIdError
-from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.layout import CacheSpec, row_selection
 from sparkforge.shared.reader import CacheDataError, ChecksumError
 from sparkforge.shared.storage import IrregularObjectError
 from sparkforge.shared.writer import CacheWriter
@@ -38,7 +38,7 @@ def test_overwritten_shard_is_detected(cache: Path) -> None:
     """Data changed after commit fails verification naming unit, slot and array."""
     slot = _slot(cache, 1)
     arr = zarr.open_array(str(cache / "final_hidden"), mode="r+")
-    rows = slice(slot * 64, slot * 64 + 64)
+    rows = row_selection(SPEC, slot * 64, slot * 64 + 64)
     data = arr[rows]
     data[3, 5] ^= 1
     arr[rows] = data
@@ -52,9 +52,9 @@ def test_lost_shard_object_is_detected(cache: Path) -> None:
     """A deleted shard (zarr would read zeros) is refused by unit and by sample reads."""
     reader = open_cache(str(cache), verify=False)
     slot = _slot(cache, 0)
-    (cache / f"aux_hidden.1/c/{slot}/0").unlink()
+    slot_object(cache, "aux_hidden.1", slot).unlink()
     with pytest.raises(CacheDataError, match=f"unit 0, slot {slot}: array aux_hidden.1: object "
-                                             f"aux_hidden.1/c/{slot}/0 is missing"):
+                                             f"aux_hidden.1/c/0/{slot}/0 is missing"):
         reader.read_unit(0)
     sample = int(reader.samples.sample_id[reader.samples.of_unit(0)[0]])
     with pytest.raises(CacheDataError, match=r"aux_hidden\.1/c/.* is missing"):
@@ -142,7 +142,7 @@ def _second_sample(cache: Path, unit: int) -> tuple[int, int, int]:
 
 
 def _break_zstd_chunk(cache: Path, unit: int) -> str:
-    path = cache / f"input_ids/c/{_slot(cache, unit)}"
+    path = slot_object(cache, "input_ids", _slot(cache, unit))
     data = bytearray(path.read_bytes())
     data[8:24] = b"\xff" * 16
     path.write_bytes(bytes(data))
@@ -150,7 +150,7 @@ def _break_zstd_chunk(cache: Path, unit: int) -> str:
 
 
 def _break_blosc_shard(cache: Path, unit: int) -> str:
-    path = cache / f"final_hidden/c/{_slot(cache, unit)}/0"
+    path = slot_object(cache, "final_hidden", _slot(cache, unit))
     data = bytearray(path.read_bytes())
     for i in range(20, 60):
         data[i] ^= 0x5A
@@ -159,13 +159,13 @@ def _break_blosc_shard(cache: Path, unit: int) -> str:
 
 
 def _delete_shard(cache: Path, unit: int) -> str:
-    (cache / f"aux_hidden.1/c/{_slot(cache, unit)}/0").unlink()
+    slot_object(cache, "aux_hidden.1", _slot(cache, unit)).unlink()
     return "aux_hidden.1"
 
 
 def _fifo_shard(cache: Path, unit: int) -> str:
     """A FIFO where a shard was: open() on it would block until a writer comes, forever."""
-    shard = cache / f"aux_hidden.1/c/{_slot(cache, unit)}/0"
+    shard = slot_object(cache, "aux_hidden.1", _slot(cache, unit))
     shard.unlink()
     os.mkfifo(shard)
     return "aux_hidden.1"
@@ -260,10 +260,10 @@ def test_link_out_of_the_root_is_not_read(cache: Path, tmp_path: Path) -> None:
     """A shard replaced by a link to a file outside the cache is refused, not decoded."""
     outside = tmp_path / "outside"
     slot = _slot(cache, 0)
-    shard = cache / f"aux_hidden.1/c/{slot}/0"
+    shard = slot_object(cache, "aux_hidden.1", slot)
     outside.write_bytes(shard.read_bytes())
     shard.unlink()
     shard.symlink_to(outside)
     with pytest.raises(CacheDataError, match=rf"^unit 0, slot {slot}: array aux_hidden.1: "
-                                             r"aux_hidden.1/c/\d+/0: a link to .*outside"):
+                                             r"aux_hidden.1/c/0/\d+/0: a link to .*outside"):
         open_cache(str(cache)).read_unit(0)
