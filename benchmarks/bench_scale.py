@@ -9,6 +9,8 @@ the least-squares slope of log(cost) over log(samples) across the sizes (1.0: li
 
     .venv/bin/python -P benchmarks/bench_scale.py            (small sizes, as make bench runs it)
     .venv/bin/python -P benchmarks/bench_scale.py --samples 100000 1000000 10000000 --modes local
+    .venv/bin/python -P benchmarks/bench_scale.py --old 7fbae68   (also that revision's code,
+        by its own copy of this benchmark, and old / new per row)
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path.insert(0, str(TESTS))  # cache_helpers (the run header), s3_proxy
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_scale_read (old_code)
 
 ROWS_PER_UNIT, SAMPLE_TOKENS, SAMPLES_PER_SLOT = 256, 4, 32
 """Every unit: 256 samples of 4 tokens, 8 full slots of 32 samples (4 objects each)."""
@@ -396,6 +399,50 @@ def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
     return "\n".join(lines)
 
 
+def parse_table(text: str) -> dict[str, dict[str, list[float]]]:
+    """The rows of every table :func:`table` printed: first line -> label -> values."""
+    tables: dict[str, dict[str, list[float]]] = {}
+    rows: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if line.startswith(("local disk", "S3 (moto)")):
+            rows = tables.setdefault(line.split(";")[0], {})
+        elif line[:44].strip() and len(line) > 44:
+            try:
+                rows[line[:44].strip()] = [float(v.replace(",", ""))
+                                           for v in line[44:].split()[:-1]]
+            except ValueError:
+                continue
+    return tables
+
+
+def run_old(rev: str, argv: list[str], where: Path) -> str:
+    """This benchmark as revision ``rev`` has it, run on that revision's code; its output."""
+    from bench_scale_read import old_code
+
+    path = old_code(rev, where)
+    env = dict(os.environ, PYTHONPATH=f"{path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    script = where / "tree" / "benchmarks" / "bench_scale.py"
+    out = subprocess.run([sys.executable, "-P", str(script), *argv], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return out
+
+
+def ratios(new: str, old: str, rev: str) -> str:
+    """old / new for every row both printed (above 1: this code is cheaper)."""
+    lines = [f"{rev} / this code, per size (above 1: this code is cheaper)"]
+    olds = parse_table(old)
+    for where, rows in parse_table(new).items():
+        lines.append(where)
+        for label, values in rows.items():
+            before = olds.get(where, {}).get(label)
+            if before and len(before) == len(values) and label not in ("units", "slots",
+                                                                         "slot objects"):
+                lines.append(f"  {label:<42}" + "".join(
+                    f"{b / v:>14.2f}" if v else f"{'-':>14}" for b, v in zip(before, values,
+                                                                              strict=True)))
+    return "\n".join(lines)
+
+
 def main() -> int:
     """Parse the flags; run a job, the S3 server or the synthesizer, or the whole benchmark."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -406,6 +453,7 @@ def main() -> int:
     p.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS),
                    help="run only these jobs (each needs the ones before it in this list)")
     p.add_argument("--workdir", help="where the local caches go (default: a temporary folder)")
+    p.add_argument("--old", help="also run this git revision's code (its own copy of this file)")
     p.add_argument("--job", choices=list(JOBS), help=argparse.SUPPRESS)
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--synthesize", help=argparse.SUPPRESS)
@@ -422,18 +470,26 @@ def main() -> int:
     if args.synthesize:
         print(json.dumps(synthesize(Path(args.synthesize), args.units)))
         return 0
+    flags = (["--samples", *map(str, args.samples), "--modes", *args.modes,
+              "--latency_ms", f"{args.latency_ms:g}", "--max_concurrency",
+              str(args.max_concurrency)] + ([] if args.jobs == list(JOBS) else
+                                            ["--jobs", *args.jobs]))
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        tables = []
         for mode in args.modes:
             results = []
             for n in args.samples:
                 results.append(measure(n, mode, args, Path(tmp)))
                 print(f"[{mode} {n:,} samples: {results[-1]['synthesize_s']:.0f} s to "
                       "synthesize]", file=sys.stderr, flush=True)
-            print(table(mode, args.samples, results, args), "\n", flush=True)
-    print("reproduce: .venv/bin/python -P benchmarks/bench_scale.py --samples "
-          + " ".join(map(str, args.samples)) + " --modes " + " ".join(args.modes)
-          + f" --latency_ms {args.latency_ms:g} --max_concurrency {args.max_concurrency}"
-          + ("" if args.jobs == list(JOBS) else " --jobs " + " ".join(args.jobs)))
+            tables.append(table(mode, args.samples, results, args))
+            print(tables[-1], "\n", flush=True)
+        if args.old:
+            old = run_old(args.old, [*flags, "--workdir", tmp], Path(tmp) / "old")
+            print(f"--- {args.old} (its code, by its own benchmarks/bench_scale.py) ---\n{old}")
+            print(ratios("\n".join(tables), old, args.old), "\n")
+    print("reproduce: .venv/bin/python -P benchmarks/bench_scale.py " + " ".join(flags)
+          + (f" --old {args.old}" if args.old else ""))
     return 0
 
 
