@@ -8,17 +8,19 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from zarr.storage import WrapperStore
 
 from sparkforge.shared import storage
-from sparkforge.shared.cache_tables import SlotColumns
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import float_to_storage
+
+if TYPE_CHECKING:  # pyarrow comes with it: the writer's benchmarks measure RSS without it
+    from sparkforge.shared.cache_tables import SlotColumns
 
 SMALL_SPEC = CacheSpec(hidden_size=16, num_aux_layers=2, hidden_dtype="bfloat16", max_seq_len=16,
                        shard_rows=32, rows_per_unit=5)
