@@ -9,11 +9,8 @@ and output folder as positionals. Torch, Lightning and the models load only insi
 from __future__ import annotations
 
 import json
-import logging
-import sys
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentParser
@@ -21,7 +18,7 @@ from jsonargparse import ArgumentParser
 from sparkforge.shared.config_yaml import use_bounded_yaml
 from sparkforge.trainer.architectures import Engine
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
-from sparkforge.trainer.run_folder import RUN_NAME, RUNS_DIR, run_folder, wants_run_folder
+from sparkforge.trainer.run_folder import RUN_NAME, RUNS_DIR
 
 
 def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
@@ -34,58 +31,17 @@ def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
     """
     import torch
     from jsonargparse import lazy_instance  # type: ignore[attr-defined]
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.cli import LightningCLI
     from lightning.pytorch.loggers import CSVLogger
 
     from sparkforge.trainer.datamodule import CacheDataModule
+    from sparkforge.trainer.lightning_cli import TrainCLI
     from sparkforge.trainer.lit_module import DSparkLitModule
-
-    class _TrainCLI(LightningCLI):
-        """Adds ``--ckpt_path`` (resume) and a ``checkpoint`` section to the Lightning CLI."""
-
-        def add_arguments_to_parser(self, parser: Any) -> None:
-            parser.add_argument("--ckpt_path", type=str | None, default=None,
-                                help="checkpoint to resume from (path, or 'last')")
-            # Always checkpoint (``checkpoint.*`` options); save_last makes --ckpt_path last work.
-            parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-            parser.set_defaults({"checkpoint.save_last": True})
-
-        run_folder: str | None = None
-        """The folder chosen for a run without a logger or root folder (``run_folder``)."""
-
-        def instantiate_trainer(self, **kwargs: Any) -> Any:
-            """The trainer, without the ``checkpoint`` callback when
-            ``trainer.enable_checkpointing`` is false (Lightning refuses the two together), and
-            rooted in a run folder when it has no logger and no ``default_root_dir``."""
-            config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-            keys = self._parser(self.subcommand).callback_keys
-            if config.get("enable_checkpointing") is False:
-                logging.getLogger(__name__).warning(
-                    "trainer.enable_checkpointing is false: this run writes no checkpoint")
-                keys = [key for key in keys if key != "checkpoint"]
-            callbacks = [self._get(self.config_init, k) for k in keys]
-            if wants_run_folder(config):
-                config["default_root_dir"] = self._choose_run_folder(callbacks)
-            return self._instantiate_trainer(config, callbacks)
-
-        def _choose_run_folder(self, callbacks: list[Any]) -> str:
-            """This config's run folder, printed on every rank; the checkpoint callback writes
-            into its ``checkpoints/`` unless ``--checkpoint.dirpath`` is set."""
-            dumped = self._parser(self.subcommand).dump(self.config, skip_none=False)
-            folder = str(run_folder(dumped, self.config["seed_everything"]).resolve())
-            for callback in callbacks:
-                if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
-                    callback.dirpath = str(Path(folder) / "checkpoints")
-            print(f"run folder: {folder}", file=sys.stderr)
-            self.run_folder = folder
-            return folder
 
     use_bounded_yaml()  # also when called from the Python API, not the console script
     cuda = torch.cuda.is_available()
     # main(argv) is the entry point, so argv legitimately differs from sys.argv (tests, dispatch).
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-    return _TrainCLI(
+    return TrainCLI(
         DSparkLitModule, CacheDataModule, run=False, args=list(argv), seed_everything_default=0,
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
