@@ -5,7 +5,9 @@ bytes that PyYAML composes into shared nodes at once, but that anything walking 
 command-line parser's merge and type checks, a dataclass build) expands: produce and train grew
 past 5 GB. The node graph is measured before it is constructed: its size with every alias
 expanded is counted in linear time, and a document past :data:`MAX_EXPANDED_NODES`, or longer
-than :data:`MAX_CONFIG_CHARS`, is refused in one line.
+than :data:`MAX_CONFIG_CHARS`, is refused in one line. So is a list of more than
+:data:`MAX_LIST_ITEMS` items: the parser's type check of a list costs the square of its length
+(jsonargparse copies its state once per item: 10,000 layer ids took 31 s of CPU to be refused).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ MAX_CONFIG_CHARS: Final = 4 << 20
 """Longest config text (4 Mi characters; real configs are a few KiB)."""
 MAX_EXPANDED_NODES: Final = 1_000_000
 """Most YAML nodes a config may hold once its aliases are expanded."""
+MAX_LIST_ITEMS: Final = 1024
+"""Most items of one YAML list in a config (layer ids, mix entries, image sources: real ones
+hold tens)."""
 
 
 def check_yaml(text: str, source: str) -> None:
@@ -39,6 +44,27 @@ def check_yaml(text: str, source: str) -> None:
         raise ConfigError(f"{where}its YAML aliases expand to more than {MAX_EXPANDED_NODES:,} "
                           "nodes (an alias bomb?); write the values out instead of nesting "
                           "aliases")
+    longest = 0 if node is None else longest_list(node)
+    if longest > MAX_LIST_ITEMS:
+        raise ConfigError(f"{where}a list of {longest:,} items, more than the "
+                          f"{MAX_LIST_ITEMS:,} one config list may hold")
+
+
+def longest_list(root: yaml.Node) -> int:
+    """Items of the document's longest YAML sequence (each distinct node visited once)."""
+    seen: set[int] = set()
+    stack, longest = [root], 0
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            longest = max(longest, len(node.value))
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(part for pair in node.value for part in pair)
+    return longest
 
 
 def expanded_nodes(root: yaml.Node) -> int:
@@ -94,4 +120,4 @@ def use_bounded_yaml() -> None:
         return loader(text)
 
     load.bounded = True  # type: ignore[attr-defined]
-    set_loader("yaml", load, (yaml.YAMLError, ConfigError))
+    set_loader("yaml", load, (yaml.YAMLError,))

@@ -54,10 +54,12 @@ def is_storage_failure(exc: BaseException) -> bool:
         _CLIENT_ERROR_MODULES)
 
 
-def describe(what: str, uri: str, exc: BaseException) -> str:
-    """``"<what> <uri>: <error> (<type>): <what to do>"`` on one line."""
+def describe(what: str, uri: str | None, exc: BaseException) -> str:
+    """``"<what> <uri>: <error> (<type>): <what to do>"`` on one line (without the location
+    when it is not known)."""
     text = " ".join(str(exc).split())[:300] or type(exc).__name__
-    return f"{what} {uri}: {text} ({type(exc).__name__}): {_hint(exc)}"
+    where = f"{what} {uri}: " if uri else ""
+    return f"{where}{text} ({type(exc).__name__}): {_hint(exc)}"
 
 
 @contextmanager

@@ -102,14 +102,42 @@ def export_draft(
     fmt = serving_format(cfg)
     problems = served_rope_problems(cfg.rope_parameters) + fmt.serving_problems(cfg, engine)
     problems += key_problems(cfg, tensors)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        problems.append(f"{out} exists and is not empty (pass --overwrite to replace it)")
+    problems += _out_dir_problems(out, overwrite=overwrite)
     if problems:
         raise ExportError("cannot export a servable DSpark draft:\n  " + "\n  ".join(problems))
     bf16 = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()).contiguous()
             for k, v in sorted(tensors.items())}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _write_draft(tmp, bf16, cfg, fmt, engine, provenance, out=out, eval_report=eval_report)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.replace(out)
+    logger.info("exported %d tensors (%s) to %s", len(bf16), engine, out)
+    return out
+
+
+def _out_dir_problems(out: Path, *, overwrite: bool) -> list[str]:
+    """Why ``out`` cannot take the export: a symbolic link (replacing it would write through it
+    or drop it), something other than a folder, or a folder with files and no ``overwrite``."""
+    if out.is_symlink():
+        return [f"{out} is a symbolic link (to {out.readlink()}); export neither replaces nor "
+                "writes through one: give the folder itself"]
+    if out.exists() and not out.is_dir():
+        return [f"{out} exists and is not a folder"]
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        return [f"{out} exists and is not empty (pass --overwrite to replace it)"]
+    return []
+
+
+def _write_draft(tmp: Path, bf16: dict[str, torch.Tensor], cfg: DSparkDraftConfig, fmt: Any,
+                 engine: Engine, provenance: Mapping[str, Any] | None, *, out: Path,
+                 eval_report: Mapping[str, Any] | None) -> None:
+    """The export's files, in the temporary folder that then replaces ``out``."""
     save_file(bf16, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     config = json.dumps(fmt.hf_config(cfg), indent=2, sort_keys=True)
     (tmp / "config.json").write_text(config + "\n")
@@ -121,11 +149,6 @@ def export_draft(
                                                 if k in OPTIONAL_KEYS)}
     (tmp / CARD_FILE).write_text(model_card(cfg, info, draft_dir=str(out), sizes=sizes,
                                             eval_report=eval_report))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.replace(out)
-    logger.info("exported %d tensors (%s) to %s", len(bf16), engine, out)
-    return out
 
 
 def read_checkpoint(

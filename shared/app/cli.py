@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sparkforge {name}: error: {error_message(exc)}", file=sys.stderr)
         return 1
     except OSError as exc:  # a storage failure outside the boundaries that name their location
-        print(f"sparkforge {name}: error: {describe('path', exc.filename or '?', exc)}",
+        print(f"sparkforge {name}: error: {describe('path', exc.filename, exc)}",
               file=sys.stderr)
         return 1
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,18 @@ def test_non_empty_output_is_not_overwritten_by_default(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="overwrite"):
         export_draft(model.config, model.state_dict(), out)
     export_draft(model.config, model.state_dict(), out, overwrite=True)
+    # A link is neither replaced nor written through, even with --overwrite (it used to fail
+    # with "path ?"), and a file is no folder.
+    link, file = tmp_path / "link", tmp_path / "file"
+    link.symlink_to(out)
+    file.write_text("kept")
+    for target, message in ((link, f"{link} is a symbolic link (to {out})"),
+                            (file, f"{file} exists and is not a folder")):
+        with pytest.raises(ExportError, match=re.escape(message)):
+            export_draft(model.config, model.state_dict(), target, overwrite=True)
+    assert link.is_symlink()
+    assert (out / "model.safetensors").is_file()
+    assert file.read_text() == "kept"
 
 
 class _Payload:
