@@ -9,9 +9,10 @@ from typing import Any, Literal
 from sparkforge.producer.chat import template_kwargs_problems
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.template_bounds import TEMPLATE_ROW_SECONDS
+from sparkforge.shared.config_types import type_problems
 from sparkforge.shared.dataset import MAX_LINE_BYTES
 from sparkforge.shared.dtypes import HiddenDtype
-from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.fields import shorten
 from sparkforge.shared.image_sources import (
     DEFAULT_IMAGE_READ_TIMEOUT_S,
@@ -158,6 +159,9 @@ class ProducerConfig:
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
+        typed = type_problems(self)
+        if typed:
+            raise ConfigError("invalid producer config:\n  " + "\n  ".join(typed))
         problems = []
         positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
                     "max_consecutive_failures", "read_batch_rows", "max_line_bytes",
@@ -289,6 +293,9 @@ class RegenerateConfig:
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
+        typed = type_problems(self)
+        if typed:
+            raise ConfigError("invalid regenerate config:\n  " + "\n  ".join(typed))
         problems = []
         for name in ("max_tokens", "rows_per_part", "read_batch_rows", "max_line_bytes"):
             if getattr(self, name) < 1:

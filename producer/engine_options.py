@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.config_types import type_problems
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +47,9 @@ class EngineOptions:
     """Any further vLLM engine argument, passed as-is (e.g. {"kv_cache_memory_bytes": ...})."""
 
     def __post_init__(self) -> None:
+        typed = type_problems(self, prefix="--engine.")
+        if typed:
+            raise ConfigError("invalid engine options:\n  " + "\n  ".join(typed))
         problems = []
         for name in ("tensor_parallel_size", "data_parallel_size", "max_model_len", "max_num_seqs"):
             if getattr(self, name) < 1:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from sparkforge.shared.config_types import type_problems
 from sparkforge.shared.dataset import (
     MAX_LINE_BYTES,
     DataFormat,
@@ -51,20 +52,14 @@ class MixSource:
     """Label in the summary and ``inspect`` (default: ``data``)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.data, str) or not self.data:
-            raise ConfigError(f"mix: every entry needs data (a path or URI), got {self.data!r}")
-        weight = self.weight
-        if (isinstance(weight, bool) or not isinstance(weight, int | float)
-                or not 0 < weight <= MAX_MIX_WEIGHT):
+        typed = type_problems(self, prefix="")
+        if typed:
+            raise ConfigError(f"mix: {self.data!r}: " + "; ".join(typed))
+        if not self.data:
+            raise ConfigError("mix: every entry needs data (a path or URI)")
+        if not 0 < self.weight <= MAX_MIX_WEIGHT:
             raise ConfigError(f"mix: {self.data}: weight must be a number in (0, "
-                              f"{MAX_MIX_WEIGHT:g}] (weights are relative), got {weight!r}")
-        if self.data_format not in ("auto", "jsonl", "parquet"):
-            raise ConfigError(f"mix: {self.data}: data_format must be auto, jsonl or parquet, "
-                              f"got {self.data_format!r}")
-        for name in ("column", "name"):
-            if not isinstance(getattr(self, name), str | None):
-                raise ConfigError(f"mix: {self.data}: {name} must be a string, got "
-                                  f"{getattr(self, name)!r}")
+                              f"{MAX_MIX_WEIGHT:g}] (weights are relative), got {self.weight!r}")
 
 
 @dataclass(frozen=True)

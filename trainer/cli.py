@@ -22,11 +22,12 @@ from sparkforge.trainer.run_folder import RUN_NAME, RUNS_DIR
 
 
 def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
-              description: str | None = None) -> Any:
+              description: str | None = None, exit_on_error: bool = True) -> Any:
     """Parse ``sparkforge train`` arguments and build the model, data module and trainer.
 
     Raises:
-        SystemExit: the parser's own exit, 0 on --help / --print_config and 2 on a bad option.
+        SystemExit: the parser's own exit, 0 on --help / --print_config and 2 on a bad option
+            (with ``exit_on_error``; else the bad option raises ArgumentError).
         ValueError: a config value the model, data module or trainer refuses.
     """
     import torch
@@ -45,7 +46,7 @@ def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
         DSparkLitModule, CacheDataModule, run=False, args=list(argv), seed_everything_default=0,
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"prog": prog, "description": description},
+        parser_kwargs={"prog": prog, "description": description, "exit_on_error": exit_on_error},
         trainer_defaults={
             "logger": lazy_instance(CSVLogger, save_dir=RUNS_DIR, name=RUN_NAME),
             "gradient_clip_val": 1.0,

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.config_types import type_problems
+from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.shared.image_sources import parse_image_sources
 from sparkforge.trainer.architectures import Engine
 
@@ -30,6 +31,11 @@ class ExportConfig:
     eval_report: str | None = None
     """An ``eval_report.json`` of ``sparkforge eval`` whose tau, acceptance by position and
     calibration go into the model card (``README.md``)."""
+
+    def __post_init__(self) -> None:
+        typed = type_problems(self, prefix="export.")
+        if typed:
+            raise ConfigError("invalid export config:\n  " + "\n  ".join(typed))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +89,9 @@ class EvalConfig:
     """"auto" (cuda when available), "cpu" or "cuda"."""
 
     def __post_init__(self) -> None:
+        typed = type_problems(self, prefix="eval.")
+        if typed:
+            raise ConfigError("invalid eval config:\n  " + "\n  ".join(typed))
         problems = [f"eval.{n}={v} must be >= 1" for n, v in (
             ("num_prompts", self.num_prompts), ("max_new_tokens", self.max_new_tokens)) if v < 1]
         if self.temperature < 0:

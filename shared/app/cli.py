@@ -32,6 +32,7 @@ from sparkforge.producer import cli as producer_cli
 from sparkforge.producer.config import ProducerConfig, RegenerateConfig
 from sparkforge.shared.config_yaml import use_bounded_yaml
 from sparkforge.shared.errors import ConfigError, Interrupted, SparkforgeError
+from sparkforge.shared.fields import shorten
 from sparkforge.shared.io_errors import describe
 from sparkforge.trainer import cli as trainer_cli
 from sparkforge.trainer.anchor_budget import (
@@ -223,10 +224,11 @@ _UNION_FAILED: Final = "Does not validate against any of the Union subtypes"
 def parser_message(exc: BaseException) -> str:
     """A parser error as the value's own complaint, on one line: for a field typed ``X | None``,
     jsonargparse reports each member's error, the value and its type on many lines; only ``X``'s
-    error is kept (after the field's key)."""
+    error is kept (after the field's key). A config's own list of problems stays one per line."""
     text = str(exc)
     if _UNION_FAILED not in text or "Errors:" not in text:
-        return text
+        # jsonargparse puts the field's key and its complaint on two lines, and echoes the value
+        return shorten(" ".join(text.split()), 400) if isinstance(exc, ArgumentError) else text
     head, _, rest = text.partition("Errors:")
     items: list[list[str]] = []
     for line in rest.split("Given value type:", 1)[0].splitlines():
@@ -237,7 +239,7 @@ def parser_message(exc: BaseException) -> str:
     errors = [" ".join(item) for item in items if item != ["Expected a <class 'NoneType'>"]]
     key = [line.strip().rstrip(":") for line in head.splitlines()[:1]
            if line.startswith("Parser key")]
-    return ": ".join([*key, "; ".join(errors)]) if errors else text
+    return shorten(": ".join([*key, "; ".join(errors)]), 400) if errors else text
 
 
 def error_message(exc: BaseException) -> str:

@@ -124,3 +124,42 @@ def test_load_config_reads_the_cli_yaml(tmp_path: Path) -> None:
                                                                           weight=2.0)]
     with pytest.raises(ValueError, match="exactly one of --data and --mix"):
         api.load_config(api.ProducerConfig, mix, "--data", "b.jsonl")
+
+
+def _api_refusals(tmp: Path, cache: str) -> list[tuple[Any, type[Exception], str]]:
+    """(call, error class, what its message must say): a wrong type, a path that names
+    nothing, a value the command line refuses (each used to be another exception, or a message
+    without the reason)."""
+    nothing = str(tmp / "nothing")
+    engine = api.EngineOptions(model=nothing)
+    return [
+        (lambda: api.validate(cache, deep="yes"), api.ConfigError, "deep must be bool, got str"),
+        (lambda: api.inspect(cache, storage_options=[1]), api.ConfigError,
+         "storage_options must be Mapping"),
+        (lambda: api.inspect(__file__), api.SparkforgeError, "(NotADirectoryError)"),
+        (lambda: api.produce({"data": "x"}), api.ConfigError, "cfg must be ProducerConfig"),
+        (lambda: api.ProducerConfig(data="d.jsonl", output=nothing, engine=engine, window="8"),
+         api.ConfigError, "--window: expected int, got '8'"),
+        (lambda: api.produce(api.ProducerConfig(data="d.jsonl", output=nothing, engine=engine)),
+         api.ConfigError, "neither a checkpoint folder nor a Hugging Face model id"),
+        (lambda: api.train(_train_config(cache, tmp), "--model.draft.num_anchors", "many"),
+         api.ConfigError, 'Parser key "model.draft.num_anchors": Expected a'),
+        (lambda: api.train(nothing), api.ConfigError, "File does not exist"),
+        (lambda: api.export(api.ExportConfig(ckpt=nothing, out_dir=nothing)), api.ConfigError,
+         "(FileNotFoundError)"),
+        (lambda: api.ExportConfig(ckpt=3, out_dir=nothing), api.ConfigError,
+         "export.ckpt: expected str, got 3"),
+        (lambda: api.load_config(api.ProducerConfig, nothing), api.ConfigError,
+         "File does not exist"),
+    ]
+
+
+def test_every_api_refusal_is_the_error_root_with_its_reason(tiny_cache: str,
+                                                             tmp_path: Path) -> None:
+    """Each call refuses as the command does: a SparkforgeError (ConfigError for usage) whose
+    message holds the reason, never NotADirectoryError, ArgumentError, FileNotFoundError,
+    HFValidationError or a bare "rejected the config"."""
+    for call, kind, message in _api_refusals(tmp_path, tiny_cache):
+        with pytest.raises(kind) as caught:
+            call()
+        assert message in str(caught.value), str(caught.value)

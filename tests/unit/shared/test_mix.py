@@ -125,9 +125,9 @@ def test_empty_source_and_bad_weight_are_refused(tmp_path: Path) -> None:
     ({"weight": True}, "got True"),
     ({"weight": "1"}, "got '1'"),
     ({"data": ""}, "every entry needs data"),
-    ({"data": 7}, "every entry needs data"),
-    ({"data_format": "csv"}, "data_format must be"),
-    ({"name": 3}, "name must be a string"),
+    ({"data": 7}, "data: expected str, got 7"),
+    ({"data_format": "csv"}, "data_format: expected 'auto' or 'jsonl' or 'parquet', got 'csv'"),
+    ({"name": 3}, "name: expected str or None, got 3"),
 ])
 def test_a_bad_mix_entry_is_a_config_error(fields: dict[str, object], message: str) -> None:
     """Every field of an entry is checked when it is built (the CLI and the Python API alike)."""
