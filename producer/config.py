@@ -83,7 +83,8 @@ class ProducerConfig:
     topk: int = 0
     """Store the top-k target log-probabilities per position (0: none)."""
     max_seq_len: int | None = None
-    """Longest sequence written; default ``engine.max_model_len``."""
+    """Longest sequence written (at most ``engine.max_model_len - 1``: vLLM refuses a prompt
+    without room for the one token a capture asks for); default ``engine.max_model_len``."""
     overlong: Literal["truncate", "skip"] = "skip"
     """Rows longer than ``max_seq_len``: cut to length, or skip (counted as too_long)."""
     chat_template: str | None = None
@@ -237,6 +238,16 @@ class ProducerConfig:
     def seq_len(self) -> int:
         """The effective maximum sequence length."""
         return self.max_seq_len if self.max_seq_len is not None else self.engine.max_model_len
+
+    @property
+    def longest_sample(self) -> int:
+        """Most tokens a written sample has: ``seq_len``, and under ``engine.max_model_len``.
+
+        vLLM takes a prompt only with room for one generated token (a capture asks for one), so
+        a prompt of ``max_model_len`` tokens is refused; the HF backend keeps the same limit, so
+        both backends write the same samples from the same rows.
+        """
+        return min(self.seq_len, self.engine.max_model_len - 1)
 
     def identity(self) -> dict[str, Any]:
         """The fields that decide the cache's bytes (recorded in the header, checked on resume)."""

@@ -30,7 +30,8 @@ class EngineOptions:
     enable_expert_parallel: bool = False
     """Shard MoE experts across the parallel GPUs instead of splitting each expert."""
     max_model_len: int = 4096
-    """Longest prompt the engine accepts (and the default ``max_seq_len``)."""
+    """Longest sequence the engine serves, prompt and generated tokens (the default
+    ``max_seq_len``): a captured sample has at most ``max_model_len - 1`` tokens."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory vLLM may claim, in (0, 1]."""
     max_num_seqs: int = 256

@@ -128,7 +128,7 @@ def chat_encoder(cfg: ProducerConfig, model_dir: Path, tokenizer: Any) -> ChatEn
     """The run's row encoder: with images for a VL target on the HF backend (whose processor
     runs here), else text only (image parts skip as ``image_content``)."""
     kwargs: dict[str, Any] = {"chat_template": cfg.chat_template, "reasoning": cfg.reasoning,
-                              "max_seq_len": cfg.seq_len, "overlong": cfg.overlong,
+                              "max_seq_len": cfg.longest_sample, "overlong": cfg.overlong,
                               "template_row_seconds": cfg.template_row_seconds,
                               "chat_template_kwargs": cfg.chat_template_kwargs}
     images = (target_images(model_dir, read_target_config(model_dir).raw)

@@ -66,6 +66,8 @@ def test_identity_leaves_out_run_local_fields() -> None:
     assert a.identity() == b.identity()
     assert "storage_options" not in a.identity()
     assert a.identity()["max_seq_len"] == 256
+    # a prompt of max_model_len (256) tokens leaves vLLM no room for the token it generates
+    assert (a.longest_sample, make(max_seq_len=100).longest_sample) == (255, 100)
     assert make(topk=4).identity() != a.identity()
 
 

@@ -95,7 +95,9 @@ BAD_ROWS = {
     "empty_assistant": [{"messages": [{"role": "user", "content": "q"},
                                       {"role": "assistant", "content": ""}]}],
     "too_long": [{"messages": [{"role": "user", "content": "word " * 200},
-                               {"role": "assistant", "content": "y"}]}],
+                               {"role": "assistant", "content": "y"}]},
+                 # max_model_len (128) tokens: vLLM refuses such a prompt, so both backends skip it
+                 {"input_ids": [5] * 128, "loss_mask": [1] * 128}],
     "no_loss_tokens": [{"input_ids": [5, 6, 7], "loss_mask": [0, 0, 0]}],
     "bad_pretokenized": [{"input_ids": [5, 6], "loss_mask": [1]},
                          {"input_ids": [5, 10**30], "loss_mask": [0, 1]},

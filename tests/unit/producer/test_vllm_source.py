@@ -152,14 +152,20 @@ def test_scratch_space_is_bounded_and_emptied(captured, source) -> None:
 
 
 def test_too_long_request_fails_alone(source) -> None:
-    """A request the engine refuses becomes an error result; the others still succeed."""
+    """A request the engine refuses becomes an error result; the others still succeed. The
+    longest prompt it takes is max_model_len - 1 tokens (ProducerConfig.longest_sample)."""
     ok = CaptureRequest(sample_id=1, input_ids=np.arange(4, 40, dtype=np.int32))
     long = CaptureRequest(sample_id=2, input_ids=np.full(300, 5, dtype=np.int32))
-    results = {r.sample_id: r for r in source.capture([long, ok])}
+    at_limit = CaptureRequest(sample_id=3, input_ids=np.full(256, 5, dtype=np.int32))
+    under = CaptureRequest(sample_id=4, input_ids=np.full(255, 5, dtype=np.int32))
+    results = {r.sample_id: r for r in source.capture([long, ok, at_limit, under])}
     assert results[1].error is None
     assert results[1].aux_hidden.shape == (36, 3, 128)
     assert "engine refused" in results[2].error
     assert results[2].aux_hidden is None
+    assert "engine refused" in results[3].error
+    assert results[4].error is None
+    assert results[4].aux_hidden.shape == (255, 3, 128)
 
 
 def test_engine_info_names_ids_and_sizes(source) -> None:
