@@ -19,6 +19,11 @@ record and two PNGs (acceptance by position; loss and teacher-forced tau vs step
 Reproduce (the defaults are the recorded run's sizes; about 13 minutes on 2 shared CPU cores):
     nice -n 10 .venv/bin/python -P benchmarks/bench_quality.py
 
+``--study converged`` trains dspark, dflash and dflash2 (``--model.recipe dflash2``: DFlash's
+draft with block convolutions and the top-k candidate selector) for ``--converge_steps`` each on
+one T=1 cache with the same supervised slots, and tabulates held-out teacher-forced and
+speculative tau with intervals (``converged.json``, ``converged_curves.png``).
+
 ``--sweep`` then trains the dspark recipe with a few changed defaults (learning rate, anchors,
 loss decay gamma, warmup) and once more with other seeds (the run-to-run noise) on the same cache,
 and compares tau at T=0, T=1 and teacher-forced (``sweep.json``).
@@ -42,13 +47,24 @@ REPO = Path(__file__).resolve().parent.parent
 TRAIN_EXAMPLE = REPO / "trainer" / "examples" / "code_target.yaml"
 PRODUCER_EXAMPLE = REPO / "producer" / "examples" / "code_target.yaml"
 
-DRAFTS: dict[str, tuple[str, list[str]]] = {
-    "dspark": ("cache", []),
-    # The DFlash recipe: its draft (the anchor slot drafts nothing, so block_size 8 drafts the
-    # same 7 tokens per block as dspark's 7) and objective (CE with the DFlash decay).
-    "dflash": ("cache", ["--model.recipe", "dflash", "--model.draft.block_size", "8"]),
-    "dspark_fp8": ("cache_fp8", []),
+RECIPE_ARGS: dict[str, list[str]] = {
+    "dspark": [],
+    # The DFlash recipes: their draft (the anchor slot drafts nothing, so block_size 8 drafts the
+    # same 7 tokens per block as dspark's 7) and objective (CE with the DFlash decay; DFlash2
+    # adds its candidate selector's CE). DFlash2 keeps its public defaults: 2 taps, groups of
+    # 16 channels, selector rank 256, top-16 candidates.
+    "dflash": ["--model.recipe", "dflash", "--model.draft.block_size", "8"],
+    "dflash2": ["--model.recipe", "dflash2", "--model.draft.block_size", "8"],
 }
+"""The recipes' command-line changes to ``trainer/examples/code_target.yaml``."""
+DRAFTS: dict[str, tuple[str, list[str]]] = {
+    "dspark": ("cache", RECIPE_ARGS["dspark"]),
+    "dflash": ("cache", RECIPE_ARGS["dflash"]),
+    "dspark_fp8": ("cache_fp8", RECIPE_ARGS["dspark"]),
+}
+"""The main run's drafts: its cache and its changes."""
+CONVERGED = ("dspark", "dflash", "dflash2")
+"""The recipes the converged study trains, on one cache with the same supervised slots."""
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -67,8 +83,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--study", choices=("temperature", "converged"), default=None,
                    help="instead: the regeneration-temperature study (regenerate at each of "
                         "--regen_temperatures, train dspark on each, eval at T=0 and T=1), or "
-                        "the converged dspark vs dflash comparison (--converge_steps each, on "
-                        "the T=1 cache of the temperature study)")
+                        "the converged dspark vs dflash vs dflash2 comparison (--converge_steps "
+                        "each, on the T=1 cache of the temperature study)")
     p.add_argument("--regen_temperatures", nargs="+", default=["0.0", "0.6", "1.0"])
     p.add_argument("--eval_fraction", type=float, default=0.25,
                    help="the studies' eval split (enough held-out prompts for an interval)")
@@ -242,52 +258,95 @@ def _gain_last_fifth(curve: list[dict[str, float]], steps: int, window: int) -> 
 
 
 def _tau_at(curve: list[dict[str, float]], step: float, window: int = 3) -> float:
-    """Mean teacher-forced tau of the ``window`` log points up to ``step``."""
-    taus = [c["tau"] for c in curve if c["step"] <= step][-window:]
+    """Mean teacher-forced tau as served (a DFlash2 draft's through its candidate selector) of
+    the ``window`` log points up to ``step``."""
+    taus = [c.get("served_tau", c["tau"]) for c in curve if c["step"] <= step][-window:]
     return sum(taus) / len(taus) if taus else float("nan")
 
 
-def _converged_study(out: Path, ns: argparse.Namespace, results: Path) -> int:
-    """dspark and dflash trained for --converge_steps on the T=1 cache: curves and ratios.
+def _forced(report: dict[str, Any]) -> dict[str, Any]:
+    """The eval split's teacher-forced tau as served (DFlash2: through its candidate selector)
+    with its interval, its full-block tau, and the base distribution's tau."""
+    forced = report["teacher_forced"]
+    served = forced.get("selector") or forced
+    return {"tau": served.get("tau", forced["metrics"]["tau"]), "ci95": served.get("tau_ci95"),
+            "full_blocks": served.get("full_blocks"), "base_tau": forced["metrics"]["tau"],
+            "candidate_recall": served.get("candidate_recall")}
 
-    Convergence is judged on the held-out teacher-forced tau (the validation split, once an
-    epoch): training-batch tau also counts what the draft memorises of chats it has seen many
-    times, and goes on rising after the held-out tau has stopped."""
+
+def _converged_row(rec: dict[str, Any], ns: argparse.Namespace) -> dict[str, Any]:
+    return {"T0": _cell(rec["T0.0"]), "T1": _cell(rec["T1.0"]),
+            "teacher_forced": _forced(rec["T1.0"]),
+            "teacher_forced_tau": _forced(rec["T1.0"])["tau"],
+            "matched_T1": rec["T1.0"].get("matched", {}).get("agreement"),
+            "gain_last_fifth": _gain_last_fifth(rec["val_curve"], ns.converge_steps, 1),
+            "train_gain_last_fifth": _gain_last_fifth(rec["curve"], ns.converge_steps, 5),
+            "val_tau_at_short_run": _tau_at(rec["val_curve"], ns.steps, 1),
+            "val_tau_at_end": _tau_at(rec["val_curve"], ns.converge_steps, 1),
+            "train_tau_at_short_run": _tau_at(rec["curve"], ns.steps),
+            "train_tau_at_end": _tau_at(rec["curve"], ns.converge_steps),
+            "train_s": rec["train_s"]}
+
+
+def _converged_study(out: Path, ns: argparse.Namespace, results: Path) -> int:
+    """dspark, dflash and dflash2 trained for --converge_steps on the T=1 cache: curves, ratios
+    and the table.
+
+    Convergence is judged on the held-out teacher-forced tau as served (the validation split,
+    once an epoch; DFlash2's through its candidate selector): training-batch tau also counts
+    what the draft memorises of chats it has seen many times, and goes on rising after the
+    held-out tau has stopped."""
     timings: dict[str, float] = {}
     cache = _regen_cache(out, ns, "1.0", timings)
-    records = {name: _train_and_eval(out, ns, f"converged_{name}", cache, DRAFTS[name][1],
+    records = {name: _train_and_eval(out, ns, f"converged_{name}", cache, RECIPE_ARGS[name],
                                      timings, eval_cache=cache, steps=ns.converge_steps)
-               for name in ("dspark", "dflash")}
-    by = {name: {"T0": _cell(rec["T0.0"]), "T1": _cell(rec["T1.0"]),
-                 "teacher_forced_tau": rec["T1.0"]["teacher_forced"]["metrics"]["tau"],
-                 "gain_last_fifth": _gain_last_fifth(rec["val_curve"], ns.converge_steps, 1),
-                 "train_gain_last_fifth": _gain_last_fifth(rec["curve"], ns.converge_steps, 5),
-                 "val_tau_at_short_run": _tau_at(rec["val_curve"], ns.steps, 1),
-                 "val_tau_at_end": _tau_at(rec["val_curve"], ns.converge_steps, 1),
-                 "train_tau_at_short_run": _tau_at(rec["curve"], ns.steps),
-                 "train_tau_at_end": _tau_at(rec["curve"], ns.converge_steps),
-                 "train_s": rec["train_s"]} for name, rec in records.items()}
-    ratio = {f"{k}_converged": by["dspark"][k]["tau"] / by["dflash"][k]["tau"]
-             for k in ("T0", "T1")}
-    ratio["teacher_forced_converged"] = (by["dspark"]["teacher_forced_tau"]
-                                         / by["dflash"]["teacher_forced_tau"])
-    for key in ("val_tau", "train_tau"):
-        ratio[f"{key}_short_run"] = (by["dspark"][f"{key}_at_short_run"]
-                                     / by["dflash"][f"{key}_at_short_run"])
-        ratio[f"{key}_converged"] = by["dspark"][f"{key}_at_end"] / by["dflash"][f"{key}_at_end"]
+               for name in CONVERGED}
+    by = {name: _converged_row(rec, ns) for name, rec in records.items()}
+    ratio = {}
+    for a, b in (("dspark", "dflash"), ("dspark", "dflash2"), ("dflash2", "dflash")):
+        ratio |= {f"{a}/{b} {k}": by[a][k]["tau"] / by[b][k]["tau"] for k in ("T0", "T1")}
+        ratio[f"{a}/{b} teacher_forced"] = by[a]["teacher_forced_tau"] / by[b]["teacher_forced_tau"]
+        for key in ("val_tau_at_short_run", "val_tau_at_end"):
+            ratio[f"{a}/{b} {key}"] = by[a][key] / by[b][key]
     (results / "converged.json").write_text(json.dumps(
         {"command": _command(), "steps": ns.converge_steps, "short_run_steps": ns.steps,
          "drafts": by, "ratios": ratio, "timings_s": timings,
          "curves": {n: r["curve"] for n, r in records.items()},
          "val_curves": {n: r["val_curve"] for n, r in records.items()}}, indent=1) + "\n")
     _plot_converged(records, ns.steps, results)
-    for name, row in by.items():
-        print(f"{name}: spec. tau T=0 {_ci(row['T0'])}, T=1 {_ci(row['T1'])}, teacher-forced "
-              f"{row['teacher_forced_tau']:.3f}; gain over the last fifth: held-out tau "
-              f"{row['gain_last_fifth']:+.1%}, training-batch tau "
-              f"{row['train_gain_last_fifth']:+.1%}")
-    print("; ".join(f"dspark/dflash {k} {v:.3f}" for k, v in ratio.items()))
+    print(_converged_table(by))
+    print("; ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
     return 0
+
+
+def _converged_table(by: dict[str, dict[str, Any]]) -> str:
+    """The converged study's rows, one column per recipe."""
+    names = list(by)
+    rows = [
+        ("held-out teacher-forced tau as served, short run / end",
+         lambda r: f"{r['val_tau_at_short_run']:.2f} / {r['val_tau_at_end']:.2f}"),
+        ("held-out tau gain over the last fifth", lambda r: f"{r['gain_last_fifth']:+.1%}"),
+        ("training-batch tau gain over the last fifth",
+         lambda r: f"{r['train_gain_last_fifth']:+.1%}"),
+        ("spec. tau T=0 [95% CI]", lambda r: _ci(r["T0"])),
+        ("spec. tau T=1 [95% CI]", lambda r: _ci(r["T1"])),
+        ("teacher-forced tau as served, eval split [95% CI]", lambda r: _ci(r["teacher_forced"])),
+        ("  drafting from the base distribution (every token)",
+         lambda r: f"{r['teacher_forced']['base_tau']:.2f}"),
+        ("spec. T=1 - teacher-forced (full blocks) [95% CI]",
+         lambda r: _agreement(r["matched_T1"])),
+    ]
+    lines = ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [f"| {label} | " + " | ".join(cell(by[n]) for n in names) + " |"
+              for label, cell in rows]
+    return "\n".join(lines)
+
+
+def _agreement(agree: dict[str, Any] | None) -> str:
+    if agree is None:
+        return "-"
+    lo, hi = agree["difference_ci95"]
+    return f"{agree['difference']:+.2f} [{lo:+.2f}, {hi:+.2f}]"
 
 
 def _plot_converged(records: dict[str, dict[str, Any]], short: int, results: Path) -> None:
@@ -298,14 +357,16 @@ def _plot_converged(records: dict[str, dict[str, Any]], short: int, results: Pat
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, rec in records.items():
-        line, = ax.plot([c["step"] for c in rec["val_curve"]],
-                        [c["tau"] for c in rec["val_curve"]], marker="o", label=f"{name}, held-out")
-        ax.plot([c["step"] for c in rec["curve"]], [c["tau"] for c in rec["curve"]],
+        served = [c.get("served_tau", c["tau"]) for c in rec["val_curve"]]
+        line, = ax.plot([c["step"] for c in rec["val_curve"]], served, marker="o",
+                        label=f"{name}, held-out")
+        ax.plot([c["step"] for c in rec["curve"]],
+                [c.get("served_tau", c["tau"]) for c in rec["curve"]],
                 color=line.get_color(), alpha=0.4, label=f"{name}, training batches")
     ax.axvline(short, color="k", linestyle=":", label=f"short run ({short} steps)")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("teacher-forced tau")
-    ax.set_title("DSpark vs DFlash recipe on the code target, trained to convergence")
+    ax.set_ylabel("teacher-forced tau as served (DFlash2: its selector's)")
+    ax.set_title("DSpark, DFlash and DFlash2 on the code target, trained to convergence")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(results / "converged_curves.png", dpi=90)
@@ -387,16 +448,23 @@ def _train_and_eval(out: Path, ns: argparse.Namespace, name: str, cache: str,
 
 def _curves(path: Path) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
     """From one read of the CSV log: step, train loss and teacher-forced tau of every logged
-    window, and step and teacher-forced tau of every validation pass (the held-out split)."""
+    window, and step and teacher-forced tau of every validation pass (the held-out split); a
+    DFlash2 run's also hold ``served_tau``, its candidate selector's tau (what serving gets)."""
     train, val = [], []
     with path.open() as f:
         for row in csv.DictReader(f):
             if row.get("train/loss") and row.get("train/tau"):
                 train.append({"step": float(row["step"]), "loss": float(row["train/loss"]),
-                              "tau": float(row["train/tau"])})
+                              "tau": float(row["train/tau"]),
+                              **_served(row.get("train/selector_tau"))})
             if row.get("val/tau"):
-                val.append({"step": float(row["step"]), "tau": float(row["val/tau"])})
+                val.append({"step": float(row["step"]), "tau": float(row["val/tau"]),
+                            **_served(row.get("val/selector_tau"))})
     return train, val
+
+
+def _served(selector_tau: str | None) -> dict[str, float]:
+    return {"served_tau": float(selector_tau)} if selector_tau else {}
 
 
 def _summary(name: str, rec: dict[str, Any]) -> dict[str, Any]:

@@ -3,8 +3,11 @@
 # SDPA for both draft architectures, the deepseek_v4 draft's bf16 steps, bf16-mixed fit, FSDP on
 # one GPU, device-side fp8 capture copies), then the draft-step and
 # loader benchmarks on the GPU. Needs python3 with torch (CUDA), lightning, transformers, pyarrow,
-# fsspec, safetensors, pytest; no vLLM. The project's other small dependencies (zarr, numcodecs,
+# fsspec, safetensors, pytest. The project's other small dependencies (zarr, numcodecs,
 # crc32c, jsonargparse and theirs) are installed from wheels in .whl/ when that folder exists.
+# Where vLLM is installed it also serves a trained DFlash2 draft (benchmarks/serve_dflash2.py:
+# lossless greedy outputs, acceptance length beside sparkforge eval's; on CPU, the dry run checks
+# that vLLM refuses it); that step has not run on a GPU yet.
 #
 #   benchmarks/gpu_check.sh --fetch-wheels   # on a machine with PyPI: Python 3.12 wheels -> .whl/
 #   benchmarks/gpu_check.sh                  # on the GPU machine, from the repository root
@@ -54,6 +57,7 @@ fi
 PKG=$(mktemp -d)
 mkdir -p "$PKG/sparkforge"
 for part in shared manifests producer trainer; do ln -s "$PWD/$part" "$PKG/sparkforge/$part"; done
+ln -s "$PWD/shared/app" "$PKG/sparkforge/app"   # sparkforge.app: the CLI and the code target
 export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
@@ -87,6 +91,13 @@ if [ "$MODE" = gpu ]; then
   step "fp8 quantisation: numpy vs torch CPU vs torch GPU"
   timeout 120 "$PY" -P benchmarks/bench_writer.py --max_cores 2 --tokens 8192 \
     || echo "bench_writer FAILED"
+  step "vLLM serves a DFlash2 draft (V2 runner): lossless, acceptance vs sparkforge eval"
+  if "$PY" -c "import vllm" 2> /dev/null; then
+    timeout 480 "$PY" -P benchmarks/serve_dflash2.py --out_dir "$(mktemp -d)" \
+      || echo "serve_dflash2 FAILED"
+  else
+    echo "SKIPPED: vLLM is not installed here"
+  fi
 else
   step "GPU tests (collected only: no CUDA here)"
   "$PY" -P -m pytest -o addopts= -p no:cacheprovider -m gpu -q --collect-only tests/gpu
@@ -96,5 +107,11 @@ else
   step "loader vs raw reads vs draft step (CPU, tiny)"
   "$PY" -P benchmarks/bench_trainer_data.py --samples 16 --hidden 128 --batch_size 2 \
     --steps 1 --device cpu
+  step "vLLM's CPU runner refuses a DFlash2 draft (tiny)"
+  if "$PY" -c "import vllm" 2> /dev/null; then
+    "$PY" -P benchmarks/serve_dflash2.py --out_dir "$(mktemp -d)" --cpu --rows 48 --steps 2
+  else
+    echo "SKIPPED: vLLM is not installed here"
+  fi
 fi
 echo; echo "gpu_check.sh ($MODE) done in $((SECONDS - START)) s"

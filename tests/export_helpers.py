@@ -1,4 +1,4 @@
-"""Test helper: load an exported draft through vLLM's DSpark or DFlash classes in a separate
+"""Test helper: load exported drafts through vLLM's DSpark, DFlash or DFlash2 classes in a separate
 interpreter."""
 
 from __future__ import annotations
@@ -15,7 +15,16 @@ LOAD_SCRIPT = Path(__file__).parent / "integration" / "vllm_dspark_load.py"
 def load_in_vllm(target: Path, draft: Path, *, method: str = "dspark",
                  timeout: int = 600) -> dict[str, Any]:
     """Run ``vllm_dspark_load.py TARGET DRAFT METHOD`` and return its ``RESULT`` JSON account."""
-    return _script_result(LOAD_SCRIPT, [target, draft, method], timeout)
+    account: dict[str, Any] = _script_result(LOAD_SCRIPT, [target, draft, method], timeout)
+    return account
+
+
+def load_all_in_vllm(target: Path, drafts: list[tuple[Path, str]], *,
+                     timeout: int = 600) -> list[dict[str, Any]]:
+    """``load_in_vllm`` of several (draft, method) pairs in one interpreter (one vLLM start-up)."""
+    args: list[Any] = [target, *(x for pair in drafts for x in pair)]
+    accounts: list[dict[str, Any]] = _script_result(LOAD_SCRIPT, args, timeout)
+    return accounts
 
 
 RESOLVE_SCRIPT = Path(__file__).parent / "integration" / "vllm_draft_resolve.py"
@@ -23,17 +32,17 @@ RESOLVE_SCRIPT = Path(__file__).parent / "integration" / "vllm_draft_resolve.py"
 
 def resolve_in_vllm(target: Path, drafts: list[Path], *, timeout: int = 600) -> dict[str, Any]:
     """Run ``vllm_draft_resolve.py TARGET DRAFT...``: per draft, vLLM's model type and class."""
-    return _script_result(RESOLVE_SCRIPT, [target, *drafts], timeout)
+    resolved: dict[str, Any] = _script_result(RESOLVE_SCRIPT, [target, *drafts], timeout)
+    return resolved
 
 
-def _script_result(script: Path, args: list[Any], timeout: int) -> dict[str, Any]:
+def _script_result(script: Path, args: list[Any], timeout: int) -> Any:
     """Run ``script`` in a fresh interpreter; its ``RESULT {json}`` stdout line, parsed."""
     out = subprocess.run([sys.executable, "-P", str(script), *map(str, args)],
                          capture_output=True, text=True, timeout=timeout, check=False)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, out.stderr[-3000:]
-    result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
-    return result
+    return json.loads(line.removeprefix("RESULT "))
 
 
 def eval_report(draft: Path, target: Path, cache: Path | str, out_dir: Path) -> dict[str, Any]:

@@ -70,7 +70,7 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
     stream = CacheStream(reader, load_split_index(reader, "eval"), settings, rank=0,
                          world_size=1, shuffle=False)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    sums, blocks, per_sample, by_anchor, kinds = None, [], [], [], []
+    sums, blocks, per_sample, by_anchor, kinds, selector = None, [], [], [], [], []
     with torch.no_grad():
         for i, batch in enumerate(stream):
             if cfg.max_eval_batches is not None and i >= cfg.max_eval_batches:
@@ -80,32 +80,30 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
                         b["target_last_hidden_states"], attention_mask=b["attention_mask"],
                         generator=gen)
             res = compute_dspark_loss(out, loss)
-            sums = accumulate(sums, metric_sums(out, res.accept_rate, res.weights))
+            sums = accumulate(sums, metric_sums(out, res.accept_rate, res.weights,
+                                                res.selector_accept_rate))
             if res.accept_rate is not None:
                 blocks.append(_block_rows(out, res.accept_rate))
                 per_sample.append(_sample_tau_sums(out, res.accept_rate))
                 by_anchor.append(_anchor_rows(out, res.accept_rate))
                 kinds += [tags.kinds(ids[mask > 0]) for ids, mask in zip(
                     batch["input_ids"], batch["loss_mask"], strict=True)]
+            if res.selector_accept_rate is not None:
+                selector.append(_sample_tau_sums(out, res.selector_accept_rate))
     if sums is None:
         return {}
     ratios = metric_ratios(sums)
     k = draft.num_draft_tokens
     report: dict[str, Any] = {
         "metrics": ratios,
-        "accept_rate_by_position": [ratios.get(f"accept_rate@{j}", 0.0) for j in range(k)]}
+        "accept_rate_by_position": [ratios.get(f"accept_rate@{j}", 0.0) for j in range(k)],
+        **_tau_intervals(per_sample, cfg.seed)}
     if per_sample:
-        num, den, full_num, full_den = (np.concatenate(parts)
-                                        for parts in zip(*per_sample, strict=True))
-        report["samples"] = int((den > 0).sum())
-        report["tau_ci95"] = list(ratio_ci(num, den, seed=cfg.seed))
-        full = int(full_den.sum())
-        report["full_blocks"] = {
-            "tau": float(full_num.sum() / full) if full else 0.0,
-            "tau_ci95": list(ratio_ci(full_num, full_den, seed=cfg.seed)),
-            "blocks": full, "cut_blocks": int(den.sum()) - full}
+        num, den = (np.concatenate([part[n] for part in per_sample]) for n in (0, 1))
         report["by_context"] = forced_buckets(by_anchor, cfg.context_buckets, seed=cfg.seed)
         report["by_turn"] = by_kind(num, den, kinds, unit="samples", seed=cfg.seed)
+    if selector:
+        report["selector"] = _selector_report(ratios, selector, k, cfg.seed)
     if blocks:
         accept, conf, valid = (np.concatenate(parts) for parts in zip(*blocks, strict=True))
         has_conf = draft.confidence_head is not None
@@ -117,6 +115,31 @@ def _teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
             report["reliability"] = reliability_bins(conf[valid].tolist(),
                                                      accept[valid].tolist())
     return report
+
+
+def _selector_report(ratios: dict[str, float], per_sample: list[tuple[np.ndarray, ...]],
+                     k: int, seed: int) -> dict[str, Any]:
+    """A DFlash2 draft's teacher-forced acceptance as served (through its candidate selector):
+    tau with its intervals, acceptance by position, the top-k recall of the data token."""
+    return {"tau": ratios.get("selector_tau", 0.0),
+            "accept_rate_by_position": [ratios.get(f"selector_accept_rate@{j}", 0.0)
+                                        for j in range(k)],
+            "candidate_recall": ratios.get("candidate_recall", 0.0),
+            **_tau_intervals(per_sample, seed)}
+
+
+def _tau_intervals(per_sample: list[tuple[np.ndarray, ...]], seed: int) -> dict[str, Any]:
+    """The sample count, tau's 95% interval over samples, and tau on full blocks with its
+    interval, from the batches' ``_sample_tau_sums`` (empty without any)."""
+    if not per_sample:
+        return {}
+    num, den, full_num, full_den = (np.concatenate(parts) for parts in zip(*per_sample,
+                                                                             strict=True))
+    full = int(full_den.sum())
+    return {"samples": int((den > 0).sum()), "tau_ci95": list(ratio_ci(num, den, seed=seed)),
+            "full_blocks": {"tau": float(full_num.sum() / full) if full else 0.0,
+                            "tau_ci95": list(ratio_ci(full_num, full_den, seed=seed)),
+                            "blocks": full, "cut_blocks": int(den.sum()) - full}}
 
 
 def _sample_tau_sums(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, ...]:

@@ -76,6 +76,15 @@ def _by_turn(spec: Mapping[str, Any], forced: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _full_blocks(forced: Mapping[str, Any]) -> list[str]:
+    full = forced.get("full_blocks")
+    if not full:
+        return []
+    total = full["blocks"] + full["cut_blocks"]
+    return [_tau(f"  on full blocks ({full['blocks']} of {total}):", full["tau"],
+                 full["tau_ci95"])]
+
+
 def summary_lines(report: Mapping[str, Any]) -> str:
     """Tau (with its 95% interval) and acceptance by draft position, measured and
     teacher-forced, whether the two agree, the confidence head's calibration, and tau by
@@ -97,11 +106,17 @@ def summary_lines(report: Mapping[str, Any]) -> str:
                  forced["metrics"]["tau"], forced.get("tau_ci95")),
             _row("  acceptance by position:", _values(forced["accept_rate_by_position"])),
         ]
-        full = forced.get("full_blocks")
-        if full:
-            total = full["blocks"] + full["cut_blocks"]
-            lines.append(_tau(f"  on full blocks ({full['blocks']} of {total}):", full["tau"],
-                              full["tau_ci95"]))
+        lines += _full_blocks(forced)
+        selector = forced.get("selector")
+        if selector:   # DFlash2: the top-k candidate head serving drafts through
+            lines += [
+                _tau("  through the candidate selector, as served:", selector["tau"],
+                     selector.get("tau_ci95")),
+                _row("    acceptance by position:",
+                     _values(selector["accept_rate_by_position"])),
+                _row("    data token among the top-k candidates:",
+                     f"{selector['candidate_recall']:.3f}"),
+                *("  " + line for line in _full_blocks(selector))]
     if "matched" in report:
         lines.append(_verdict(report["matched"]))
     lines += _calibration(spec, forced) + _by_context(spec, forced) + _by_turn(spec, forced)

@@ -118,6 +118,8 @@ def export_draft(
         shutil.rmtree(out)
     tmp.replace(out)
     logger.info("exported %d tensors (%s) to %s", len(bf16), engine, out)
+    if fmt.serving_note:
+        logger.warning("%s: %s", out, fmt.serving_note)
     return out
 
 

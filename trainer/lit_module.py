@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
 from sparkforge.trainer.draft.model import DraftModel, DSparkOutput
 from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
 from sparkforge.trainer.metrics import (
@@ -35,7 +36,7 @@ from sparkforge.trainer.schedule import (
 
 logger = logging.getLogger(__name__)
 
-LOSS_TERMS = ("loss", "ce_loss", "l1_loss", "confidence_loss")
+LOSS_TERMS = ("loss", "ce_loss", "l1_loss", "confidence_loss", "selector_loss")
 RESUME_FIELDS = ("mask_token_id", "block_size", "target_layer_ids")
 
 
@@ -81,10 +82,12 @@ class DSparkLitModule(L.LightningModule):
     Args:
         draft: The draft architecture and its target-facing contract.
         loss: Loss term weights.
-        recipe: ``dspark`` (Markov and confidence heads, 0.1 CE + 0.9 L1 + 1.0 BCE) or
+        recipe: ``dspark`` (Markov and confidence heads, 0.1 CE + 0.9 L1 + 1.0 BCE),
             ``dflash`` (``layout: dflash`` on the draft's architecture: no heads, CE with the
-            DFlash decay; qwen3 exports in the DFlash serving format); fills the draft and
-            loss fields left unset.
+            DFlash decay; qwen3 exports in the DFlash serving format) or ``dflash2``
+            (``layout: dflash2``: DFlash with block convolutions and the candidate selector,
+            CE + selector CE; qwen3 exports in the DFlash2 format); fills the draft and loss
+            fields left unset.
         optimizer: Optimizer class and settings.
         scheduler: Warmup + cosine schedule.
         attn_implementation: "sdpa" (dense mask), "flex" (GPU) or "auto" (flex on CUDA).
@@ -113,6 +116,15 @@ class DSparkLitModule(L.LightningModule):
                 "model.loss.confidence_head_alpha "
                 f"{'> 0' if draft.enable_confidence_head else '= 0'}"
                 f", got {loss.confidence_head_alpha}")
+        assert loss.selector_loss_alpha is not None
+        assert draft.layout is not None
+        with_selector = BLOCK_LAYOUTS[draft.layout].candidate_selector
+        if with_selector != (loss.selector_loss_alpha > 0):
+            raise SparkforgeError(
+                f"model.draft.layout={draft.layout!r} "
+                f"{'has' if with_selector else 'has no'} candidate selector, so "
+                f"model.loss.selector_loss_alpha must be {'> 0' if with_selector else '0'}, got "
+                f"{loss.selector_loss_alpha}")
         # Plain dicts keep checkpoints loadable with torch.load(weights_only=True).
         self.save_hyperparameters({"recipe": recipe, "draft": dataclasses.asdict(draft),
                                    "loss": dataclasses.asdict(loss),
@@ -207,9 +219,10 @@ class DSparkLitModule(L.LightningModule):
     # ---- training --------------------------------------------------------------------------------
     def _sums(self, batch: dict[str, torch.Tensor], out: DSparkOutput,
               res: LossOutput) -> MetricSums:
-        sums = metric_sums(out, res.accept_rate, res.weights)
+        sums = metric_sums(out, res.accept_rate, res.weights, res.selector_accept_rate)
         one = torch.ones((), dtype=torch.float64, device=self.device)
-        values = (res.logged_loss, res.ce_loss, res.l1_loss, res.confidence_loss)
+        values = (res.logged_loss, res.ce_loss, res.l1_loss, res.confidence_loss,
+                  res.selector_loss)
         sums |= {name: v.detach().double() for name, v in zip(LOSS_TERMS, values, strict=True)}
         sums["micro_batches"] = one
         sums["tokens"] = batch["attention_mask"].sum().double()

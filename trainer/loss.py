@@ -1,8 +1,9 @@
-"""The training objectives, globally normalised: DSpark's and DFlash's.
+"""The training objectives, globally normalised: DSpark's, DFlash's and DFlash2's.
 
-DSpark: 0.1 CE + 0.9 L1 to the teacher + 1.0 BCE of the confidence head. DFlash: CE only. Both
-weight each supervised draft position with the decay ``exp(-k/gamma)`` (see ``decay_weights``).
-``LossSpec.objective`` picks one. Shape suffixes follow the legend in
+DSpark: 0.1 CE + 0.9 L1 to the teacher + 1.0 BCE of the confidence head. DFlash: CE only.
+DFlash2: DFlash's CE + 1.0 k-way CE of the candidate selector. All weight each supervised draft
+position with the decay ``exp(-k/gamma)`` (see ``decay_weights``). ``LossSpec.objective`` picks
+one. Shape suffixes follow the legend in
 ``sparkforge.trainer.draft.model`` (here W: the supervised rows).
 """
 
@@ -16,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 
 from sparkforge.trainer.draft.model import DSparkOutput
+from sparkforge.trainer.draft.selector import selector_cross_entropy, served_acceptance
 from sparkforge.trainer.run_config import LossSpec
 
 EPS = 1e-6
@@ -33,8 +35,13 @@ class LossOutput:
     l1_loss: torch.Tensor
     """Full L1 distance sum_v |p_draft - p_target| (= 2 x total variation); logged as l1_loss."""
     confidence_loss: torch.Tensor
+    selector_loss: torch.Tensor
+    """The candidate selector's k-way CE (0 without the selector)."""
     accept_rate: torch.Tensor | None
     """[B, A, K] fp32 detached analytic acceptance c* (0 on unsupervised slots), or None."""
+    selector_accept_rate: torch.Tensor | None
+    """[B, A, K] fp32 acceptance of the selector's top-k draft law, as served at T=1 (0 on
+    unsupervised slots), or None (no selector, or no teacher logits)."""
     weights: torch.Tensor
     """[B, A, K] fp32 decay weights times eval_mask."""
     local_denominator: torch.Tensor
@@ -150,6 +157,28 @@ def _confidence_terms(
     return accept_BAK, F.binary_cross_entropy_with_logits(conf_W, accept_W, reduction="none")
 
 
+def _selector_terms(
+    out: DSparkOutput, rows: torch.Tensor, w_BAK: torch.Tensor, target_WV: torch.Tensor | None,
+    spec: LossSpec,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The selector CE's numerator (decay-weighted sum over the supervised rows; 0 without the
+    selector) and the selector's served acceptance [B, A, K] (None without teacher logits)."""
+    zero = w_BAK.sum() * 0.0
+    if out.candidate_ids is None or out.candidate_scores is None:
+        return zero, None
+    top_k = out.candidate_ids.shape[-1]
+    cand_WC = out.candidate_ids.reshape(-1, top_k)[rows]
+    scores_WC1 = out.candidate_scores.reshape(-1, top_k + 1)[rows]
+    num = zero
+    if spec.selector_loss_alpha:
+        ce_W = selector_cross_entropy(cand_WC, scores_WC1, out.target_ids.flatten()[rows])
+        num = (ce_W * w_BAK.flatten()[rows]).sum()
+    if target_WV is None:
+        return num, None
+    accept_W = served_acceptance(cand_WC, scores_WC1[..., :top_k], target_WV, spec.l1_chunk_rows)
+    return num, torch.zeros_like(w_BAK).flatten().index_copy(0, rows, accept_W).view_as(w_BAK)
+
+
 def compute_dspark_loss(
     out: DSparkOutput, spec: LossSpec, *, process_group: dist.ProcessGroup | None = None,
 ) -> LossOutput:
@@ -160,7 +189,8 @@ def compute_dspark_loss(
     BCE of the confidence head against the detached acceptance ``clamp(1 - L1/2, 0, 1)``, and the
     slot weights ``w = eval_mask * exp(-k/gamma)``. DFlash is the same sum with the CE term alone
     (its eval mask is per position, not a prefix: see ``anchors.BlockLayout``); on one rank it is
-    the decay-weighted mean CE of the batch.
+    the decay-weighted mean CE of the batch. DFlash2 adds the candidate selector's k-way CE
+    (``selector.training_candidates``) to DFlash's, with the same weights and denominator.
 
     Denominators are all-reduced (SUM) over ``process_group`` when torch.distributed is
     initialised; numerators stay local. The backward loss is multiplied by world_size so that
@@ -174,6 +204,7 @@ def compute_dspark_loss(
     assert spec.ce_loss_alpha is not None
     assert spec.l1_loss_alpha is not None
     assert spec.confidence_head_alpha is not None
+    assert spec.selector_loss_alpha is not None
     ce_alpha, l1_alpha = spec.ce_loss_alpha, spec.l1_loss_alpha
     confidence_alpha = spec.confidence_head_alpha
     needs_teacher = l1_alpha > 0 or (confidence_alpha > 0 and out.confidence_logits is not None)
@@ -196,9 +227,11 @@ def compute_dspark_loss(
         accept_BAK, bce_W = _confidence_terms(out, l1_W, rows, w_BAK, confidence_alpha)
         if bce_W is not None:
             conf_num = (bce_W * w_W).sum()
+    sel_num, sel_accept_BAK = _selector_terms(out, rows, w_BAK, target_WV, spec)
     local_d = w_BAK.sum()
     global_d, world = global_denominator(local_d, process_group)
-    weighted = ce_alpha * ce_num + l1_alpha * l1_num + confidence_alpha * conf_num
+    weighted = (ce_alpha * ce_num + l1_alpha * l1_num + confidence_alpha * conf_num
+                + spec.selector_loss_alpha * sel_num)
     local_den = local_d + EPS
     return LossOutput(
         loss=world * weighted / (global_d + EPS),
@@ -206,7 +239,9 @@ def compute_dspark_loss(
         ce_loss=(ce_num / local_den).detach(),
         l1_loss=(l1_num / local_den).detach(),
         confidence_loss=(conf_num / local_den).detach(),
+        selector_loss=(sel_num / local_den).detach(),
         accept_rate=accept_BAK,
+        selector_accept_rate=sel_accept_BAK,
         weights=w_BAK,
         local_denominator=local_d.detach(),
         global_denominator=global_d,

@@ -66,7 +66,8 @@ def matched_report(sampling: list[dict[str, Any]], temperature: float,
     elif abs(temperature - FORCED_TEMPERATURE) > 1e-6:  # matched, but not at T=1
         report["note"] = (f"teacher-forced tau is the analytic acceptance at T=1; eval measures "
                           f"at T={temperature}, so the two need not agree")
-    full = forced.get("full_blocks")
+    # A draft with a candidate selector (DFlash2) is served through it: compare with its tau.
+    full = (forced.get("selector") or forced).get("full_blocks")
     at_forced = abs(temperature - FORCED_TEMPERATURE) <= 1e-6
     if matched and at_forced and full is not None and speculative.get("tau_ci95"):
         report["agreement"] = agreement(speculative["tau"], speculative["tau_ci95"],

@@ -16,7 +16,8 @@ MetricSums = dict[str, torch.Tensor]
 
 @torch.no_grad()
 def metric_sums(
-    out: DSparkOutput, accept_BAK: torch.Tensor | None, weights_BAK: torch.Tensor
+    out: DSparkOutput, accept_BAK: torch.Tensor | None, weights_BAK: torch.Tensor,
+    selector_accept_BAK: torch.Tensor | None = None,
 ) -> MetricSums:
     """Numerators and denominators for one micro-batch (fp64, detached).
 
@@ -25,6 +26,8 @@ def metric_sums(
         accept_BAK: Analytic acceptance c* from the loss (None without teacher logits: the
             acceptance and calibration sums are then zero).
         weights_BAK: Decay weights times eval_mask (the loss's ``weights``).
+        selector_accept_BAK: The candidate selector's served acceptance from the loss (DFlash2;
+            None without the selector or teacher logits).
     """
     ev = out.eval_mask.double()
     k = ev.shape[-1]
@@ -45,6 +48,8 @@ def metric_sums(
     }
     if accept_BAK is None:
         sums["tau_num"] = sums["tau_den"] = ev.new_zeros(())
+    if out.candidate_ids is not None:
+        sums |= selector_sums(out, ev, block_on, selector_accept_BAK)
     if out.confidence_logits is not None:
         conf = torch.sigmoid(out.confidence_logits.double())
         surv_conf = torch.cumprod(conf * ev, dim=-1)
@@ -53,6 +58,22 @@ def metric_sums(
         sums["conf_cumprod_bias_num"] = ((surv_conf - surv_acc) * w).sum()
         sums["conf_den"] = w.sum() if accept_BAK is not None else ev.new_zeros(())
     return sums
+
+
+def selector_sums(out: DSparkOutput, ev_BAK: torch.Tensor, block_on_BA: torch.Tensor,
+                  accept_BAK: torch.Tensor | None) -> MetricSums:
+    """The candidate selector's sums: its served acceptance by position and its tau (as
+    ``accept_*`` / ``tau_*``), and how often the top-k holds the data token (recall)."""
+    assert out.candidate_ids is not None
+    hit = (out.candidate_ids == out.target_ids[..., None]).any(-1).double()
+    acc = accept_BAK.double() if accept_BAK is not None else torch.zeros_like(ev_BAK)
+    on = float(accept_BAK is not None)
+    surv = torch.cumprod(acc * ev_BAK, dim=-1)
+    return {"selector_accept_num": (acc * ev_BAK).sum((0, 1)) * on,
+            "selector_accept_den": ev_BAK.sum((0, 1)) * on,
+            "selector_tau_num": ((1.0 + surv.sum(-1)) * block_on_BA).sum() * on,
+            "selector_tau_den": block_on_BA.sum() * on,
+            "candidate_hit_num": (hit * ev_BAK).sum()}
 
 
 def accumulate(total: MetricSums | None, new: MetricSums) -> MetricSums:
@@ -91,6 +112,13 @@ def metric_ratios(sums: MetricSums) -> dict[str, float]:
         "kept_anchor_ratio": (sums["kept_anchors"], sums["anchor_slots"]),
         "supervised_per_block": (sums["supervised_slots"], sums["kept_anchors"]),
     }
+    if "selector_accept_num" in sums:
+        num_s, den_s = sums["selector_accept_num"], sums["selector_accept_den"]
+        res |= {f"selector_accept_rate@{k}": float(num_s[k] / den_s[k])
+                for k in range(num_s.numel()) if den_s[k] > 0}
+        pairs["selector_accept_rate"] = (num_s.sum(), den_s.sum())
+        pairs["selector_tau"] = (sums["selector_tau_num"], sums["selector_tau_den"])
+        pairs["candidate_recall"] = (sums["candidate_hit_num"], sums["supervised_slots"])
     if "conf_den" in sums:
         pairs["confidence_abs_error"] = (sums["conf_abs_num"], sums["conf_den"])
         pairs["confidence_bias"] = (sums["conf_bias_num"], sums["conf_den"])

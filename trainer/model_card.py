@@ -158,6 +158,8 @@ def model_card(cfg: DSparkDraftConfig, provenance: Mapping[str, Any], *, draft_d
         f"{cfg.architecture} stack, block of {cfg.block_size}) trained by sparkforge on "
         f"hidden states of {markdown_code(target)} captured into a cache.", "",
         "## Serve it", "", *_fenced("bash", serve_command(cfg, target, draft_dir)), "",
+        *([serving_format(cfg).serving_note + ".", ""] if serving_format(cfg).serving_note
+          else []),
         *_draft_section(cfg, sizes or {}), "", *_data_section(provenance), "",
         "## Training config", "",
         *_fenced("yaml", yaml.safe_dump(training, sort_keys=True).rstrip()),

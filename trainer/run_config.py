@@ -37,7 +37,7 @@ from sparkforge.trainer.draft.block_layout import NO_HEADS, Layout
 from sparkforge.trainer.draft.config import MarkovHeadType
 from sparkforge.trainer.loader_settings import LoaderSettings
 
-RecipeName = Literal["dspark", "dflash"]
+RecipeName = Literal["dspark", "dflash", "dflash2"]
 """A recipe's name (``RECIPES``); each recipe's loss objective has the recipe's name
 (``LossSpec.objective``)."""
 
@@ -66,6 +66,10 @@ RECIPES: dict[RecipeName, Recipe] = {
     # run names (qwen3 by default: served as a DFlash draft).
     "dflash": Recipe(objective="dflash", draft_defaults={
         "architecture": DSparkDraftConfig.architecture, "layout": "dflash", **NO_HEADS},
+        fixed=frozenset({"layout", *NO_HEADS})),
+    # DFlash2: DFlash's block with the block convolutions and the candidate selector head.
+    "dflash2": Recipe(objective="dflash2", draft_defaults={
+        "architecture": DSparkDraftConfig.architecture, "layout": "dflash2", **NO_HEADS},
         fixed=frozenset({"layout", *NO_HEADS})),
 }
 
@@ -101,8 +105,8 @@ class DraftSpec:
     drafts vLLM's Gemma4 / Kimi-K3 DSpark classes load); None: qwen3. The old ``dflash`` reads
     as qwen3 with layout dflash (deprecated, dropped in 0.3.0)."""
     layout: Layout | None = None
-    """The block layout: ``dspark`` or ``dflash`` (``DSparkDraftConfig.layout``); None: the
-    recipe's (the dflash recipe needs dflash)."""
+    """The block layout: ``dspark``, ``dflash`` or ``dflash2`` (``DSparkDraftConfig.layout``);
+    None: the recipe's (the dflash and dflash2 recipes need their own)."""
     markov_rank: int | None = None
     """r: rank of the Markov bigram bias; 0 disables the head. None: the recipe's (dspark 256,
     dflash 0)."""
@@ -194,10 +198,17 @@ class DraftSpec:
 
 
 OBJECTIVE_ALPHAS: dict[RecipeName, dict[str, float]] = {
-    "dspark": {"ce_loss_alpha": 0.1, "l1_loss_alpha": 0.9, "confidence_head_alpha": 1.0},
-    "dflash": {"ce_loss_alpha": 1.0, "l1_loss_alpha": 0.0, "confidence_head_alpha": 0.0},
+    "dspark": {"ce_loss_alpha": 0.1, "l1_loss_alpha": 0.9, "confidence_head_alpha": 1.0,
+               "selector_loss_alpha": 0.0},
+    "dflash": {"ce_loss_alpha": 1.0, "l1_loss_alpha": 0.0, "confidence_head_alpha": 0.0,
+               "selector_loss_alpha": 0.0},
+    "dflash2": {"ce_loss_alpha": 1.0, "l1_loss_alpha": 0.0, "confidence_head_alpha": 0.0,
+                "selector_loss_alpha": 1.0},
 }
-"""Each objective's term weights; DFlash is cross-entropy only (its draft has no heads)."""
+"""Each objective's term weights; DFlash is cross-entropy only (its draft has no heads), DFlash2
+DFlash's cross-entropy plus the candidate selector's."""
+CE_ONLY_TERMS = ("l1_loss_alpha", "confidence_head_alpha")
+"""The terms the DFlash objectives leave out (their drafts have no confidence head)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,31 +221,36 @@ class LossSpec:
     """
 
     objective: RecipeName | None = None
-    """``dspark`` (0.1 CE + 0.9 L1 + 1.0 confidence BCE) or ``dflash`` (CE only); None: the
-    run's recipe's (``model.recipe``), or dspark."""
+    """``dspark`` (0.1 CE + 0.9 L1 + 1.0 confidence BCE), ``dflash`` (CE only) or ``dflash2``
+    (1.0 CE + 1.0 candidate selector CE); None: the run's recipe's (``model.recipe``), or
+    dspark."""
     ce_loss_alpha: float | None = None
     """Weight of the cross-entropy to the data tokens (None: the objective's)."""
     l1_loss_alpha: float | None = None
     """Weight of the full L1 distance to the teacher distribution (None: the objective's)."""
     confidence_head_alpha: float | None = None
     """Must be > 0 exactly when the draft has a confidence head (None: the objective's)."""
+    selector_loss_alpha: float | None = None
+    """Weight of the candidate selector's k-way cross-entropy to the data token; > 0 exactly
+    when the draft has the selector (dflash2; None: the objective's)."""
     loss_decay_gamma: float | None = 4.0
     """Per-position weight exp(-k/gamma); None disables the decay."""
     l1_chunk_rows: int = 128
     """Rows per chunk of the full-vocabulary L1 term (bounds its fp32 temporaries)."""
 
     def __post_init__(self) -> None:
-        problems = [f"model.loss.{name}={value} must be >= 0" for name, value in (
-            ("ce_loss_alpha", self.ce_loss_alpha), ("l1_loss_alpha", self.l1_loss_alpha),
-            ("confidence_head_alpha", self.confidence_head_alpha))
-            if value is not None and value < 0]
+        problems = [f"model.loss.{name}={getattr(self, name)} must be >= 0"
+                    for name in OBJECTIVE_ALPHAS["dspark"]
+                    if getattr(self, name) is not None and getattr(self, name) < 0]
         if self.l1_chunk_rows < 1:
             problems.append(f"model.loss.l1_chunk_rows={self.l1_chunk_rows} must be >= 1")
-        if self.objective == "dflash":
-            problems += [f"model.loss.{name}={getattr(self, name)}: the dflash objective is "
-                         "cross-entropy only (leave it unset or 0)"
-                         for name in ("l1_loss_alpha", "confidence_head_alpha")
-                         if getattr(self, name)]
+        if self.objective in ("dflash", "dflash2"):
+            problems += [f"model.loss.{name}={getattr(self, name)}: the {self.objective} "
+                         "objective has no such term (leave it unset or 0)"
+                         for name in CE_ONLY_TERMS if getattr(self, name)]
+        if self.objective not in (None, "dflash2") and self.selector_loss_alpha:
+            problems.append(f"model.loss.selector_loss_alpha={self.selector_loss_alpha}: only "
+                            "the dflash2 objective has a candidate selector term")
         if problems:
             raise SparkforgeError("invalid loss config:\n  " + "\n  ".join(problems))
         if self.objective is not None:  # the objective's weights in the unset fields

@@ -24,6 +24,7 @@ from sparkforge.trainer.draft.sampling import (
     sample_from_probs,
     sample_token,
 )
+from sparkforge.trainer.draft.selector import sample_with_selector
 
 
 @dataclass
@@ -171,9 +172,13 @@ def speculative_generate(
         res.round_context.append(int(context.shape[1]))   # the anchor x0 follows the context
         anchor = torch.tensor([x0], device=ids.device)
         hidden, base = draft.draft_block(anchor, cache_d)
-        drafts, q_logits = sample_draft_tokens(_banning(base, banned), anchor, hidden,
-                                               draft.markov_head,
-                                               temperature, generator)
+        if draft.candidate_selector is not None:  # DFlash2 drafts through its selector's walk
+            drafts, q_logits = sample_with_selector(draft.candidate_selector,
+                                                    _banning(base, banned), anchor, hidden,
+                                                    temperature, generator)
+        else:
+            drafts, q_logits = sample_draft_tokens(_banning(base, banned), anchor, hidden,
+                                                   draft.markov_head, temperature, generator)
         prev = torch.cat([anchor[:, None], drafts[:, :-1]], dim=1)
         conf_logits = draft.confidence(hidden, prev)
         conf_K = None if conf_logits is None else torch.sigmoid(conf_logits[0].float())

@@ -1,5 +1,5 @@
-"""The DFlash recipe end to end: from the DSpark draft's tiny cache, train, export in the DFlash
-serving format, load it through vLLM's DFlash class, evaluate it."""
+"""The DFlash and DFlash2 recipes end to end: from the DSpark draft's tiny cache, train, export in
+their serving formats, load both through vLLM's own classes (one vLLM start-up), evaluate."""
 
 from __future__ import annotations
 
@@ -7,64 +7,105 @@ import csv
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from export_helpers import load_in_vllm
+from export_helpers import load_all_in_vllm
 
 from sparkforge.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_YAML = ROOT / "trainer" / "examples" / "tiny.yaml"
+SERVED = {"dflash": ("DFlashDraftModel", "DFlashQwen3ForCausalLM"),
+          "dflash2": ("DFlash2DraftModel", "DFlash2Qwen3ForCausalLM")}
+"""Each recipe's exported architecture and the vLLM class it resolves to."""
+STEPS = 30
+DFLASH2_ARGS = ("--model.draft.overrides", '{"selector_top_k": 256, "selector_rank": 32}')
 
 
-@pytest.fixture(scope="module")
-def dflash_run(tiny_cache: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """30 steps of the DFlash recipe on the cache the DSpark tests train from (tiny.yaml sets a
-    Markov rank, which the recipe has none of: it is unset here)."""
-    out = tmp_path_factory.mktemp("dflash")
-    assert main(["train", "--config", str(TINY_YAML), "--data.uri", tiny_cache,
-                 "--model.recipe", "dflash", "--model.draft.markov_rank", "null",
+def _train(cache: str, out: Path, recipe: str, *extra: str) -> Path:
+    """``STEPS`` steps of the recipe on the cache the DSpark tests train from (tiny.yaml sets a
+    Markov rank, which the DFlash recipes have none of: it is unset here); its run folder."""
+    assert main(["train", "--config", str(TINY_YAML), "--data.uri", cache,
+                 "--model.recipe", recipe, "--model.draft.markov_rank", "null",
                  "--model.draft.block_size", "5", "--model.scheduler.total_steps", "60",
-                 "--trainer.max_steps", "30", "--trainer.log_every_n_steps", "1",
-                 "--trainer.check_val_every_n_epoch", "5",
-                 "--trainer.logger.init_args.save_dir", str(out)]) == 0
+                 "--trainer.log_every_n_steps", "1", "--trainer.check_val_every_n_epoch", "5",
+                 "--trainer.logger.init_args.save_dir", str(out), *extra]) == 0
     return sorted(out.glob("dspark/version_*"))[-1]
 
 
+def _rows(run: Path) -> list[dict[str, str]]:
+    with (run / "metrics.csv").open() as f:
+        return [r for r in csv.DictReader(f) if r.get("train/loss")]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_cache: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each recipe trained for ``STEPS`` steps. DFlash2 checkpoints every 10 steps (for the
+    resume test) and reranks the top 256 of the 1024 tokens: the tiny target's next-token law is
+    so flat that its top 16 hold about 14% of it, which leaves a top-16 draft almost nothing to
+    accept (teacher-forced served tau 1.02 against 2.11 for its base distribution)."""
+    out = tmp_path_factory.mktemp("dflash")
+    return {"dflash": _train(tiny_cache, out / "dflash", "dflash", "--trainer.max_steps",
+                             str(STEPS)),
+            "dflash2": _train(tiny_cache, out / "dflash2", "dflash2", "--trainer.max_steps",
+                              str(STEPS), *DFLASH2_ARGS, "--checkpoint.every_n_train_steps",
+                              "10", "--checkpoint.save_top_k", "-1")}
+
+
+@pytest.fixture(scope="module")
+def exports(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each run's last checkpoint exported for vLLM."""
+    out = tmp_path_factory.mktemp("exports")
+    for recipe, run in runs.items():
+        assert main(["export", str(run / "checkpoints" / "last.ckpt"), str(out / recipe),
+                     "--engine", "vllm"]) == 0
+    return {recipe: out / recipe for recipe in runs}
+
+
+@pytest.fixture(scope="module")
+def vllm_accounts(exports: dict[str, Path], tiny_target: Path) -> dict[str, dict[str, Any]]:
+    """vLLM's account of loading each export (config resolution, class, every parameter)."""
+    accounts = load_all_in_vllm(tiny_target, [(exports[r], "dflash") for r in SERVED],
+                                timeout=400)
+    return dict(zip(SERVED, accounts, strict=True))
+
+
 @pytest.mark.slow
-def test_dflash_trains_exports_loads_in_vllm_and_evaluates(
-        dflash_run: Path, tiny_target: Path, tiny_cache: str, tmp_path: Path) -> None:
-    """The DFlash draft's CE falls, it exports as DFlashDraftModel, vLLM's DFlash class loads
-    every parameter equal to its source tensor, and eval reports 4 draft positions."""
-    with (dflash_run / "metrics.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
+@pytest.mark.parametrize("recipe", list(SERVED))
+def test_recipe_trains_exports_loads_in_vllm_and_evaluates(
+        recipe: str, runs: dict[str, Path], exports: dict[str, Path],
+        vllm_accounts: dict[str, dict[str, Any]], tiny_target: Path, tiny_cache: str,
+        tmp_path: Path) -> None:
+    """The draft's CE falls, it exports in its format, vLLM's class for it loads every parameter
+    equal to its source tensor, and eval reports 4 draft positions."""
+    rows = _rows(runs[recipe])
     losses = {int(r["step"]): float(r["train/loss"]) for r in rows}
-    assert sorted(losses) == list(range(1, 31))
+    assert sorted(losses) == list(range(1, STEPS + 1))
     assert all(math.isfinite(v) for v in losses.values())
     assert all(float(r["train/l1_loss"]) == 0.0 == float(r["train/confidence_loss"])
-               for r in rows)   # CE only
+               for r in rows)   # no L1 or confidence term
     first = sum(losses[s] for s in range(1, 6)) / 5
-    last = sum(losses[s] for s in range(26, 31)) / 5
+    last = sum(losses[s] for s in range(STEPS - 4, STEPS + 1)) / 5
     assert last < first - 0.1, (first, last)
 
-    ckpt = dflash_run / "checkpoints" / "last.ckpt"
-    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
-    assert saved["hyper_parameters"]["recipe"] == "dflash"
+    saved = torch.load(runs[recipe] / "checkpoints" / "last.ckpt", map_location="cpu",
+                       weights_only=True)
+    assert saved["hyper_parameters"]["recipe"] == recipe
     assert (saved["draft_config"]["architecture"], saved["draft_config"]["layout"]) == (
-        "qwen3", "dflash")
+        "qwen3", recipe)
     assert not any(k.startswith(("model.markov_head", "model.confidence_head"))
                    for k in saved["state_dict"])
-    draft = tmp_path / "draft"
-    assert main(["export", str(ckpt), str(draft), "--engine", "vllm"]) == 0
+    draft = exports[recipe]
     config = json.loads((draft / "config.json").read_text())
-    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["architectures"] == [SERVED[recipe][0]]
     assert json.loads((draft / "sparkforge_export.json").read_text())["loss"]["objective"] == (
-        "dflash")
+        recipe)
 
-    res = load_in_vllm(tiny_target, draft, method="dflash", timeout=300)
+    res = vllm_accounts[recipe]
     assert res["method"] == "dflash"
-    assert res["model_class"] == "DFlashQwen3ForCausalLM"
+    assert res["model_class"] == SERVED[recipe][1]
     assert res["aux_layer_ids"] == [1, 3]   # feature ids [0, 2] + 1
     assert res["num_speculative_tokens"] == 4
     assert res["mask_token_id"] == 3
@@ -77,7 +118,7 @@ def test_dflash_trains_exports_loads_in_vllm_and_evaluates(
                  "--out_dir", str(report_dir), "--num_prompts", "3",
                  "--max_new_tokens", "12", "--temperature", "1.0"]) == 0
     report = json.loads((report_dir / "eval_report.json").read_text())
-    assert report["loss_settings"]["objective"] == "dflash"
+    assert report["loss_settings"]["objective"] == recipe
     spec = report["speculative"]
     assert spec["rounds"] > 0
     assert spec["tau"] > 1.0
@@ -86,3 +127,39 @@ def test_dflash_trains_exports_loads_in_vllm_and_evaluates(
     forced = report["teacher_forced"]
     assert forced["metrics"]["tau"] >= 1.0
     assert len(forced["accept_rate_by_position"]) == 4
+    assert ("selector" in forced) == (recipe == "dflash2")
+
+
+@pytest.mark.slow
+def test_dflash2_trains_its_selector_and_vllm_cpu_refuses_to_serve_it(
+        runs: dict[str, Path], exports: dict[str, Path],
+        vllm_accounts: dict[str, dict[str, Any]]) -> None:
+    """DFlash2's selector CE falls and its served tau is logged beside tau; its convolutions and
+    selector are in the served tensors; vLLM's CPU (V1) runner refuses the draft rather than
+    serve it as DFlash, while a DFlash draft passes the same check."""
+    rows = _rows(runs["dflash2"])
+    selector = [float(r["train/selector_loss"]) for r in rows]
+    assert sum(selector[-5:]) < sum(selector[:5]) - 0.1, selector
+    assert all(1.0 <= float(r["train/selector_tau"]) <= 5.0 for r in rows)
+    assert all(0.0 <= float(r["train/candidate_recall"]) <= 1.0 for r in rows)
+    assert all(float(r["train/selector_loss"]) == 0.0 for r in _rows(runs["dflash"]))
+    res = vllm_accounts["dflash2"]
+    assert res["num_params"] == vllm_accounts["dflash"]["num_params"] + 4 + 3   # 2 convs + 3
+    assert "Model Runner V1 does not support: DFlash candidate-head drafts" in res["v1_refusal"]
+    assert vllm_accounts["dflash"]["v1_refusal"] is None
+    card = (exports["dflash2"] / "README.md").read_text()
+    assert "its CPU (V1) runner refuses the draft" in card
+
+
+@pytest.mark.slow
+def test_dflash2_resumes_with_the_uninterrupted_losses(runs: dict[str, Path], tiny_cache: str,
+                                                       tmp_path: Path) -> None:
+    """Resumed from its step-10 checkpoint (convolutions, selector and their optimizer state),
+    a DFlash2 run logs the uninterrupted run's losses for steps 11..20."""
+    ckpt = next((runs["dflash2"] / "checkpoints").glob("*step=10.ckpt"))
+    resumed = _train(tiny_cache, tmp_path, "dflash2", "--trainer.max_steps", "20",
+                     *DFLASH2_ARGS, "--ckpt_path", str(ckpt))
+    want = {int(r["step"]): float(r["train/loss"]) for r in _rows(runs["dflash2"])}
+    got = {int(r["step"]): float(r["train/loss"]) for r in _rows(resumed)}
+    assert sorted(got) == list(range(11, 21))
+    assert got == pytest.approx({s: want[s] for s in got}, rel=1e-6, abs=1e-7)

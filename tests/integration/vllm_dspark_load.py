@@ -1,19 +1,22 @@
-"""Load an exported draft through vLLM's own DSpark or DFlash classes on CPU; print a JSON account.
+"""Load an exported draft through vLLM's own DSpark, DFlash or DFlash2 classes on CPU; print a JSON
+account.
 
 Run in a separate interpreter (``python vllm_dspark_load.py TARGET DRAFT [METHOD]``, METHOD
-``dspark`` (default) or ``dflash``) so the training environment never imports vLLM. Two vLLM code
-paths run, no forward pass:
+``dspark`` (default) or ``dflash``, also for a DFlash2 draft) so the training environment never
+imports vLLM. Two vLLM code paths run, no forward pass:
 1. config resolution: ``EngineArgs(..., speculative_config={"method": METHOD, "model": DRAFT})``
    ``.create_engine_config()`` and the aux-layer ids vLLM derives from the draft config;
 2. the class vLLM's registry resolves the draft's architecture to (``Qwen3DSparkForCausalLM``,
-   ``Gemma4DSparkForCausalLM``, ``K3DSparkForCausalLM``, ``DFlashQwen3ForCausalLM``), built from
-   that config, then its ``load_weights`` on CPU; every parameter is compared with the
-   checkpoint tensor(s) it was loaded from.
+   ``Gemma4DSparkForCausalLM``, ``K3DSparkForCausalLM``, ``DFlashQwen3ForCausalLM``,
+   ``DFlash2Qwen3ForCausalLM``), built from that config, then its ``load_weights`` on CPU; every
+   parameter is compared with the checkpoint tensor(s) it was loaded from.
 
-One in-process patch, for dspark only: vLLM accepts DSpark only on its
-V2 GPU runner, which needs Triton, so ``VllmConfig`` rejects "dspark speculative decoding" on the
-V1 runner CPU builds use. This script removes that one entry from the V1 unsupported-feature list
-for the duration of the process; nothing else is patched. DFlash runs on the V1 runner as is.
+One in-process patch, for dspark and DFlash2 drafts only: vLLM runs DSpark and DFlash2's
+candidate head only on its V2 GPU runner, which needs Triton, so ``VllmConfig`` rejects "dspark
+speculative decoding" / "DFlash candidate-head drafts" on the V1 runner CPU builds use. For a
+DFlash2 draft the script first records that refusal unpatched (``v1_refusal``: what serving it
+on CPU answers), then removes the one entry from the V1 unsupported-feature list for the rest
+of the process; nothing else is patched. DFlash runs on the V1 runner as is.
 """
 
 from __future__ import annotations
@@ -30,15 +33,27 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-def patch_v1_rejection() -> None:
+V1_ONLY_ON_GPU = {"dspark": "dspark speculative decoding",
+                  "DFlash2DraftModel": "DFlash candidate-head drafts"}
+"""The V1-runner refusal the script lifts, by method or draft architecture."""
+
+
+def patch_v1_rejection(feature: str) -> None:
     from vllm.config.vllm import VllmConfig
 
     original = VllmConfig._get_v1_model_runner_unsupported_features
 
-    def without_dspark(self: VllmConfig) -> list[str]:
-        return [f for f in original(self) if f != "dspark speculative decoding"]
+    def without(self: VllmConfig) -> list[str]:
+        return [f for f in original(self) if f != feature]
 
-    VllmConfig._get_v1_model_runner_unsupported_features = without_dspark  # type: ignore[method-assign]
+    VllmConfig._get_v1_model_runner_unsupported_features = without  # type: ignore[method-assign]
+
+
+def engine_config(target: str, speculative: dict[str, object]) -> object:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=target, speculative_config=speculative, max_model_len=256,
+                      enable_prefix_caching=False, enforce_eager=True).create_engine_config()
 
 
 def _sources(name: str, ckpt: dict[str, torch.Tensor]) -> list[str]:
@@ -55,37 +70,46 @@ def _sources(name: str, ckpt: dict[str, torch.Tensor]) -> list[str]:
     return [bare] if bare in ckpt else []
 
 
+_DISTRIBUTED: list[bool] = []
+
+
 def main(target: str, draft: str, method: str = "dspark") -> dict[str, object]:
-    if method == "dspark":
-        patch_v1_rejection()
     from safetensors.torch import load_file
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.models.registry import ModelRegistry
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
         get_eagle3_aux_layers_from_config,
     )
 
     draft_config = json.loads((Path(draft) / "config.json").read_text())
-    speculative = {"method": method, "model": draft}
+    speculative: dict[str, object] = {"method": method, "model": draft}
     if method == "dflash":  # vLLM takes DFlash's draft length from the command, not the config
         speculative["num_speculative_tokens"] = draft_config["block_size"] - 1
-    cfg = EngineArgs(model=target, speculative_config=speculative,
-                     max_model_len=256, enable_prefix_caching=False,
-                     enforce_eager=True).create_engine_config()
+    refusal = None
+    if draft_config["architectures"][0] in V1_ONLY_ON_GPU:   # what serving it on CPU answers
+        try:
+            engine_config(target, speculative)
+        except ValueError as exc:
+            refusal = str(exc)
+    feature = V1_ONLY_ON_GPU.get(method) or V1_ONLY_ON_GPU.get(draft_config["architectures"][0])
+    if feature is not None:
+        patch_v1_rejection(feature)
+    cfg = engine_config(target, speculative)
     spec = cfg.speculative_config
     architecture = spec.draft_model_config.hf_config.architectures[0]
     model_cls = ModelRegistry.resolve_model_cls(
         [architecture], spec.draft_model_config)[0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     ckpt = load_file(str(Path(draft) / "model.safetensors"))
     with set_current_vllm_config(cfg), torch.device("cpu"):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
-        initialize_model_parallel(1, 1)
+        if not _DISTRIBUTED:   # once per process: every draft loads in the same one
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"tcp://127.0.0.1:{port}")
+            initialize_model_parallel(1, 1)
+            _DISTRIBUTED.append(True)
         model = model_cls(vllm_config=cfg)
         model.load_weights(iter(ckpt.items()))
     params = dict(model.named_parameters())
@@ -122,9 +146,16 @@ def main(target: str, draft: str, method: str = "dspark") -> dict[str, object]:
         "tensors_not_loaded": sorted(set(ckpt) - used),
         "confidence_head": getattr(model.model, "confidence_head", None) is not None,
         "mask_token_id": getattr(model.model, "mask_token_id", None),
+        "v1_refusal": refusal,
         **markov_bias,
     }
 
 
 if __name__ == "__main__":
-    print("RESULT " + json.dumps(main(*sys.argv[1:4])))
+    # TARGET DRAFT [METHOD]: one account; TARGET DRAFT METHOD DRAFT METHOD ...: a list of them.
+    target_dir, rest = sys.argv[1], sys.argv[2:]
+    if len(rest) <= 2:
+        print("RESULT " + json.dumps(main(target_dir, *rest)))
+    else:
+        print("RESULT " + json.dumps([main(target_dir, d, m) for d, m in zip(
+            rest[::2], rest[1::2], strict=True)]))

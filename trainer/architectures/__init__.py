@@ -2,7 +2,8 @@
 
 Each architecture is a backbone, a folder here (``qwen3/``, ``gemma4/``, ``kimi_k3/``,
 ``deepseek_v4/``) holding its layers (``model.py``), its serving formats (``export.py``; the
-qwen3 backbone's DFlash one is ``qwen3/dflash_export.py``) and, when it has them, its own config
+qwen3 backbone's DFlash and DFlash2 ones are ``qwen3/dflash_export.py`` and
+``qwen3/dflash2_export.py``) and, when it has them, its own config
 fields, checks and derivation from a target (``config.py``), plus one entry of
 ``ARCHITECTURES``. Next to the folders, what they share: the config (``config.py``), the
 DSpark serving checks (``serving.py``) and the tiny config the CPU tests start from
@@ -31,7 +32,7 @@ from sparkforge.trainer.architectures.gemma4.tiny import draft_tiny_gemma4
 from sparkforge.trainer.architectures.kimi_k3 import config as kimi_k3_config
 from sparkforge.trainer.architectures.kimi_k3 import export as kimi_k3_export
 from sparkforge.trainer.architectures.kimi_k3.tiny import draft_tiny_kimi_k3
-from sparkforge.trainer.architectures.qwen3 import dflash_export
+from sparkforge.trainer.architectures.qwen3 import dflash2_export, dflash_export
 from sparkforge.trainer.architectures.qwen3 import export as qwen3_export
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS, LAYOUTS, NO_HEADS, Layout
@@ -65,6 +66,9 @@ class ServingFormat:
     """Reasons an engine could not serve this draft correctly (empty when it can)."""
     config_from_hf: Callable[[Mapping[str, Any]], DSparkDraftConfig]
     """Read an exported ``config.json`` back into a draft config."""
+    serving_note: str = ""
+    """What a user of this format must know to serve it (export logs it, the model card shows
+    it; empty: nothing)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,12 +109,17 @@ _QWEN3_DFLASH = ServingFormat(
     served_as=(dflash_export.SERVED_AS,), method="dflash", hf_config=dflash_export.hf_config,
     serving_problems=dflash_export.serving_problems,
     config_from_hf=dflash_export.draft_config_from_hf)
+_QWEN3_DFLASH2 = ServingFormat(
+    served_as=(dflash2_export.SERVED_AS,), method="dflash", hf_config=dflash2_export.hf_config,
+    serving_problems=dflash_export.serving_problems,
+    config_from_hf=dflash2_export.draft_config_from_hf, serving_note=dflash2_export.SERVING_NOTE)
 
 ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
     "qwen3": DraftArchitecture(
         name="qwen3", model="sparkforge.trainer.draft.model:DSparkDraftModel",
         expected_shapes=qwen3_export.expected_shapes,
-        formats={"dspark": _QWEN3_DSPARK, "dflash": _QWEN3_DFLASH}, tiny=draft_tiny),
+        formats={"dspark": _QWEN3_DSPARK, "dflash": _QWEN3_DFLASH, "dflash2": _QWEN3_DFLASH2},
+        tiny=draft_tiny),
     "deepseek_v4": DraftArchitecture(
         name="deepseek_v4",
         model="sparkforge.trainer.architectures.deepseek_v4.model:DeepseekV4DSparkModel",

@@ -24,7 +24,7 @@ from sparkforge.shared.layer_ids import (
 )
 from sparkforge.shared.target_config import TargetConfig
 from sparkforge.shared.target_families import family_of
-from sparkforge.trainer.draft.block_layout import Layout, layout_problems
+from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS, Layout, layout_problems
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +74,10 @@ class DraftConfig:
     """A: blocks sampled per sequence in training (fixed count, dummies padded)."""
     layout: Layout = "dspark"
     """The block layout (``block_layout.Layout``): ``dspark`` (K drafts per block, Markov and
-    confidence heads) or ``dflash`` (the anchor slot drafts nothing, so K-1 drafts and K >= 2;
-    whole-block anchors; no heads), on any architecture's backbone."""
+    confidence heads), ``dflash`` (the anchor slot drafts nothing, so K-1 drafts and K >= 2;
+    whole-block anchors; no heads) or ``dflash2`` (DFlash's block with a dynamic causal
+    convolution around every sublayer and the top-k candidate selector head), on any
+    architecture's backbone."""
     markov_rank: int = 256
     """r: rank of the Markov bigram bias; 0 disables the head."""
     markov_head_type: MarkovHeadType = "vanilla"
@@ -84,6 +86,14 @@ class DraftConfig:
     """Build the per-slot acceptance predictor."""
     confidence_head_with_markov: bool = True
     """Confidence features [h ; W1[prev]] when true (requires r > 0), h alone when false."""
+    conv_kernel_size: int = 2
+    """DFlash2: taps of each block convolution (the slot itself and the ones before it)."""
+    conv_group_size: int = 16
+    """DFlash2: hidden channels sharing one token-dependent kernel coefficient."""
+    selector_rank: int = 256
+    """DFlash2: rank of the candidate selector's predecessor/successor codebooks."""
+    selector_top_k: int = 16
+    """DFlash2: candidates (the base logits' top-k) the selector reranks at each draft slot."""
     embedding_scale: float = 1.0
     """Multiplier on embed_tokens output (Gemma: sqrt(hidden_size)); taken from the target type."""
     final_logit_softcapping: float | None = None
@@ -260,8 +270,10 @@ DSPARK_KEYS: tuple[str, ...] = (
 """The DSpark fields a served ``config.json`` is read back with (see ``dspark_fields``)."""
 
 
-def head_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
-    """The exported tensors of the Markov and confidence heads and their shapes."""
+def layout_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """The exported tensors the block layout adds to a backbone's, and their shapes: the Markov
+    and confidence heads (DSpark), every layer's two block convolutions and the candidate
+    selector (DFlash2)."""
     h, v, r = cfg.hidden_size, cfg.vocab_size, cfg.markov_rank
     shapes: dict[str, tuple[int, ...]] = {}
     if r > 0:
@@ -269,4 +281,17 @@ def head_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     if cfg.enable_confidence_head:
         width = h + (r if cfg.confidence_head_with_markov and r > 0 else 0)
         shapes |= {"confidence_head.proj.weight": (1, width), "confidence_head.proj.bias": (1,)}
+    layout = BLOCK_LAYOUTS[cfg.layout]
+    if layout.block_convs:
+        taps, groups = cfg.conv_kernel_size, h // cfg.conv_group_size
+        for layer in range(cfg.num_hidden_layers):
+            for conv in ("attention_conv", "mlp_conv"):
+                p = f"layers.{layer}.{conv}."
+                shapes |= {p + "base_kernel": (2, taps, h),
+                           p + "kernel_projection.weight": (2 * taps * groups, h)}
+    if layout.candidate_selector:
+        rank = cfg.selector_rank
+        shapes |= {"candidate_selector.predecessor_codebook": (v, rank),
+                   "candidate_selector.successor_codebook": (v, rank),
+                   "candidate_selector.hidden_projection.weight": (rank, h)}
     return shapes

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from sparkforge.trainer.draft.block_conv import around, block_convs
 from sparkforge.trainer.draft.config import DraftConfig
 from sparkforge.trainer.draft.passes import DraftLayer
 from sparkforge.trainer.draft.rope import apply_rotary
@@ -165,7 +166,9 @@ class DSparkLayer(nn.Module):
 
     With ``sandwich`` (Gemma's layer) the attention and MLP outputs are normed before their
     residual adds: input_layernorm -> attention -> post_attention_layernorm -> +res ->
-    pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm -> +res.
+    pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm -> +res. A DFlash2 layout
+    wraps the attention and the MLP in their block convolutions (``attention_conv``,
+    ``mlp_conv``; ``sparkforge.trainer.draft.block_conv``), inside the norms.
 
     Args:
         cfg: The draft config (sizes).
@@ -195,6 +198,7 @@ class DSparkLayer(nn.Module):
         self.mlp = MLP(h, cfg.intermediate_size, act=act)
         if sandwich:
             self.post_feedforward_layernorm = norm(h, eps)
+        self.attention_conv, self.mlp_conv = block_convs(cfg)
 
     def key_values(
         self, x_BPH: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -210,12 +214,14 @@ class DSparkLayer(nn.Module):
         mask: Any,
     ) -> torch.Tensor:
         """One residual layer over the block stream."""
-        attn = self.self_attn(self.input_layernorm(x), rope_q, ctx_kv, mask)
+        attn = around(self.attention_conv, lambda h: self.self_attn(h, rope_q, ctx_kv, mask),
+                      self.input_layernorm(x))
         if not self.sandwich:
             x = x + attn
-            out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+            out: torch.Tensor = x + around(self.mlp_conv, self.mlp,
+                                           self.post_attention_layernorm(x))
             return out
         x = x + self.post_attention_layernorm(attn)
-        mlp = self.mlp(self.pre_feedforward_layernorm(x))
+        mlp = around(self.mlp_conv, self.mlp, self.pre_feedforward_layernorm(x))
         out = x + self.post_feedforward_layernorm(mlp)
         return out

@@ -23,6 +23,7 @@ from torch import nn
 
 from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.draft import passes
+from sparkforge.trainer.draft.block_conv import BlockConv
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
 from sparkforge.trainer.draft.config import DraftConfig
 from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
@@ -32,8 +33,10 @@ from sparkforge.trainer.draft.passes import (
     DraftContextCache,
     DSparkOutput,
     dspark_heads,
+    selector_head,
 )
 from sparkforge.trainer.draft.rope import RotaryEmbedding
+from sparkforge.trainer.draft.selector import CandidateSelector
 
 __all__ = ["AttnImpl", "DSparkDraftModel", "DSparkOutput", "DraftContextCache", "DraftModel"]
 
@@ -51,10 +54,10 @@ class DraftModel(nn.Module):
 
     The constructor registers the modules ``passes.DraftStack`` names in a fixed order:
     ``embed_tokens``, the context projection and its norm (``context_names``), ``layers``, the
-    final norm, ``lm_head``, ``rotary_emb``, then the Markov and confidence heads; seeded
-    initialisation depends on that order. A subclass states only what differs, as the class
-    attributes below; the training forward, block drafting and the head readouts are the
-    shared ones of ``sparkforge.trainer.draft.passes``.
+    final norm, ``lm_head``, ``rotary_emb``, then the Markov and confidence heads and the
+    candidate selector; seeded initialisation depends on that order. A subclass states only
+    what differs, as the class attributes below; the training forward, block drafting and the
+    head readouts are the shared ones of ``sparkforge.trainer.draft.passes``.
 
     Args:
         config: The draft config.
@@ -91,6 +94,7 @@ class DraftModel(nn.Module):
     rotary_emb: RotaryEmbedding
     markov_head: MarkovHead | None
     confidence_head: ConfidenceHead | None
+    candidate_selector: CandidateSelector | None
 
     def __init__(
         self,
@@ -120,8 +124,12 @@ class DraftModel(nn.Module):
             getattr(config, self.rope_dim_field), config.rope_parameters,
             config.max_position_embeddings, interleaved=self.interleaved_rope)
         self.markov_head, self.confidence_head = dspark_heads(config)
+        self.candidate_selector = selector_head(config, self.layout)
         if self.hf_init:
             self.apply(functools.partial(hf_normal_init, std=config.initializer_range))
+        for module in self.modules():
+            if isinstance(module, BlockConv):  # a fresh block convolution is the identity
+                module.reset_parameters()
         self.set_target_weights(embed_weight, lm_head_weight)
 
     # ---- the shared DSpark passes (sparkforge.trainer.draft.passes) ----------------------

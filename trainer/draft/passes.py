@@ -29,6 +29,7 @@ from sparkforge.trainer.draft.block_layout import BlockLayout
 from sparkforge.trainer.draft.config import DraftConfig
 from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
 from sparkforge.trainer.draft.rope import RotaryEmbedding
+from sparkforge.trainer.draft.selector import CandidateSelector, candidate_scores
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
 AttnImpl = Literal["sdpa", "flex"]
@@ -59,6 +60,12 @@ class DSparkOutput:
     """[B] number of valid anchor candidates per row (sampler statistics)."""
     seq_len: int
     """S, so sampler ratios can count the S-1 candidates per row."""
+    candidate_ids: torch.Tensor | None = None
+    """[B, A, K, C] the candidate selector's serving candidates: the top-C base logits of each
+    draft position (None without the selector)."""
+    candidate_scores: torch.Tensor | None = None
+    """[B, A, K, C+1] the selector's scores of those candidates and, last, of the data token
+    (``target_ids``), after the teacher-forced previous token (None without the selector)."""
 
 
 @dataclass
@@ -129,6 +136,10 @@ class DraftStack(Protocol):
     def confidence_head(self) -> ConfidenceHead | None:
         """The confidence head (None when disabled)."""
 
+    @property
+    def candidate_selector(self) -> CandidateSelector | None:
+        """The candidate selector head (None unless the layout has one)."""
+
     def project_context(self, target_hidden_BSX: torch.Tensor) -> torch.Tensor:
         """The draft's context rows [B, S, H] from the concatenated target features."""
 
@@ -142,6 +153,14 @@ def dspark_heads(cfg: DraftConfig) -> tuple[MarkovHead | None, ConfidenceHead | 
     conf = ConfidenceHead(h + (cfg.markov_rank if with_markov else 0)) \
         if cfg.enable_confidence_head else None
     return markov, conf
+
+
+def selector_head(cfg: DraftConfig, layout: BlockLayout) -> CandidateSelector | None:
+    """The candidate selector of a layout that has one (DFlash2), else None."""
+    if not layout.candidate_selector:
+        return None
+    return CandidateSelector(cfg.vocab_size, cfg.hidden_size, rank=cfg.selector_rank,
+                             top_k=cfg.selector_top_k, init_std=cfg.initializer_range)
 
 
 def num_draft_tokens(stack: DraftStack) -> int:
@@ -380,6 +399,10 @@ def training_forward(
     draft_logits = logits(stack, h_BAKH)
     if stack.markov_head is not None:
         draft_logits = draft_logits + stack.markov_head(prev_BAK, h_BAKH)
+    cand = scores = None
+    if stack.candidate_selector is not None:
+        cand, scores = candidate_scores(stack.candidate_selector, draft_logits, h_BAKH, prev_BAK,
+                                        target_ids)
     return DSparkOutput(
         draft_logits=draft_logits,
         target_ids=target_ids,
@@ -392,6 +415,8 @@ def training_forward(
         target_logits=target_logits,
         num_valid_anchors=candidates_BC.sum(dim=1),
         seq_len=seq_len,
+        candidate_ids=cand,
+        candidate_scores=scores,
     )
 
 

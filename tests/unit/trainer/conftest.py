@@ -12,6 +12,7 @@ import torch
 from sparkforge.trainer.architectures import DRAFT_PAIRS, build_draft, tiny_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.architectures.tiny import draft_tiny
+from sparkforge.trainer.draft.block_conv import BlockConv
 
 Batch = dict[str, torch.Tensor]
 
@@ -43,12 +44,27 @@ PAIR_IDS = [f"{arch}-{layout}" for arch, layout in DRAFT_PAIRS]
 """Test ids of ``DRAFT_PAIRS``, every (architecture, layout) pair a draft trains as."""
 
 
+def off_identity(model: Any, seed: int = 1) -> Any:
+    """``model`` with its block convolutions (DFlash2) moved off their identity init, so a test
+    of a fresh draft exercises them; a draft without any is returned as is."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, BlockConv):
+                module.base_kernel.copy_(torch.randn(module.base_kernel.shape, generator=g))
+                weight = module.kernel_projection.weight
+                weight.copy_(0.3 * torch.randn(weight.shape, generator=g))
+    return model
+
+
 def build_tiny(seed: int = 0, attn: str = "sdpa", architecture: str = "qwen3",
                layout: str = "dspark", **overrides: Any) -> tuple[Any, Batch]:
-    """A seeded tiny draft of the pair (``tiny_draft``) with field overrides, and a batch."""
+    """A seeded tiny draft of the pair (``tiny_draft``) with field overrides (block convolutions
+    off their identity init), and a batch."""
     cfg = dataclasses.replace(tiny_draft(architecture, layout), **overrides)
     torch.manual_seed(seed)
-    return build_draft(cfg, attn_implementation=attn), make_batch(cfg, seed=seed)
+    model = off_identity(build_draft(cfg, attn_implementation=attn))
+    return model, make_batch(cfg, seed=seed)
 
 
 @pytest.fixture

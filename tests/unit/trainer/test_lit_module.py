@@ -34,6 +34,7 @@ def _sums(accept_num: list[float], accept_den: list[float], loss: float) -> dict
         "supervised_slots": torch.tensor(1.0, dtype=d),
         "loss": torch.tensor(loss, dtype=d), "ce_loss": torch.tensor(loss, dtype=d),
         "l1_loss": torch.tensor(0.0, dtype=d), "confidence_loss": torch.tensor(0.0, dtype=d),
+        "selector_loss": torch.tensor(0.0, dtype=d),
         "micro_batches": torch.tensor(1.0, dtype=d), "tokens": torch.tensor(100.0, dtype=d),
         "data_wait_s": torch.tensor(0.5, dtype=d),
     }

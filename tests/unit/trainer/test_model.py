@@ -44,11 +44,11 @@ FORWARD_CASES = [(arch, layout, name) for arch, layout in DRAFT_PAIRS for name i
                          ids=["-".join(c) for c in FORWARD_CASES])
 def test_forward_shapes_and_finite(architecture: str, layout: str, case: str) -> None:
     """logits/teacher [B,A,K,V] (K = the layout's drafts per block: 4 of a DSpark block of 4,
-    3 of a DFlash one); ids, eval, confidence [B,A,K]; keep [B,A]; all finite."""
+    3 of a DFlash or DFlash2 one); ids, eval, confidence [B,A,K]; keep [B,A]; all finite."""
     overrides = HEAD_CASES[case]
     model, batch = build_tiny(architecture=architecture, layout=layout, **overrides)
     out = model(**batch)
-    b, a, k, v = 2, 8, {"dspark": 4, "dflash": 3}[layout], 256
+    b, a, k, v = 2, 8, BLOCK_LAYOUTS[layout].num_drafts(4), 256
     assert out.draft_logits.shape == out.target_logits.shape == (b, a, k, v)
     for t in (out.target_ids, out.eval_mask, out.prev_token_ids):
         assert t.shape == (b, a, k)

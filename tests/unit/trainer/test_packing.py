@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PAIR_IDS
+from conftest import PAIR_IDS, off_identity
 from draft_helpers import recipe_loss
 
 from sparkforge.trainer.architectures import DRAFT_PAIRS, build_draft, tiny_draft
@@ -84,7 +84,7 @@ def test_packed_row_equals_each_document_alone(architecture: str, layout: str) -
     cfg = tiny_draft(architecture, layout)
     spec = recipe_loss(cfg)
     torch.manual_seed(0)
-    model = build_draft(cfg, attn_implementation="sdpa")
+    model = off_identity(build_draft(cfg, attn_implementation="sdpa"))
     docs = _docs(cfg)
     alone, anchors, keeps, offset = [], [], [], 0
     model.zero_grad()

@@ -107,6 +107,27 @@ def test_greedy_lossless_with_accepted_drafts() -> None:
     assert all(a <= t for a, t in zip(res.position_accepted, res.position_trials, strict=True))
 
 
+def test_greedy_lossless_through_the_dflash2_candidate_walk() -> None:
+    """A DFlash2 draft drafts through its candidate selector (top 3 of 8 tokens): its drafts
+    get accepted and the output stays greedy-identical."""
+    from sparkforge.trainer.architectures import build_draft
+
+    target = _small_target()
+    cfg = from_target_config(target.config, mask_token_id=3, target_layer_ids=(0, 1),
+                             num_hidden_layers=1, num_anchors=8, block_size=4, layout="dflash2",
+                             markov_rank=0, enable_confidence_head=False,
+                             confidence_head_with_markov=False, selector_top_k=3,
+                             selector_rank=8, conv_group_size=8)
+    torch.manual_seed(1)
+    draft = build_draft(cfg, embed_weight=target.model.embed_tokens.weight,
+                        lm_head_weight=target.lm_head.weight).eval()
+    prompt = torch.tensor([1, 2, 5, 7, 0, 3])
+    res = speculative_generate(target, draft, prompt, max_new_tokens=40)
+    assert res.tokens == _greedy_reference(target, prompt, 40)
+    assert len(res.position_trials) == 3
+    assert res.position_accepted[0] > 0
+
+
 def _exact_laws(target: Any, prompt: torch.Tensor, v: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact joint law of (t1, t2) [V, V] and marginal of t3 [V] by enumeration."""
     with torch.no_grad():

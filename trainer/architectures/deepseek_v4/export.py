@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.draft.config import head_shapes
+from sparkforge.trainer.draft.config import layout_shapes
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine
@@ -73,4 +73,4 @@ def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
             p + "ffn.shared_experts.w3.weight": (i_sz, h),
             p + "ffn.shared_experts.w2.weight": (h, i_sz),
         }
-    return shapes | head_shapes(cfg)
+    return shapes | layout_shapes(cfg)

@@ -24,6 +24,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.draft.block_conv import around, block_convs
 from sparkforge.trainer.draft.layers import RMSNorm, compiled_flex
 from sparkforge.trainer.draft.model import DraftModel
 from sparkforge.trainer.draft.passes import RopeTables
@@ -130,6 +131,7 @@ class DeepseekV4DSparkLayer(nn.Module):
         # A V4 stage's dense part is its shared expert; the draft has no routed experts.
         self.ffn = nn.ModuleDict({"shared_experts": ClampedSwiGLU(
             cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit)})
+        self.attention_conv, self.mlp_conv = block_convs(cfg)  # DFlash2 layouts only
 
     def key_values(self, x_BPH: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,8 +141,10 @@ class DeepseekV4DSparkLayer(nn.Module):
     def forward(self, x: torch.Tensor, rope_q: RopeTables, ctx_kv: RopeTables,
                 mask: Any) -> torch.Tensor:
         """One residual layer over the block stream."""
-        x = x + self.attn(self.attn_norm(x), rope_q, ctx_kv, mask)
-        out: torch.Tensor = x + self.ffn["shared_experts"](self.ffn_norm(x))
+        x = x + around(self.attention_conv, lambda h: self.attn(h, rope_q, ctx_kv, mask),
+                       self.attn_norm(x))
+        out: torch.Tensor = x + around(self.mlp_conv, self.ffn["shared_experts"],
+                                       self.ffn_norm(x))
         return out
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.architectures.serving import dspark_problems
-from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, head_shapes
+from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, layout_shapes
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine
@@ -99,7 +99,7 @@ def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.gate_proj.weight": (i_sz, h), p + "mlp.up_proj.weight": (i_sz, h),
             p + "mlp.down_proj.weight": (h, i_sz),
         }
-    return shapes | head_shapes(cfg)
+    return shapes | layout_shapes(cfg)
 
 
 def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:

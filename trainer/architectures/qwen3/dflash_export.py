@@ -36,17 +36,25 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
 
 def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     """``config.json`` contents: a Qwen3Config with the DFlash fields."""
+    return dflash_hf_config(cfg, SERVED_AS)
+
+
+def dflash_hf_config(cfg: DSparkDraftConfig, served_as: str,
+                     draft_fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A Qwen3Config served as ``served_as`` whose ``dflash_config`` holds the mask id, the
+    feature ids and ``draft_fields`` (DFlash and its successors)."""
     from transformers import Qwen3Config
 
     fields = {
-        **backbone_config(cfg), "architectures": [SERVED_AS],
+        **backbone_config(cfg), "architectures": [served_as],
         "dflash_config": {"mask_token_id": cfg.mask_token_id,
-                          "target_layer_ids": list(cfg.target_layer_ids)},
+                          "target_layer_ids": list(cfg.target_layer_ids),
+                          **dict(draft_fields or {})},
         "num_anchors": cfg.num_anchors, "max_window_layers": cfg.num_hidden_layers,
     }
     out: dict[str, Any] = Qwen3Config(**fields, dtype="bfloat16").to_dict()
     assert out["model_type"] == "qwen3", out["model_type"]
-    assert out["architectures"] == [SERVED_AS], out["architectures"]
+    assert out["architectures"] == [served_as], out["architectures"]
     return out
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.architectures.serving import head_problems, id_problems
-from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, head_shapes
+from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, layout_shapes
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine
@@ -63,7 +63,7 @@ def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
         if cfg.attention_bias:
             shapes |= {p + "self_attn.q_proj.bias": (nq,), p + "self_attn.k_proj.bias": (nkv,),
                        p + "self_attn.v_proj.bias": (nkv,)}
-    return shapes | head_shapes(cfg)
+    return shapes | layout_shapes(cfg)
 
 
 def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
