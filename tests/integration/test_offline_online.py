@@ -1,5 +1,6 @@
 """Offline equals online: training from the cache matches training on live target hidden states
-(a Qwen3 target with the Qwen3-shaped draft, a DeepSeek-V4 target with the deepseek_v4 draft)."""
+(a Qwen3 target with the Qwen3-shaped draft and with the DFlash2 recipe's, a DeepSeek-V4 target
+with the deepseek_v4 draft)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from sparkforge.shared.target_families import family_of
 from sparkforge.trainer.data import collate
 from sparkforge.trainer.datamodule import CacheDataModule
 from sparkforge.trainer.lit_module import DSparkLitModule
-from sparkforge.trainer.run_config import DraftSpec
+from sparkforge.trainer.run_config import DraftSpec, RecipeName
 from sparkforge.trainer.schedule import OptimizerConfig, SchedulerConfig
 
 SPEC = DraftSpec(mask_token_id=3, hidden_size=128, vocab_size=1024, num_target_layers=4,
@@ -91,10 +92,10 @@ class _OnlineData(L.LightningDataModule):
         return DataLoader(batches, batch_size=None)  # type: ignore[arg-type]
 
 
-def _fit(data: Any, steps: int, spec: DraftSpec) -> _Record:
+def _fit(data: Any, steps: int, spec: DraftSpec, recipe: RecipeName) -> _Record:
     L.seed_everything(0)
     record = _Record()
-    module = DSparkLitModule(draft=spec, optimizer=OptimizerConfig(lr=3e-3),
+    module = DSparkLitModule(draft=spec, recipe=recipe, optimizer=OptimizerConfig(lr=3e-3),
                              scheduler=SchedulerConfig(warmup_steps=0), attn_implementation="sdpa")
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, logger=False, callbacks=[record],
                         enable_checkpointing=False, enable_progress_bar=False,
@@ -103,13 +104,14 @@ def _fit(data: Any, steps: int, spec: DraftSpec) -> _Record:
     return record
 
 
-def _offline_equals_online(uri: str, target: Path, spec: DraftSpec, **data: Any) -> _Record:
+def _offline_equals_online(uri: str, target: Path, spec: DraftSpec,
+                           recipe: RecipeName = "dspark", **data: Any) -> _Record:
     offline_data = CacheDataModule(uri, **{"batch_size": 2, "num_workers": 0} | data)
-    offline = _fit(offline_data, 4, spec)
+    offline = _fit(offline_data, 4, spec, recipe)
     weights = load_safetensors(offline_data.reader.target_file("weights.safetensors"))
     online_data = _OnlineData(target, offline_data.reader, offline.batches, offline.rows, spec)
     assert torch.equal(online_data.target_weights()["lm_head.weight"], weights["lm_head.weight"])
-    online = _fit(online_data, 4, spec)
+    online = _fit(online_data, 4, spec, recipe)
     assert online.batches == offline.batches
     assert len(offline.losses) == 4
     assert online.losses == pytest.approx(offline.losses, rel=1e-5, abs=1e-6)
@@ -118,10 +120,13 @@ def _offline_equals_online(uri: str, target: Path, spec: DraftSpec, **data: Any)
 
 
 @pytest.mark.slow
-def test_cache_training_equals_live_target_training(tiny_target: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("recipe", ["dspark", "dflash2"])
+def test_cache_training_equals_live_target_training(tiny_target: Path, tmp_path: Path,
+                                                    recipe: RecipeName) -> None:
     """Same samples, anchors and init: cache-fed and live-fed losses agree to fp32 tolerance."""
     uri = write_tiny_cache(str(tmp_path / "cache"), tiny_target, hidden_dtype="float32")
-    _offline_equals_online(uri, tiny_target, SPEC)
+    spec = SPEC if recipe == "dspark" else dataclasses.replace(SPEC, markov_rank=None)
+    _offline_equals_online(uri, tiny_target, spec, recipe)
 
 
 @pytest.mark.slow
