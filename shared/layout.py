@@ -37,6 +37,10 @@ TARGET_INNER_CHUNK_BYTES: Final = 1 << 20
 MAX_UNITS: Final = 10**7
 MAX_ATTEMPTS: Final = 1000
 MAX_ROWS: Final = 1 << 62
+SPEC_LIMITS: Final = {"hidden_size": 1 << 17, "num_aux_layers": 256, "max_seq_len": 1 << 22,
+                      "shard_rows": 1 << 22, "rows_per_unit": 1 << 20}
+"""The largest value of each size field a manifest may record: a producer refuses more before
+its run, so a cache never ends with a manifest its own parser refuses."""
 
 HEADER_KEY: Final = "_meta/header.json"
 INDEX_KEY: Final = "index.parquet"
@@ -95,6 +99,9 @@ class CacheSpec:
                     for name in ("hidden_size", "num_aux_layers", "max_seq_len", "shard_rows",
                                  "rows_per_unit")
                     if not isinstance(getattr(self, name), int) or getattr(self, name) < 1]
+        problems += [f"{name} must be <= {high:,}, got {getattr(self, name):,}"
+                     for name, high in SPEC_LIMITS.items()
+                     if isinstance(getattr(self, name), int) and getattr(self, name) > high]
         if not isinstance(self.topk, int) or self.topk < 0:
             problems.append(f"topk must be a non-negative integer, got {self.topk!r}")
         if self.hidden_dtype not in STORAGE_DTYPES:
@@ -139,14 +146,19 @@ def parse_spec(data: object, field: str = "storage.spec", *,
 
 def _spec(d: Mapping[str, Any], field: str) -> CacheSpec:
     return CacheSpec(
-        hidden_size=f.integer(d["hidden_size"], f"{field}.hidden_size", lo=1, hi=1 << 17),
-        num_aux_layers=f.integer(d["num_aux_layers"], f"{field}.num_aux_layers", lo=1, hi=256),
+        hidden_size=f.integer(d["hidden_size"], f"{field}.hidden_size", lo=1,
+                              hi=SPEC_LIMITS["hidden_size"]),
+        num_aux_layers=f.integer(d["num_aux_layers"], f"{field}.num_aux_layers", lo=1,
+                                 hi=SPEC_LIMITS["num_aux_layers"]),
         hidden_dtype=f.choice(d["hidden_dtype"], f"{field}.hidden_dtype", get_args(HiddenDtype)),
-        max_seq_len=f.integer(d["max_seq_len"], f"{field}.max_seq_len", lo=1, hi=1 << 22),
+        max_seq_len=f.integer(d["max_seq_len"], f"{field}.max_seq_len", lo=1,
+                              hi=SPEC_LIMITS["max_seq_len"]),
         aux_codec=f.choice(d["aux_codec"], f"{field}.aux_codec", AUX_CODECS),
         topk=f.integer(d["topk"], f"{field}.topk", hi=1024),
-        shard_rows=f.integer(d["shard_rows"], f"{field}.shard_rows", lo=1, hi=1 << 22),
-        rows_per_unit=f.integer(d["rows_per_unit"], f"{field}.rows_per_unit", lo=1, hi=1 << 20),
+        shard_rows=f.integer(d["shard_rows"], f"{field}.shard_rows", lo=1,
+                             hi=SPEC_LIMITS["shard_rows"]),
+        rows_per_unit=f.integer(d["rows_per_unit"], f"{field}.rows_per_unit", lo=1,
+                                hi=SPEC_LIMITS["rows_per_unit"]),
     )
 
 

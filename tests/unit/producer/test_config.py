@@ -31,6 +31,7 @@ def make(**overrides: object) -> ProducerConfig:
         ({"layer_ids": []}, ["--layer_ids"]),
         ({"max_seq_len": 1024}, ["--max_seq_len", "--engine.max_model_len"]),
         ({"shard_rows": 128}, ["--shard_rows", "--max_seq_len"]),
+        ({"shard_rows": 5_000_000}, ["--shard_rows (5000000)", "must be <= 4,194,304"]),
         ({"worker_index": 1}, ["--worker_index and --num_workers"]),
         ({"worker_index": 2, "num_workers": 2}, ["--worker_index must be in"]),
         ({"parity_samples": -1}, ["--parity_samples"]),

@@ -26,6 +26,8 @@ def test_inner_chunk_divides_small_shards() -> None:
     ({"aux_codec": "zip"}, "aux_codec must be"),
     ({"topk": -1}, "topk must be"),
     ({"rows_per_unit": 1 << 20, "shard_rows": 1 << 22}, "too large for the slot address"),
+    ({"shard_rows": 5_000_000}, "shard_rows must be <= 4,194,304, got 5,000,000"),
+    ({"rows_per_unit": 1 << 21}, "rows_per_unit must be <= 1,048,576"),
 ])
 def test_bad_spec_names_the_field(kwargs: dict, match: str) -> None:
     """CacheSpec rejects bad values with a message naming the field."""
