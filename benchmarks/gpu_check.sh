@@ -8,6 +8,11 @@
 # Where vLLM is installed it also serves a trained DFlash2 draft (benchmarks/serve_dflash2.py:
 # lossless greedy outputs, acceptance length beside sparkforge eval's; on CPU, the dry run checks
 # that vLLM refuses it); that step has not run on a GPU yet.
+# With vLLM (GPU build) importable, it then runs the served DSpark check (about 5 more minutes):
+# a DSpark draft of the shipped code target, served by vLLM's V2 model runner through
+# `sparkforge eval --engine vllm`, must agree with the reference decoder exactly at T=0 (rounds,
+# accepted tokens, outputs) and within the intervals at T=1; it also prints the speedup at
+# 1, 8 and 64 requests in flight. Not yet run on a GPU (written without one).
 #
 #   benchmarks/gpu_check.sh --fetch-wheels   # on a machine with PyPI: Python 3.12 wheels -> .whl/
 #   benchmarks/gpu_check.sh                  # on the GPU machine, from the repository root
@@ -74,6 +79,39 @@ if sys.argv[1] == "gpu" and not torch.cuda.is_available():
 PYEOF
 
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
+
+# The served DSpark check: code target -> HF-backend cache -> DSpark draft (GPU) -> export ->
+# eval --engine vllm at T=0 and T=1, then the verdicts (exit 1 unless both agree).
+served_dspark() {
+  local dir sf
+  dir=$(mktemp -d)
+  sf=("$PY" -P -m sparkforge.app.cli)
+  "$PY" -P -m sparkforge.app.code_target "$dir/target" --rows 256
+  "${sf[@]}" produce --config producer/examples/code_target.yaml --data "$dir/target/chat.jsonl" \
+    --output "$dir/cache" --engine.model "$dir/target" --backend hf --eval_fraction 0.25 \
+    --scratch_dir "$dir/scratch" --progress false
+  "${sf[@]}" train --config trainer/examples/code_target.yaml --data.uri "$dir/cache" \
+    --trainer.accelerator gpu --trainer.max_steps 150 --trainer.default_root_dir "$dir/train" \
+    --trainer.logger.init_args.save_dir "$dir/train"
+  "${sf[@]}" export "$(find "$dir/train" -name last.ckpt | head -1)" "$dir/draft" --engine vllm
+  for t in 0 1; do
+    "${sf[@]}" eval --draft "$dir/draft" --target "$dir/target" --cache "$dir/cache" \
+      --out_dir "$dir/eval_t$t" --num_prompts 32 --max_new_tokens 64 --temperature "$t" \
+      --engine vllm --served.dtype float32 --served.max_model_len 1024 \
+      --served.concurrency '[1, 8, 64]' \
+      --served.extra_args '["--gpu-memory-utilization", "0.3"]'
+  done
+  "$PY" - "$dir" <<'PYEOF'
+import json, sys
+verdicts = []
+for t in (0, 1):
+    check = json.load(open(f"{sys.argv[1]}/eval_t{t}/eval_report.json"))[
+        "reconciliation"]["served_vs_reference"]
+    print(f"T={t}: served vs reference {json.dumps(check)}")
+    verdicts.append(check.get("agree") is True)
+sys.exit(0 if all(verdicts) else 1)
+PYEOF
+}
 START=$SECONDS
 if [ "$MODE" = gpu ]; then
   step "GPU tests"
@@ -98,6 +136,13 @@ if [ "$MODE" = gpu ]; then
   else
     echo "SKIPPED: vLLM is not installed here"
   fi
+  step "served DSpark: vLLM's V2 runner against the reference decoder"
+  if "$PY" -c "import vllm" 2>/dev/null; then
+    timeout 900 bash -c "$(declare -f served_dspark); PY=$PY; served_dspark" \
+      || echo "served DSpark check FAILED (exit $?)"
+  else
+    echo "vLLM is not importable: served DSpark check skipped"
+  fi
 else
   step "GPU tests (collected only: no CUDA here)"
   "$PY" -P -m pytest -o addopts= -p no:cacheprovider -m gpu -q --collect-only tests/gpu
@@ -113,5 +158,6 @@ else
   else
     echo "SKIPPED: vLLM is not installed here"
   fi
+  step "served DSpark: GPU only (vLLM serves DSpark only on GPU; CPU CI serves DFlash)"
 fi
 echo; echo "gpu_check.sh ($MODE) done in $((SECONDS - START)) s"

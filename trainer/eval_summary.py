@@ -1,9 +1,11 @@
-"""The plain-text summary of an eval report: both taus with their intervals, and the verdict."""
+"""The plain-text summary of an eval report: the taus with their intervals, and the verdicts."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from sparkforge.trainer.served_summary import reconciliation_lines, served_lines
 
 
 def _values(values: Sequence[float], spec: str = ".2f") -> str:
@@ -85,14 +87,32 @@ def _full_blocks(forced: Mapping[str, Any]) -> list[str]:
                  full["tau_ci95"])]
 
 
-def summary_lines(report: Mapping[str, Any]) -> str:
-    """Tau (with its 95% interval) and acceptance by draft position, measured and
-    teacher-forced, whether the two agree, the confidence head's calibration, and tau by
-    context length and by kind of turn where those split the data."""
-    spec, forced = report["speculative"], report["teacher_forced"]
-    temperature = report["config"]["temperature"]
+def _pair(row: Mapping[str, Any], view: str) -> str:
+    """``ECE / AUROC`` of one view of an estimator (``-`` where it has none)."""
+    got = row.get(view)
+    if not got:
+        return "-"
+    auc = got.get("auroc")
+    return f"{got['ece']:.3f}" + ("" if auc is None else f" / {auc:.3f}")
+
+
+def _sts(cal: Mapping[str, Any]) -> list[str]:
+    """The STS fit: each estimator's ECE (and AUROC) before and after, and the temperatures."""
+    lines = [f"  confidence calibration: STS fitted on {cal['fit_blocks']} teacher-forced blocks, "
+             f"tested on {cal['test_blocks']} others and on the speculative accept events",
+             f"    {'estimator':<14}{'survival ECE':<16}{'survival ECE / AUROC':<24}"
+             "trial ECE / AUROC",
+             f"    {'':<14}{'(forced)':<16}{'(speculative)':<24}(speculative)"]
+    for name, row in cal["estimators"].items():
+        lines.append(f"    {name:<14}{_pair(row, 'teacher_forced'):<16}"
+                     f"{_pair(row, 'speculative'):<24}{_pair(row, 'speculative_trials')}")
+    temps = " ".join(f"{t:.2f}" for t in cal["temperatures"]["head"])
+    return [*lines, f"    head temperatures {temps} -> {cal['file']}"]
+
+
+def _reference(spec: Mapping[str, Any], temperature: float) -> list[str]:
     kinds = spec.get("by_prompt_kind", {})   # image and text prompts apart, when there are images
-    lines = [
+    return [
         _tau(f"measured tau (T={temperature:g}, {spec['prompts']} prompts):", spec["tau"],
              spec.get("tau_ci95")),
         *(_row(f"  on {kind} prompts:", f"{kinds[kind]['tau']:.3f} ({kinds[kind]['prompts']} "
@@ -100,6 +120,16 @@ def summary_lines(report: Mapping[str, Any]) -> str:
         _row("  acceptance by position:", _values(spec["acceptance_by_position"])),
         _row("  trials by position:", _values(spec["position_trials"], ".0f")),
     ]
+
+
+def summary_lines(report: Mapping[str, Any]) -> str:
+    """Tau (with its 95% interval) and acceptance by draft position, measured and
+    teacher-forced, whether the two agree, the confidence head's calibration, tau by context
+    length and by kind of turn where those split the data and, when the draft was measured as
+    served, each served run and the reconciliation of the three taus."""
+    spec, forced = report["speculative"], report["teacher_forced"]
+    temperature = report["config"]["temperature"]
+    lines = _reference(spec, temperature) if spec else []
     if forced:
         lines += [
             _tau(f"teacher-forced tau (T=1, {forced.get('samples', '?')} eval samples):",
@@ -117,7 +147,12 @@ def summary_lines(report: Mapping[str, Any]) -> str:
                 _row("    data token among the top-k candidates:",
                      f"{selector['candidate_recall']:.3f}"),
                 *("  " + line for line in _full_blocks(selector))]
-    if "matched" in report:
+    if "matched" in report and spec:
         lines.append(_verdict(report["matched"]))
     lines += _calibration(spec, forced) + _by_context(spec, forced) + _by_turn(spec, forced)
+    if report.get("confidence_calibration"):
+        lines += _sts(report["confidence_calibration"])
+    if "served" in report:
+        lines += served_lines(report["served"], temperature)
+        lines += reconciliation_lines(report["reconciliation"])
     return "\n".join(lines)

@@ -35,8 +35,10 @@ from sparkforge.trainer.architectures import (
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.checkpoint import load_checkpoint
 from sparkforge.trainer.draft.rope import served_rope_problems
+from sparkforge.trainer.head_calibration import calibration_contents
 from sparkforge.trainer.job_config import ExportConfig
-from sparkforge.trainer.model_card import CARD_FILE, model_card
+from sparkforge.trainer.model_card import CARD_FILE, model_card, num_speculative_tokens
+from sparkforge.trainer.sts import CALIBRATION_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +104,7 @@ def export_draft(
     fmt = serving_format(cfg)
     problems = served_rope_problems(cfg.rope_parameters) + fmt.serving_problems(cfg, engine)
     problems += key_problems(cfg, tensors)
+    calibration = _calibration(cfg, eval_report, problems)
     problems += _out_dir_problems(out, overwrite=overwrite)
     if problems:
         raise ExportError("cannot export a servable DSpark draft:\n  " + "\n  ".join(problems))
@@ -110,7 +113,8 @@ def export_draft(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        _write_draft(tmp, bf16, cfg, fmt, engine, provenance, out=out, eval_report=eval_report)
+        _write_draft(tmp, bf16, cfg, fmt, engine, provenance, out=out, eval_report=eval_report,
+                     calibration=calibration)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -138,7 +142,8 @@ def _out_dir_problems(out: Path, *, overwrite: bool) -> list[str]:
 
 def _write_draft(tmp: Path, bf16: dict[str, torch.Tensor], cfg: DSparkDraftConfig, fmt: Any,
                  engine: Engine, provenance: Mapping[str, Any] | None, *, out: Path,
-                 eval_report: Mapping[str, Any] | None) -> None:
+                 eval_report: Mapping[str, Any] | None,
+                 calibration: Mapping[str, Any] | None) -> None:
     """The export's files, in the temporary folder that then replaces ``out``."""
     save_file(bf16, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     config = json.dumps(fmt.hf_config(cfg), indent=2, sort_keys=True)
@@ -151,6 +156,21 @@ def _write_draft(tmp: Path, bf16: dict[str, torch.Tensor], cfg: DSparkDraftConfi
                                                 if k in OPTIONAL_KEYS)}
     (tmp / CARD_FILE).write_text(model_card(cfg, info, draft_dir=str(out), sizes=sizes,
                                             eval_report=eval_report))
+    if calibration is not None:
+        (tmp / CALIBRATION_FILE).write_text(json.dumps(calibration, indent=2) + "\n")
+
+
+def _calibration(cfg: DSparkDraftConfig, eval_report: Mapping[str, Any] | None,
+                 problems: list[str]) -> dict[str, Any] | None:
+    """The calibration file of an eval report's STS fit (a problem when it does not fit)."""
+    fit = (eval_report or {}).get("confidence_calibration")
+    if not fit:
+        return None
+    temperatures = fit["temperatures"]["head"]
+    if len(temperatures) != num_speculative_tokens(cfg):
+        problems.append(f"the eval report's calibration has {len(temperatures)} temperatures, "
+                        f"the draft drafts {num_speculative_tokens(cfg)} slots: another draft's")
+    return calibration_contents(fit)
 
 
 def read_checkpoint(

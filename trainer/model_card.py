@@ -25,6 +25,7 @@ import yaml
 from sparkforge.trainer.architectures import serving_format
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
+from sparkforge.trainer.sts import CALIBRATION_FILE
 
 CARD_FILE = "README.md"
 LIBRARY = "vllm"
@@ -144,6 +145,37 @@ def _eval_section(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _metric(row: Mapping[str, Any], view: str, name: str) -> str:
+    value = row.get(view, {}).get(name)
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
+    """The STS fit: each estimator before and after, and which engines read the file."""
+    rows = [(name, _metric(row, "teacher_forced", "ece"), _metric(row, "speculative", "ece"),
+             _metric(row, "speculative", "auroc"), _metric(row, "speculative_trials", "ece"),
+             _metric(row, "speculative_trials", "auroc"))
+            for name, row in cal["estimators"].items()]
+    temps = " ".join(f"{t:.3f}" for t in cal["temperatures"]["head"])
+    return ["## Confidence calibration", "",
+            f"Per-slot temperatures of the confidence head (sequential temperature scaling, fitted "
+            f"on {cal['fit_blocks']} teacher-forced blocks of the eval split, tested on "
+            f"{cal['test_blocks']} others): `{temps}`, in `{CALIBRATION_FILE}`. `max q` is the "
+            "draft's top probability, the head-free estimator.", "",
+            *_table(("estimator", "ECE of survival (teacher-forced)", "ECE of survival (served "
+                     "events)", "AUROC (served events)", "ECE per trial", "AUROC per trial"),
+                    rows), "",
+            "Engines that read the file (one temperature per draft slot, applied as "
+            "`sigmoid(logit / T)` before the survival product):", "",
+            f"- SGLang: `--speculative-dspark-confidence-sts-path {CALIBRATION_FILE}` (key "
+            "`temperatures`, exactly one per slot)",
+            "- TensorRT-LLM: the DSpark decoding config's STS path (`confidence_sts_path`; its "
+            "loader reads `sts_temperatures` or `temperatures`)",
+            f"- DeepSpec: `eval.py --confidence-calibration-path {CALIBRATION_FILE}` (key "
+            "`temperatures`, one per block slot)",
+            "- vLLM (0.32) reads no calibration file."]
+
+
 def model_card(cfg: DSparkDraftConfig, provenance: Mapping[str, Any], *, draft_dir: str,
                sizes: Mapping[str, int] | None = None,
                eval_report: Mapping[str, Any] | None = None) -> str:
@@ -166,5 +198,7 @@ def model_card(cfg: DSparkDraftConfig, provenance: Mapping[str, Any], *, draft_d
     ]
     if eval_report:
         body += ["", *_eval_section(eval_report)]
+        if eval_report.get("confidence_calibration"):
+            body += ["", *_calibration_section(eval_report["confidence_calibration"])]
     header = yaml.safe_dump(card_metadata(cfg, target), sort_keys=False).rstrip()
     return f"---\n{header}\n---\n\n" + "\n".join(body) + "\n"

@@ -48,7 +48,25 @@ class SpecDecodeResult:
     confidence head's prediction for it (empty without a head)."""
     trial_accepted: list[bool] = field(default_factory=list)
     """Per verification trial: whether the slot was accepted."""
+    round_confidence_logits: list[list[float]] = field(default_factory=list)
+    """Per round, the confidence head's logit of each verified slot (empty without a head)."""
+    round_max_q: list[list[float]] = field(default_factory=list)
+    """Per round, the draft's top probability (at T=1) of each verified slot: the head-free
+    acceptance estimator."""
     wall_time_s: float = 0.0
+
+    def count_round(self, *, verified: int, accepted: int) -> None:
+        """Record one draft round: ``verified`` slots sent, the first ``accepted`` of them kept.
+
+        Slot ``j`` is a trial when it was verified (``j < verified``) and every earlier slot was
+        accepted (``j <= accepted``); the round yields its accepted tokens and the target's one.
+        """
+        for j in range(min(verified, accepted + 1)):
+            self.position_trials[j] += 1
+            self.position_accepted[j] += int(j < accepted)
+            self.trial_accepted.append(j < accepted)
+        self.tokens_per_round.append(accepted + 1)
+        self.verified_per_round.append(verified)
 
     @property
     def tau(self) -> float:
@@ -203,15 +221,12 @@ def speculative_generate(
         context = torch.cat([context, block[:, : n + 1]], dim=1)
         feats = target_features(states, layer_ids, family)[:, : n + 1]
         cache_d = draft.extend_context(cache_d, feats)
-        for j in range(min(m, n + 1)):
-            res.position_trials[j] += 1
-            res.position_accepted[j] += int(j < n)
-            res.trial_accepted.append(j < n)
-            if conf_K is not None:
-                res.trial_confidence.append(float(conf_K[j]))
+        res.count_round(verified=m, accepted=n)
+        res.round_max_q.append(torch.softmax(q_logits[0, :m].float(), -1).amax(-1).tolist())
+        if conf_logits is not None and conf_K is not None:
+            res.trial_confidence += conf_K[: min(m, n + 1)].tolist()
+            res.round_confidence_logits.append(conf_logits[0, :m].float().tolist())
         res.tokens += [int(t) for t in drafts[0, :n]] + [nxt]
-        res.tokens_per_round.append(n + 1)
-        res.verified_per_round.append(m)
         x0 = nxt
     res.tokens = _cut(res.tokens, max_new_tokens, eos_token_id)
     res.wall_time_s = time.perf_counter() - t0

@@ -15,8 +15,9 @@ from transformers import AutoModelForCausalLM
 from sparkforge.app.tiny_target import demo_conversations
 from sparkforge.trainer.architectures.config import from_target_config
 from sparkforge.trainer.draft.model import DSparkDraftModel
-from sparkforge.trainer.eval import EvalConfig, _sample_tau_sums, run_eval
+from sparkforge.trainer.eval import EvalConfig, run_eval
 from sparkforge.trainer.export import export_checkpoint, training_loss_settings
+from sparkforge.trainer.forced_eval import sample_tau_sums
 from sparkforge.trainer.run_config import LossSpec
 
 
@@ -150,7 +151,7 @@ def test_full_block_sums_leave_out_blocks_cut_by_the_sample_end() -> None:
     accept = torch.tensor([[[0.5, 0.5, 0.5], [0.8, 0.9, 0.9]], [[0.7, 0.7, 0.7], [1.0, 0.0, 1.0]]])
     keep = torch.tensor([[True, True], [False, True]])
     out = SimpleNamespace(eval_mask=eval_mask, block_keep_mask=keep)
-    num, den, full_num, full_den = _sample_tau_sums(out, accept)
+    num, den, full_num, full_den = sample_tau_sums(out, accept)
     # sample 0: 1 + .5 + .25 + .125 (full) and 1 + .8 (cut); sample 1: 1 + 1 + 0 + 0 (full)
     assert num.tolist() == pytest.approx([1.875 + 1.8, 2.0])
     assert den.tolist() == [2.0, 1.0]
