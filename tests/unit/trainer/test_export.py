@@ -200,3 +200,32 @@ def test_unknown_architecture_is_a_config_error() -> None:
     """A draft config naming no known architecture is refused, naming the field."""
     with pytest.raises(ValueError, match="architecture='llama4' not in"):
         dataclasses.replace(draft_tiny(), architecture="llama4")
+
+
+def _calibration_report(temperatures: list[float]) -> dict[str, object]:
+    row = {"teacher_forced": {"ece": 0.08}}
+    return {"confidence_calibration": {
+        "fit_blocks": 50, "test_blocks": 40, "temperatures": {"head": temperatures},
+        "estimators": {"head": row, "head + STS": {"teacher_forced": {"ece": 0.02}}}}}
+
+
+def test_export_writes_the_calibration_engines_read(tmp_path: Path) -> None:
+    """An eval report's STS fit travels into the draft folder as confidence_calibration.json,
+    one temperature per draft slot under both key spellings."""
+    model = _draft()
+    k = model.config.block_size   # a DSpark draft drafts its whole block
+    temps = [1.0 + 0.1 * j for j in range(k)]
+    out = export_draft(model.config, model.state_dict(), tmp_path / "d",
+                       eval_report=_calibration_report(temps))
+    written = json.loads((out / "confidence_calibration.json").read_text())
+    assert written["sts_temperatures"] == written["temperatures"] == temps
+    assert (written["ece_before"], written["ece_after"]) == (0.08, 0.02)
+
+
+def test_export_refuses_another_drafts_calibration(tmp_path: Path) -> None:
+    """Temperatures for another number of slots (another draft's fit) stop the export."""
+    model = _draft()
+    with pytest.raises(ExportError, match="calibration has 2 temperatures"):
+        export_draft(model.config, model.state_dict(), tmp_path / "d",
+                     eval_report=_calibration_report([1.0, 1.0]))
+    assert not (tmp_path / "d").exists()

@@ -132,3 +132,21 @@ def test_a_hostile_target_name_stays_one_argument_and_literal_markdown(name: str
     paragraph = next(_inline_text(tokens[i + 1]) for i, t in enumerate(tokens)
                      if t.type == "paragraph_open" and "hidden states of" in tokens[i + 1].content)
     assert shown in paragraph
+
+
+def test_card_tables_the_confidence_calibration_and_its_engines() -> None:
+    """With an STS fit in the report the card shows each estimator before and after and names
+    the engines that read confidence_calibration.json."""
+    fit = {"teacher_forced": {"ece": 0.02}, "speculative": {"ece": 0.03, "auroc": 0.71},
+           "speculative_trials": {"ece": 0.04, "auroc": 0.66}}
+    raw = {"teacher_forced": {"ece": 0.09}}
+    report = {**REPORT, "confidence_calibration": {
+        "fit_blocks": 50, "test_blocks": 40, "temperatures": {"head": [1.25, 0.5]},
+        "estimators": {"head": raw, "head + STS": fit, "max_q": raw, "max_q + STS": raw}}}
+    text = model_card(draft_tiny(), PROVENANCE, draft_dir="out/d", eval_report=report)
+    assert "## Confidence calibration" in text
+    assert "`1.250 0.500`" in text
+    assert "| head + STS | 0.020 | 0.030 | 0.710 | 0.040 | 0.660 |" in text
+    assert "| max_q | 0.090 | - | - | - | - |" in text
+    assert "--speculative-dspark-confidence-sts-path confidence_calibration.json" in text
+    assert "--confidence-calibration-path" in text
