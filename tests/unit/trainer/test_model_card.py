@@ -147,6 +147,6 @@ def test_card_tables_the_confidence_calibration_and_its_engines() -> None:
     assert "## Confidence calibration" in text
     assert "`1.250 0.500`" in text
     assert "| head + STS | 0.020 | 0.030 | 0.710 | 0.040 | 0.660 |" in text
-    assert "| max_q | 0.090 | - | - | - | - |" in text
+    assert r"| max\_q | 0.090 | - | - | - | - |" in text   # markdown-escaped: shows max_q
     assert "--speculative-dspark-confidence-sts-path confidence_calibration.json" in text
     assert "--confidence-calibration-path" in text
