@@ -31,7 +31,7 @@ RUN_LOCAL_FIELDS = frozenset({
     "finalize", "progress", "writer_queue_units", "writer_threads", "non_finite",
     "max_image_pixels",  # an image cache records it in producer_config.resolved.images
     "image_sources", "max_image_bytes", "image_read_timeout_s",  # where images may come from
-    "template_row_seconds",  # a wall-clock limit, like max_retries: the machine's, not the data's
+    "template_row_seconds",  # CPU seconds, like max_retries: the machine's, not the data's
 })
 RUN_LOCAL_ENGINE_FIELDS = frozenset({
     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -152,8 +152,8 @@ class ProducerConfig:
     max_line_bytes: int = MAX_LINE_BYTES
     """Longest JSONL line; a longer one is skipped unread and counted as line_too_long."""
     template_row_seconds: float = TEMPLATE_ROW_SECONDS
-    """Longest rendering of one row by the chat template; a row that takes longer is skipped
-    and counted as template_timeout."""
+    """Longest rendering of one row by the chat template, in CPU seconds (and at most 10 times
+    that in wall clock); a row that takes longer is skipped and counted as template_timeout."""
     finalize: bool = True
     """Build the manifest when this worker sees every unit committed."""
     progress: bool = True

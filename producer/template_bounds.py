@@ -27,7 +27,10 @@ CHECK_SECONDS = 10.0
 CHECK_MEMORY_BYTES = 1 << 30
 """Memory the renders may allocate beyond what the process already maps."""
 TEMPLATE_ROW_SECONDS = 60.0
-"""Default limit of one row's rendering and tokenizing (a real template takes milliseconds)."""
+"""Default limit of one row's rendering and tokenizing, in CPU seconds of the rendering thread
+(a real template takes milliseconds)."""
+WALL_FACTOR = 10.0
+"""A row also stops after this many times its limit in wall clock, however little CPU it got."""
 
 
 class TemplateTimeout(SparkforgeError):  # noqa: N818 - the row's skip reason, not a failure
@@ -37,6 +40,10 @@ class TemplateTimeout(SparkforgeError):  # noqa: N818 - the row's skip reason, n
 class _Alarm:
     armed = False
     """A ``RowTimeLimit`` timer is running."""
+    budget = 0.0
+    """Its limit, in CPU seconds of the main thread."""
+    cpu_start = wall_start = 0.0
+    """``time.thread_time()`` and ``time.monotonic()`` when it started."""
     installed = False
     """``_on_alarm`` replaced the default handler and stays (``signal.getsignal`` costs more than
     a row's limit otherwise would)."""
@@ -44,6 +51,10 @@ class _Alarm:
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
     if _Alarm.armed:
+        left = _Alarm.budget - (time.thread_time() - _Alarm.cpu_start)
+        if left > 0 and time.monotonic() - _Alarm.wall_start < WALL_FACTOR * _Alarm.budget:
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))  # the host was busy: wait on
+            return
         raise TemplateTimeout
     # Not our timer, while our handler stands in for the default: end the process as it would.
     _Alarm.installed = False
@@ -52,11 +63,15 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
 
 
 class RowTimeLimit:
-    """Raise ``TemplateTimeout`` in the ``with`` block once it has run ``seconds`` of wall clock.
+    """Raise ``TemplateTimeout`` in the ``with`` block once it has used ``seconds`` of CPU.
 
-    A SIGALRM timer (``setitimer``): the exception is raised between two Python steps, so it
-    stops Jinja's loops; one long C call (a huge string repeat) is stopped when it returns, and
-    the memory the start-up check bounds is not bounded here. In place of the default handler
+    The work bounds a row, not the host's load: a wall-clock limit alone kept or dropped the
+    same extreme row depending on what else the machine ran. A SIGALRM timer (``setitimer``)
+    fires after ``seconds`` of wall clock; if the thread has used less CPU than that, it re-arms
+    for the rest, up to ``WALL_FACTOR`` times ``seconds`` of wall clock in all. The exception is
+    raised between two Python steps, so it stops Jinja's loops; one long C call (a huge string
+    repeat) is stopped when it returns, and the memory the start-up check bounds is not bounded
+    here. In place of the default handler
     ours stays installed (a few microseconds a row); a caller's own handler and running
     ITIMER_REAL timer (pytest-timeout's) are restored and re-armed with what the timer had left,
     and a timer due before ``seconds`` is left to fire. Signals reach only the main thread:
@@ -80,7 +95,8 @@ class RowTimeLimit:
             previous = signal.signal(signal.SIGALRM, _on_alarm)
             _Alarm.installed = previous is signal.SIG_DFL or previous is _on_alarm
             self._previous = None if _Alarm.installed else previous
-        self._started = time.monotonic()
+        self._started = _Alarm.wall_start = time.monotonic()
+        _Alarm.budget, _Alarm.cpu_start = self.seconds, time.thread_time()
         _Alarm.armed = True
         signal.setitimer(signal.ITIMER_REAL, self.seconds)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -361,3 +362,29 @@ def test_a_stray_sigalrm_after_a_bounded_row_still_ends_the_process() -> None:
                           timeout=120)
     assert done.returncode == -signal.SIGALRM, done.stderr[-2000:]
     assert "TemplateTimeout" not in done.stderr
+
+
+def _spin() -> None:
+    """Compute forever."""
+    while True:
+        pass
+
+
+def test_the_row_limit_counts_the_rows_cpu_not_a_busy_hosts_wall_clock() -> None:
+    """Which extreme rows are kept must not depend on host load: a row that waits (as when the
+    host is busy) past its limit in wall clock without using that CPU runs on, up to
+    ``WALL_FACTOR`` times the limit; a row that computes past it is stopped."""
+    from sparkforge.producer.template_bounds import WALL_FACTOR, RowTimeLimit, TemplateTimeout
+
+    started = time.monotonic()
+    with RowTimeLimit(0.2):
+        time.sleep(0.6)   # three times the limit in wall clock, next to no CPU
+    assert time.monotonic() - started >= 0.6
+    spent = time.thread_time()
+    with pytest.raises(TemplateTimeout), RowTimeLimit(0.2):
+        _spin()
+    assert time.thread_time() - spent >= 0.2
+    started = time.monotonic()
+    with pytest.raises(TemplateTimeout), RowTimeLimit(0.05):
+        time.sleep(60)    # waiting forever still ends, at WALL_FACTOR times the limit
+    assert time.monotonic() - started < 60 * 0.05 * WALL_FACTOR
