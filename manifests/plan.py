@@ -32,8 +32,9 @@ zstd-1 + byte shuffle, bf16, local disk, crc32c included), measured by benchmark
 on a 2-vCPU x86_64 host: 230-323 MB per CPU-s idle, 140-223 when shared with other jobs; the figure
 is the loaded one, so the cores it asks for keep up on a busy inference node. fp8 codes are
 assumed to cost the same per stored byte."""
-FIXED_OBJECTS: Final = 4
-"""zarr.json of the group, _meta/header.json, index.parquet, manifest.json (plus target files)."""
+FIXED_OBJECTS: Final = 6
+"""zarr.json of the group, _meta/header.json, index.parquet, manifest.json, and the unit and slot
+tables the manifest names (units.parquet, slots.parquet; plus target files)."""
 
 
 @dataclass(frozen=True, kw_only=True)

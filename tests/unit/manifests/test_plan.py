@@ -40,7 +40,9 @@ def test_shards_follow_unit_packing() -> None:
     plan = plan_cache(spec, num_tokens=256 * 1024 * 2, mean_seq_len=1024)
     assert plan["num_units"] == 2
     assert plan["num_shards"] == 2 * 35  # ceil(262144 / (8192 - 512))
-    assert plan["objects"] == 70 * 4 + 2 * 2 + 4 + 4
+    # slot objects, a commit record and an attempt claim per unit, a zarr.json per array, and
+    # the group's zarr.json, header, index, manifest, units.parquet and slots.parquet
+    assert plan["objects"] == 70 * 4 + 2 * 2 + 4 + 6
 
 
 def test_target_config_and_text_config(tmp_path: Path) -> None:
