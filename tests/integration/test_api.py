@@ -80,9 +80,10 @@ def test_model_card_fields(exported: dict[str, Any], tiny_cache: str) -> None:
 
     tensors = load_file(str(Path(exported["carded"]) / "model.safetensors"))
     own = sum(v.numel() for k, v in tensors.items() if not k.startswith(("embed", "lm_head")))
-    assert f"| draft_parameters | {own:,} |" in card.text
-    assert "| num_hidden_layers | 1 |" in card.text
-    assert "| block_size | 4 |" in card.text
+    # table cells are markdown-escaped (a crafted field could not inject markup)
+    assert f"| draft\\_parameters | {own:,} |" in card.text
+    assert "| num\\_hidden\\_layers | 1 |" in card.text
+    assert "| block\\_size | 4 |" in card.text
     spec_report = exported["report"]["speculative"]
     assert f"**{spec_report['tau']:.3f}" in card.text
     for k, rate in enumerate(spec_report["acceptance_by_position"]):

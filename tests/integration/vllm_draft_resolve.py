@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run with -P: the sibling script is not on it
-from vllm_dspark_load import patch_v1_rejection  # noqa: E402
+from vllm_dspark_load import V1_ONLY_ON_GPU, patch_v1_rejection  # noqa: E402
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -37,6 +37,6 @@ def resolve(target: str, draft: str) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    patch_v1_rejection()
+    patch_v1_rejection(V1_ONLY_ON_GPU["dspark"])
     accounts = {draft: resolve(sys.argv[1], draft) for draft in sys.argv[2:]}
     print("RESULT " + json.dumps(accounts))
