@@ -151,7 +151,7 @@ class SampleColumns:
         if isinstance(entries, slice):
             if self.storage_order is not None:
                 return self.storage_order[entries]
-            return np.arange(len(self), dtype=np.int64)[entries]
+            return np.arange(*entries.indices(len(self)), dtype=np.int64)
         if self.storage_order is None:
             return np.flatnonzero(entries)
         return self.storage_order[entries[self.storage_order]]

@@ -128,3 +128,22 @@ def test_columns_cost_bytes_not_objects_per_sample() -> None:
     assert big_bytes / 80_000 <= 64
     assert (big_bytes - small_bytes) / 60_000 <= 64
     assert big_blocks - small_blocks < 100
+
+
+def test_a_unit_lookup_costs_the_units_samples_not_the_index() -> None:
+    """In an index stored in sample-id order (as finalize writes it), finding one unit's samples
+    allocates about that unit's positions, not one entry per sample of the index (every unit
+    read of every DataLoader worker does it)."""
+    num, per_unit = 400_000, 256
+    ids = np.arange(num, dtype=np.int64)
+    cols = SampleColumns.from_columns({
+        "sample_id": ids, "unit": ids // per_unit, "slot": ids // per_unit,
+        "row_offset": ids * 4, "length": np.full(num, 4), "num_loss_tokens": np.full(num, 4),
+        "split": np.zeros(num, dtype=np.uint8)})
+    assert cols.storage_order is None
+    tracemalloc.start()
+    mine = cols.of_unit(1000)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert mine.tolist() == list(range(1000 * per_unit, 1001 * per_unit))
+    assert peak < 16 * per_unit * 8
