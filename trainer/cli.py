@@ -94,8 +94,8 @@ def run_export(cfg: ExportConfig) -> int:
 
 def run_evaluation(cfg: EvalConfig) -> int:
     """Measure acceptance and print tau per position and where the report is."""
-    from sparkforge.trainer.eval import run_eval
-    from sparkforge.trainer.eval_summary import summary_lines
+    from sparkforge.trainer.eval.run import run_eval
+    from sparkforge.trainer.eval.summary import summary_lines
 
     report = run_eval(cfg)
     print(summary_lines(report))

@@ -35,10 +35,10 @@ from sparkforge.trainer.architectures import (
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.checkpoint import load_checkpoint
 from sparkforge.trainer.draft.rope import served_rope_problems
-from sparkforge.trainer.head_calibration import calibration_contents
+from sparkforge.trainer.eval.head_calibration import calibration_contents
+from sparkforge.trainer.eval.sts import CALIBRATION_FILE
 from sparkforge.trainer.job_config import ExportConfig
 from sparkforge.trainer.model_card import CARD_FILE, model_card, num_speculative_tokens
-from sparkforge.trainer.sts import CALIBRATION_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import yaml
 from sparkforge.trainer.architectures import serving_format
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
-from sparkforge.trainer.sts import CALIBRATION_FILE
+from sparkforge.trainer.eval.sts import CALIBRATION_FILE
 
 CARD_FILE = "README.md"
 LIBRARY = "vllm"

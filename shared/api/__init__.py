@@ -170,7 +170,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """``sparkforge eval``: speculative decoding against the target (tau with its 95% interval,
     acceptance by position, calibration) and the teacher-forced table; the report written to
     ``cfg.out_dir/eval_report.json``."""
-    from sparkforge.trainer.eval import run_eval
+    from sparkforge.trainer.eval.run import run_eval
 
     _expect("evaluate", "cfg", cfg, EvalConfig)
     with _refusals("evaluate"):

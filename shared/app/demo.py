@@ -30,7 +30,7 @@ from typing import Any, Literal
 import yaml
 
 from sparkforge.shared.errors import SparkforgeError
-from sparkforge.trainer.eval_summary import summary_lines
+from sparkforge.trainer.eval.summary import summary_lines
 
 # target -> (module that writes it and chat rows, producer example, trainer example).
 TARGETS = {"code": ("sparkforge.app.code_target", "code_target.yaml", "code_target.yaml"),

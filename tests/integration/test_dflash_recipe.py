@@ -17,8 +17,8 @@ import torch
 from export_helpers import load_all_in_vllm
 
 from sparkforge.app.cli import main
+from sparkforge.trainer.eval.served_engine import vllm_server
 from sparkforge.trainer.job_config import ServedOptions
-from sparkforge.trainer.served_engine import vllm_server
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_YAML = ROOT / "trainer" / "examples" / "tiny.yaml"

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from sparkforge.trainer.bootstrap import agreement, half_width, ratio_ci
+from sparkforge.trainer.eval.bootstrap import agreement, half_width, ratio_ci
 
 
 def _exact_quantile(num: np.ndarray, den: np.ndarray, q: float) -> float:

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from sparkforge.trainer.calibration import (
+from sparkforge.trainer.eval.calibration import (
     auroc,
     brier_score,
     expected_calibration_error,

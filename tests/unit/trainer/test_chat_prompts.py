@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from sparkforge.trainer.chat_prompts import chat_prompts, prompt_messages
+from sparkforge.trainer.eval.chat_prompts import chat_prompts, prompt_messages
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
         {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Count to 3"},

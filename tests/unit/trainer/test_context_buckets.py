@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sparkforge.trainer.context_buckets import (
+from sparkforge.trainer.eval.context_buckets import (
     bucket_index,
     bucket_labels,
     forced_buckets,
     speculative_buckets,
 )
-from sparkforge.trainer.turn_kinds import TurnTags, by_kind
+from sparkforge.trainer.eval.turn_kinds import TurnTags, by_kind
 
 
 def test_labels_and_edges() -> None:

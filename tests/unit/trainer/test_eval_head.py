@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sparkforge.trainer.eval import _same_head
+from sparkforge.trainer.eval.run import _same_head
 
 
 def test_bf16_export_of_the_target_head_is_the_same_head() -> None:

@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM
 from sparkforge.app.tiny_target import demo_conversations
 from sparkforge.trainer.architectures.config import from_target_config
 from sparkforge.trainer.draft.model import DSparkDraftModel
-from sparkforge.trainer.eval import EvalConfig, run_eval
+from sparkforge.trainer.eval.forced import sample_tau_sums
+from sparkforge.trainer.eval.run import EvalConfig, run_eval
 from sparkforge.trainer.export import export_checkpoint, training_loss_settings
-from sparkforge.trainer.forced_eval import sample_tau_sums
 from sparkforge.trainer.run_config import LossSpec
 
 

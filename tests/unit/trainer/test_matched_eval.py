@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from sparkforge.shared.header import SamplingInfo
-from sparkforge.trainer.matched_eval import matched_report, split_sampling
+from sparkforge.trainer.eval.matched import matched_report, split_sampling
 
 SPEC = {"tau": 3.0, "tau_ci95": [2.8, 3.2], "rounds": 40}
 FORCED = {"metrics": {"tau": 3.1}, "tau_ci95": [3.0, 3.2],

@@ -12,8 +12,8 @@ import pytest
 from huggingface_hub import ModelCard
 
 from sparkforge.trainer.architectures.tiny import draft_tiny
+from sparkforge.trainer.eval.report import tau_interval
 from sparkforge.trainer.model_card import model_card, serve_command
-from sparkforge.trainer.report import tau_interval
 
 PROVENANCE = {
     "target_name_or_path": "Qwen/Qwen3-8B", "cache_uri": "s3://b/cache",

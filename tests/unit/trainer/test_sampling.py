@@ -11,7 +11,7 @@ from sparkforge.trainer.draft.sampling import (
     residual_probs,
     sample_draft_tokens,
 )
-from sparkforge.trainer.speculative import verify_draft
+from sparkforge.trainer.eval.speculative import verify_draft
 
 
 def test_greedy_is_argmax_one_hot() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sparkforge.shared.errors import SparkforgeError
-from sparkforge.trainer.served_metrics import (
+from sparkforge.trainer.eval.served_metrics import (
     SpecCounters,
     counters_acceptance,
     parse_counters,

@@ -10,9 +10,9 @@ import torch
 
 from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.trainer.architectures import tiny_draft
+from sparkforge.trainer.eval.served import CPU_DSPARK, check_servable, speculative_config
+from sparkforge.trainer.eval.served_engine import SERVER_MODULE, server_command
 from sparkforge.trainer.job_config import EvalConfig, ServedOptions
-from sparkforge.trainer.served_engine import SERVER_MODULE, server_command
-from sparkforge.trainer.served_eval import CPU_DSPARK, check_servable, speculative_config
 
 
 def _cfg(draft: str, **kw: object) -> EvalConfig:

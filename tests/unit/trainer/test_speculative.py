@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from sparkforge.trainer.architectures.config import from_target_config
 from sparkforge.trainer.draft.model import DSparkDraftModel
-from sparkforge.trainer.speculative import speculative_generate, target_features
+from sparkforge.trainer.eval.speculative import speculative_generate, target_features
 
 
 def _draft_for(target: Any, *, seed: int = 0, **overrides: Any) -> DSparkDraftModel:
@@ -200,8 +200,8 @@ def test_image_prompt_decodes_with_a_draft_that_proposes_image_slots(tmp_path: P
     from sparkforge.shared.image_inputs import target_images
     from sparkforge.shared.image_sources import ImageReader
     from sparkforge.shared.target_config import read_target_config
-    from sparkforge.trainer.chat_prompts import chat_prompts
-    from sparkforge.trainer.speculative import placeholder_ids
+    from sparkforge.trainer.eval.chat_prompts import chat_prompts
+    from sparkforge.trainer.eval.speculative import placeholder_ids
 
     assert tiny_target_main([str(tmp_path), "--model_type", "gemma4", "--rows", "2"]) == 0
     target = AutoModelForImageTextToText.from_pretrained(tmp_path, dtype=torch.float32).eval()

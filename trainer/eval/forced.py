@@ -4,7 +4,7 @@ accept_rate@k, tau (over every block, and over full blocks, each with its interv
 samples; by context length and by kind of turn), the confidence head's calibration, the
 verification-policy table, and each batch's
 blocks by slot (the confidence head's logit, the draft's top probability, the acceptance) that
-``sparkforge.trainer.head_calibration`` fits STS on.
+``sparkforge.trainer.eval.head_calibration`` fits STS on.
 """
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from sparkforge.trainer.acceptance import calibration_summary
-from sparkforge.trainer.bootstrap import ratio_ci
-from sparkforge.trainer.calibration import policy_table
-from sparkforge.trainer.context_buckets import forced_buckets
 from sparkforge.trainer.data import CacheStream, load_split_index
-from sparkforge.trainer.head_calibration import SlotRows, forced_rows
+from sparkforge.trainer.eval.acceptance import calibration_summary
+from sparkforge.trainer.eval.bootstrap import ratio_ci
+from sparkforge.trainer.eval.calibration import policy_table
+from sparkforge.trainer.eval.context_buckets import forced_buckets
+from sparkforge.trainer.eval.head_calibration import SlotRows, forced_rows
+from sparkforge.trainer.eval.matched import FORCED_TEMPERATURE
+from sparkforge.trainer.eval.report import reliability_bins
+from sparkforge.trainer.eval.turn_kinds import TurnTags, by_kind
 from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.loader_settings import LoaderSettings
 from sparkforge.trainer.loss import compute_dspark_loss
-from sparkforge.trainer.matched_eval import FORCED_TEMPERATURE
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
-from sparkforge.trainer.report import reliability_bins
 from sparkforge.trainer.run_config import LossSpec
-from sparkforge.trainer.turn_kinds import TurnTags, by_kind
 
 
 def teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
@@ -120,7 +120,8 @@ def sample_tau_sums(out: Any, accept_BAK: torch.Tensor) -> tuple[np.ndarray, ...
 
     A block cut by the end of the sample (or of its reply) stops there as if rejected, which
     speculative decoding never does: its rounds are counted whole past ``max_new_tokens`` and
-    eos. The full blocks are what the two taus are compared on (``matched_eval``)."""
+    eos. The full blocks are what the two taus are compared on
+    (``sparkforge.trainer.eval.matched``)."""
     length, on = _block_lengths(out, accept_BAK)
     full = (on & out.eval_mask.bool().all(-1)).double()
     return tuple(t.cpu().numpy() for t in ((length * on).sum(-1), on.double().sum(-1),

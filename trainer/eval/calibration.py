@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from sparkforge.trainer.report import reliability_bins
+from sparkforge.trainer.eval.report import reliability_bins
 
 
 def expected_calibration_error(confidence: npt.ArrayLike, outcome: npt.ArrayLike, *,

@@ -5,7 +5,7 @@ verifies every draft slot) and the lowest concurrency, on the same prompts and t
 T=0 both decoders are deterministic, so they must agree exactly: the same rounds and accepted
 tokens, prompt by prompt. At T>0 they sample independently and must agree within their
 intervals. Served and teacher-forced tau are compared only where the existing matched check
-compares the reference decoder's (``sparkforge.trainer.matched_eval``): an eval split
+compares the reference decoder's (``sparkforge.trainer.eval.matched``): an eval split
 regenerated at T=1, measured at T=1, on full blocks.
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sparkforge.trainer.bootstrap import agreement
-from sparkforge.trainer.matched_eval import FORCED_TEMPERATURE
-from sparkforge.trainer.speculative import SpecDecodeResult
+from sparkforge.trainer.eval.bootstrap import agreement
+from sparkforge.trainer.eval.matched import FORCED_TEMPERATURE
+from sparkforge.trainer.eval.speculative import SpecDecodeResult
 
 
 def _counts(runs: Sequence[SpecDecodeResult]) -> tuple[int, int]:

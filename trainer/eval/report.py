@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sparkforge.trainer.bootstrap import ratio_ci
+from sparkforge.trainer.eval.bootstrap import ratio_ci
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ REPORT_PNG = "acceptance_by_position.png"
 def tau_interval(rounds_per_prompt: Sequence[Sequence[int]], *,
                  seed: int = 0) -> tuple[float, float] | None:
     """The 95% bootstrap interval of tau (tokens per round over all rounds), resampling prompts
-    (``sparkforge.trainer.bootstrap``); None under two prompts."""
+    (``sparkforge.trainer.eval.bootstrap``); None under two prompts."""
     used = [r for r in rounds_per_prompt if len(r)]
     if len(used) < 2:
         return None

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from sparkforge.trainer.calibration import auroc, expected_calibration_error
-from sparkforge.trainer.speculative import SpecDecodeResult
-from sparkforge.trainer.sts import calibration_file, fit_sts, logit, survival_metrics
+from sparkforge.trainer.eval.calibration import auroc, expected_calibration_error
+from sparkforge.trainer.eval.speculative import SpecDecodeResult
+from sparkforge.trainer.eval.sts import calibration_file, fit_sts, logit, survival_metrics
 
 
 @dataclass(frozen=True)

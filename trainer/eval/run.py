@@ -8,13 +8,13 @@ reported, each tau with its 95% bootstrap interval over prompts (eval samples):
 - ``speculative``: the reference decoder (a transformers target at batch 1) on those prompts:
   tau, per-position acceptance, calibration of the confidence head against the accept events;
 - ``teacher_forced`` (with a cache): the eval split's metrics with the training run's loss
-  settings (``sparkforge.trainer.forced_eval``), and ``matched``: whether the split was
+  settings (``sparkforge.trainer.eval.forced``), and ``matched``: whether the split was
   regenerated at eval's temperature and, when it was (at T=1), whether the two taus agree;
 - ``served`` (``--engine vllm`` or ``--endpoint``): the same prompts through a serving engine
-  (``sparkforge.trainer.served_eval``), and ``reconciliation``: served tau beside the other two,
-  with a verdict for each (``sparkforge.trainer.reconcile``).
+  (``sparkforge.trainer.eval.served``), and ``reconciliation``: served tau beside the other two,
+  with a verdict for each (``sparkforge.trainer.eval.reconcile``).
 With a cache and a confidence head, ``confidence_calibration`` fits STS of the head on half the
-eval split (``sparkforge.trainer.head_calibration``) and writes the file engines read.
+eval split (``sparkforge.trainer.eval.head_calibration``) and writes the file engines read.
 """
 
 from __future__ import annotations
@@ -35,27 +35,27 @@ from sparkforge.shared.image_inputs import TargetImages, target_images
 from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.target_config import read_target_config
 from sparkforge.shared.target_families import loads_as_image_text
-from sparkforge.trainer.acceptance import acceptance_report
-from sparkforge.trainer.chat_prompts import Prompt, chat_prompts
-from sparkforge.trainer.context_buckets import speculative_buckets
 from sparkforge.trainer.data import load_split_index
-from sparkforge.trainer.export import load_draft, training_loss_settings
-from sparkforge.trainer.forced_eval import teacher_forced
-from sparkforge.trainer.head_calibration import (
+from sparkforge.trainer.eval.acceptance import acceptance_report
+from sparkforge.trainer.eval.chat_prompts import Prompt, chat_prompts
+from sparkforge.trainer.eval.context_buckets import speculative_buckets
+from sparkforge.trainer.eval.forced import teacher_forced
+from sparkforge.trainer.eval.head_calibration import (
     SlotRows,
     calibration_contents,
     calibration_study,
     speculative_rows,
 )
+from sparkforge.trainer.eval.matched import matched_report, split_sampling
+from sparkforge.trainer.eval.reconcile import reconcile
+from sparkforge.trainer.eval.report import write_report
+from sparkforge.trainer.eval.served import check_servable, measure_served
+from sparkforge.trainer.eval.speculative import SpecDecodeResult, speculative_generate
+from sparkforge.trainer.eval.sts import CALIBRATION_FILE
+from sparkforge.trainer.eval.turn_kinds import TurnTags, by_kind
+from sparkforge.trainer.export import load_draft, training_loss_settings
 from sparkforge.trainer.job_config import EvalConfig
-from sparkforge.trainer.matched_eval import matched_report, split_sampling
-from sparkforge.trainer.reconcile import reconcile
-from sparkforge.trainer.report import write_report
 from sparkforge.trainer.run_config import LossSpec
-from sparkforge.trainer.served_eval import check_servable, measure_served
-from sparkforge.trainer.speculative import SpecDecodeResult, speculative_generate
-from sparkforge.trainer.sts import CALIBRATION_FILE
-from sparkforge.trainer.turn_kinds import TurnTags, by_kind
 
 logger = logging.getLogger(__name__)
 

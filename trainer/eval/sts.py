@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkforge.trainer.calibration import auroc, expected_calibration_error
+from sparkforge.trainer.eval.calibration import auroc, expected_calibration_error
 
 CALIBRATION_FILE = "confidence_calibration.json"
 GRID = np.unique(np.concatenate([np.logspace(np.log10(0.05), np.log10(20.0), 256), [1.0]]))

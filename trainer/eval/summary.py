@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sparkforge.trainer.served_summary import reconciliation_lines, served_lines
+from sparkforge.trainer.eval.served_summary import reconciliation_lines, served_lines
 
 
 def _values(values: Sequence[float], spec: str = ".2f") -> str:

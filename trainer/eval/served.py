@@ -2,10 +2,10 @@
 OpenAI-compatible server (``--endpoint``), at each concurrency and draft length.
 
 Each (draft length, concurrency) run sends every prompt once and reads the acceptance the server
-reports (``sparkforge.trainer.served_metrics``) and its tokens/s; with a baseline (the target
+reports (``sparkforge.trainer.eval.served_metrics``) and its tokens/s; with a baseline (the target
 served without the draft, same engine arguments) each run's speedup is its tokens/s over the
 baseline's at the same concurrency. ``--engine vllm`` starts one engine per draft length (and one
-for the baseline), each in a child process (``sparkforge.trainer.served_engine``).
+for the baseline), each in a child process (``sparkforge.trainer.eval.served_engine``).
 """
 
 from __future__ import annotations
@@ -18,13 +18,22 @@ from typing import Any
 import torch
 
 from sparkforge.shared.errors import ConfigError, SparkforgeError
-from sparkforge.trainer.acceptance import acceptance_report
+from sparkforge.trainer.eval.acceptance import acceptance_report
+from sparkforge.trainer.eval.served_client import (
+    RequestRun,
+    metrics_page,
+    run_requests,
+    served_model,
+)
+from sparkforge.trainer.eval.served_engine import vllm_server
+from sparkforge.trainer.eval.served_metrics import (
+    counters_acceptance,
+    parse_counters,
+    request_rounds,
+)
+from sparkforge.trainer.eval.speculative import SpecDecodeResult
 from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.model_card import num_speculative_tokens, serving_method
-from sparkforge.trainer.served_client import RequestRun, metrics_page, run_requests, served_model
-from sparkforge.trainer.served_engine import vllm_server
-from sparkforge.trainer.served_metrics import counters_acceptance, parse_counters, request_rounds
-from sparkforge.trainer.speculative import SpecDecodeResult
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ decoding), the context a served draft reads when it drafts that block. Buckets a
 ``edges`` (``sparkforge eval --context_buckets``, by default 1K, 4K and 16K tokens:
 ``<1K, 1K-4K, 4K-16K, >=16K``). Each bucket's tau has a
 95% bootstrap interval over its prompts (eval samples), as the overall tau
-(``sparkforge.trainer.bootstrap``).
+(``sparkforge.trainer.eval.bootstrap``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkforge.trainer.bootstrap import ratio_ci
+from sparkforge.trainer.eval.bootstrap import ratio_ci
 
 
 def _tokens(n: int) -> str:

@@ -1,9 +1,9 @@
 """Acceptance of speculative generations: tau with its interval, acceptance by draft position.
 
 One record shape for every decoder that eval measures: the reference decoder
-(``sparkforge.trainer.speculative``) and a serving engine (``sparkforge.trainer.served_metrics``
-turns its per-request counts into the same ``SpecDecodeResult``), so the two are compared field
-by field.
+(``sparkforge.trainer.eval.speculative``) and a serving engine
+(``sparkforge.trainer.eval.served_metrics`` turns its per-request counts into the same
+``SpecDecodeResult``), so the two are compared field by field.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from sparkforge.trainer.calibration import auroc, brier_score, expected_calibration_error
-from sparkforge.trainer.report import tau_interval
-from sparkforge.trainer.speculative import SpecDecodeResult
+from sparkforge.trainer.eval.calibration import auroc, brier_score, expected_calibration_error
+from sparkforge.trainer.eval.report import tau_interval
+from sparkforge.trainer.eval.speculative import SpecDecodeResult
 
 
 def calibration_summary(confidence: Any, outcome: Any, *, events: bool) -> dict[str, Any]:

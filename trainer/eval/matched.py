@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sparkforge.trainer.bootstrap import agreement
+from sparkforge.trainer.eval.bootstrap import agreement
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkforge.trainer.bootstrap import ratio_ci
+from sparkforge.trainer.eval.bootstrap import ratio_ci
 
 KINDS = ("thinking", "no_thinking", "tool_call", "no_tool_call")
 

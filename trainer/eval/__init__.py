@@ -1,0 +1,1 @@
+"""``sparkforge eval``: reference and served decoding, teacher-forced metrics, the report."""
