@@ -87,16 +87,21 @@ class CommitCollector:
         """Rows the units added store."""
         return sum(int(n.sum()) for _, _, n, _ in self._slots)
 
-    def slots_to_scan(self) -> Iterator[SlotToScan]:
-        """Each slot of the units added with its samples in storage order, unit by unit."""
+    def slots_to_scan(self, shard_rows: int) -> Iterator[SlotToScan]:
+        """Each slot of the units added with the samples holding rows of it (a sample spanning
+        slots in each of them) in storage order, unit by unit."""
         cols = {name: np.concatenate(self._samples[name]) if self._samples[name] else
                 np.zeros(0, np.int64)
-                for name in ("sample_id", "slot", "row_offset", "length", "num_loss_tokens")}
-        order = np.lexsort((cols["row_offset"], cols["slot"]))
-        by_slot = cols["slot"][order]
+                for name in ("sample_id", "row_offset", "length", "num_loss_tokens")}
+        # Rows are absolute and no two samples share one, so row order is storage order and
+        # the ends increase with it.
+        order = np.argsort(cols["row_offset"], kind="stable")
+        starts = cols["row_offset"][order]
+        ends = starts + cols["length"][order]
         for unit, ids, rows, crcs in self._slots:
             for k, slot in enumerate(ids.tolist()):
-                take = order[np.searchsorted(by_slot, slot):np.searchsorted(by_slot, slot, "right")]
+                take = order[np.searchsorted(ends, slot * shard_rows, "right"):
+                             np.searchsorted(starts, (slot + 1) * shard_rows)]
                 yield SlotToScan(unit=unit, slot=slot, num_rows=int(rows[k]),
                                  crc32c=dict(zip(self.arrays, crcs[k].tolist(), strict=True)),
                                  sample_id=cols["sample_id"][take],

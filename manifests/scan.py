@@ -40,7 +40,9 @@ Int64s = npt.NDArray[np.int64]
 
 @dataclass(frozen=True, eq=False)
 class SlotToScan:
-    """One committed slot as its commit record has it, with its samples in storage order."""
+    """One committed slot as its commit record has it, with the samples holding rows of it in
+    storage order (a sample spanning slots is listed in each; its ``row_offset`` may lie in an
+    earlier slot)."""
 
     unit: int
     slot: int

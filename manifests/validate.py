@@ -153,8 +153,8 @@ def _deep_scan(loc: storage.Location, collector: CommitCollector, m: CacheManife
                max_concurrency: int) -> None:
     with tqdm(total=collector.num_tokens, unit="tok", unit_scale=True, desc="deep scan",
               disable=not progress) as bar:
-        for slot, problems in scan_slots(loc, collector.slots_to_scan(), m, report.checked,
-                                         sizes=sizes,
+        slots = collector.slots_to_scan(m.storage.spec.shard_rows)
+        for slot, problems in scan_slots(loc, slots, m, report.checked, sizes=sizes,
                                          max_concurrency=max_concurrency):
             report.problems += problems
             bar.update(slot.num_rows)

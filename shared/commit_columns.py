@@ -24,7 +24,7 @@ from sparkforge.shared.commit import (
     parse_slots,
 )
 from sparkforge.shared.fields import ManifestError
-from sparkforge.shared.layout import CacheSpec, array_layouts
+from sparkforge.shared.layout import CacheSpec, array_layouts, sample_slots
 from sparkforge.shared.records import UnitAccounting
 
 
@@ -183,8 +183,10 @@ def _split_column(values: list[Any]) -> npt.NDArray[np.uint8]:
 
 
 def _check_placement(c: CommitColumns, spec: CacheSpec) -> None:
-    """Every sample lies inside the used rows of a listed slot, packed in order; samples tile
-    the slots exactly; sample ids are unique."""
+    """Every sample lies in the used rows of the unit's listed slots, packed in order: it
+    follows the previous sample where that one ends inside its slot and starts its slot
+    otherwise; one longer than its slot's free rows starts a slot and runs over the next ones
+    (``slot`` is the first); samples tile the slots' used rows exactly; ids are unique."""
     ids, slot = c.samples["sample_id"], c.samples["slot"]
     if np.unique(ids).size != ids.size:
         raise f.fail("samples.sample_id", "unique ids", ids[:20].tolist())
@@ -193,21 +195,49 @@ def _check_placement(c: CommitColumns, spec: CacheSpec) -> None:
         i = int(np.argmin(listed))
         raise f.fail(f"samples.slot[{i}]", f"one of the unit's slots {sorted(c.slot.tolist())}",
                      int(slot[i]))
-    # Expected offset: the slot's first row plus the lengths of its earlier samples.
+    offset, length, sr = c.samples["row_offset"], c.samples["length"], spec.shard_rows
     order = np.argsort(slot, kind="stable")
-    length = c.samples["length"][order]
+    expected = np.empty_like(offset)
+    expected[order] = _packed_offsets(slot[order], length[order], sr)
+    first, last = sample_slots(spec, offset, length)
+    rules = [("packed after the previous sample of its slot", offset != expected),
+             ("in its slot", first != slot),
+             ("at its slot's first row (it spans slots)", (last > first) & (offset != slot * sr))]
+    for rule, wrong in rules:
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            raise f.fail(f"samples.row_offset[{i}]", f"{int(expected[i])} ({rule})",
+                         int(offset[i]))
+    _check_used_rows(c, sr, offset, offset + length)
+
+
+def _packed_offsets(slot: npt.NDArray[np.int64], length: npt.NDArray[np.int64],
+                    shard_rows: int) -> npt.NDArray[np.int64]:
+    """Row offsets of samples in slot order: ``max(slot start, previous end)``, computed as
+    the running maximum of ``slot start - rows before`` plus the rows before."""
     before = np.cumsum(length) - length
-    first = np.r_[True, slot[order][1:] != slot[order][:-1]]
-    group_start = np.maximum.accumulate(np.where(first, np.arange(order.size), 0))
-    expected = np.empty_like(before)
-    expected[order] = slot[order] * spec.shard_rows + before - before[group_start]
-    wrong = c.samples["row_offset"] != expected
-    if wrong.any():
-        i = int(np.argmax(wrong))
-        raise f.fail(f"samples.row_offset[{i}]", f"{int(expected[i])} (packed after the previous "
-                     "sample of its slot)", int(c.samples["row_offset"][i]))
-    used = np.array([int(c.samples["length"][slot == s].sum()) for s in c.slot.tolist()],
-                    dtype=np.int64)
+    out: npt.NDArray[np.int64] = before + np.maximum.accumulate(slot * shard_rows - before)
+    return out
+
+
+def _check_used_rows(c: CommitColumns, shard_rows: int, offset: npt.NDArray[np.int64],
+                     end: npt.NDArray[np.int64]) -> None:
+    """Every row of a sample spanning slots is in a listed slot, and each listed slot's
+    ``num_rows`` is the rows its samples (or parts of them) occupy."""
+    first, last = offset // shard_rows, (end - 1) // shard_rows
+    spans = np.flatnonzero(last > first).tolist()
+    sorter = np.argsort(c.slot)
+    for i in spans:
+        if not np.isin(np.arange(int(first[i]), int(last[i]) + 1), c.slot).all():
+            raise f.fail(f"samples.length[{i}]", f"rows inside the unit's slots "
+                         f"{sorted(c.slot.tolist())}", int(end[i] - offset[i]))
+    row = sorter[np.searchsorted(c.slot, first, sorter=sorter)]
+    used = np.bincount(row, weights=np.minimum(end, (first + 1) * shard_rows) - offset,
+                       minlength=c.slot.size).astype(np.int64)
+    for i in spans:
+        for s in range(int(first[i]) + 1, int(last[i]) + 1):
+            used[sorter[np.searchsorted(c.slot, s, sorter=sorter)]] += min(
+                int(end[i]), (s + 1) * shard_rows) - s * shard_rows
     for s, have, want in zip(c.slot.tolist(), c.num_rows.tolist(), used.tolist(), strict=True):
         if have != want:
             raise f.fail("slots", f"slot {s} num_rows = rows of its samples ({want})", have)

@@ -6,9 +6,10 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, TypeVar, get_args
 
 import numpy as np
+import numpy.typing as npt
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
@@ -29,6 +30,7 @@ dropped in sparkforge 0.3.0, format 2's in 0.4.0."""
 UNITS_PER_GROUP: Final = 1000
 """Format 3: units whose slots share a group; a group folder holds their slots (about 17k at 256
 rows per unit), the ``c/`` folder one group per 1,000 units (400 at 400k units)."""
+_IntOrArray = TypeVar("_IntOrArray", int, "npt.NDArray[np.int64]")
 AuxCodec = Literal["lossless", "fp8"]
 """How aux hidden states are stored: as ``hidden_dtype``, or fp8 with a per-row scale."""
 AUX_CODECS: Final = get_args(AuxCodec)
@@ -162,9 +164,26 @@ def _spec(d: Mapping[str, Any], field: str) -> CacheSpec:
     )
 
 
+def slots_per_sample(spec: CacheSpec) -> int:
+    """The most slots one sample spans: 1 unless ``max_seq_len`` exceeds ``shard_rows``."""
+    return -(-spec.max_seq_len // spec.shard_rows)
+
+
 def slots_per_attempt(spec: CacheSpec) -> int:
-    """Upper bound on the slots one attempt needs: every sample fits in one slot."""
-    return spec.rows_per_unit
+    """Upper bound on the slots one attempt needs: every sample starts a slot of its own and
+    spans :func:`slots_per_sample` slots (one per input row for any cache whose samples fit
+    one slot, so their slot numbers are the ones they always had)."""
+    return spec.rows_per_unit * slots_per_sample(spec)
+
+
+def sample_slots(spec: CacheSpec, row_offset: _IntOrArray, length: _IntOrArray
+                 ) -> tuple[_IntOrArray, _IntOrArray]:
+    """The first and last slot holding rows ``[row_offset, row_offset + length)``.
+
+    A sample of more than ``shard_rows`` rows runs over consecutive slots of its unit; the
+    index records its first slot (``slot``), and every reader derives the rest from here.
+    """
+    return row_offset // spec.shard_rows, (row_offset + length - 1) // spec.shard_rows
 
 
 def first_slot(spec: CacheSpec, unit: int, attempt: int) -> int:
@@ -188,8 +207,9 @@ def slots_per_group(spec: CacheSpec) -> int:
 
 
 def row_selection(spec: CacheSpec, start: int, stop: int) -> tuple[int | slice, ...]:
-    """The zarr selection of rows ``[start, stop)`` inside one slot, in the absolute row numbers
-    of ``row_offset`` (slot ``s`` holds rows ``[s * shard_rows, (s + 1) * shard_rows)``).
+    """The zarr selection of rows ``[start, stop)`` inside one slot group (the slots of one
+    unit always are), in the absolute row numbers of ``row_offset`` (slot ``s`` holds rows
+    ``[s * shard_rows, (s + 1) * shard_rows)``).
 
     Every array of a cache is indexed through this: the writer, the readers and validate.
     """

@@ -34,6 +34,7 @@ from sparkforge.shared.layout import (
     array_layouts,
     open_arrays,
     row_selection,
+    sample_slots,
     slot_key,
 )
 
@@ -180,35 +181,39 @@ class CacheReader(Generic[M]):
         """
         rows = self._unit(unit)
         positions = self.samples.of_unit(unit)
-        slot_of = self.samples.slot[positions]
-        reads = [(k, positions[slot_of == self.slots.slot[k]]) for k in
-                 range(rows.start, rows.stop)]
-        data = self._read_slots([(k, mine, self._slot_start(k), int(self.slots.num_rows[k]))
-                                 for k, mine in reads])
-        out = []
-        for (k, mine), values in zip(reads, data, strict=True):
-            fields = self._fields(values)
-            base = self._slot_start(k)
-            out += [self._sample(int(p), fields, int(self.samples.row_offset[p]) - base)
-                    for p in mine.tolist()]
-        return out
+        first, last = self._slot_range(positions)
+        reads = [(k, positions[(first <= s) & (s <= last)], self._slot_start(k),
+                  int(self.slots.num_rows[k]))
+                 for k, s in zip(range(rows.start, rows.stop), self.slots.slot[rows].tolist(),
+                                 strict=True)]
+        parts = [(start, self._fields(values)) for (_, _, start, _), values in
+                 zip(reads, self._read_slots(reads), strict=True)]
+        starts = np.array([start for start, _ in parts], dtype=np.int64)
+        return [self._joined(p, parts, starts) for p in positions.tolist()]
 
     def read_sample(self, sample_id: int) -> CachedSample:
-        """One sample; with ``verify`` its whole slot is read (and checked) first."""
+        """One sample; with ``verify`` each slot holding its rows is read (and checked) whole."""
         (pos,) = self.samples.positions([sample_id]).tolist()
-        unit, slot = int(self.samples.unit[pos]), int(self.samples.slot[pos])
-        self._unit(unit)
-        k = self.slots.row_of(unit, slot)
-        mine = self.samples.of_unit(unit)
-        mine = mine[self.samples.slot[mine] == slot]
-        if not self.verify:
-            start = int(self.samples.row_offset[pos])
-            (values,) = self._read_slots([(k, np.array([pos]), start,
-                                           int(self.samples.length[pos]))])
-            return self._sample(pos, self._fields(values), 0)
-        base = self._slot_start(k)
-        (values,) = self._read_slots([(k, mine, base, int(self.slots.num_rows[k]))])
-        return self._sample(pos, self._fields(values), int(self.samples.row_offset[pos]) - base)
+        unit = int(self.samples.unit[pos])
+        rows = self._unit(unit)
+        (first,), (last,) = self._slot_range(np.array([pos]))
+        ids = self.slots.slot[rows]
+        ks = range(rows.start + int(np.searchsorted(ids, first)),
+                   rows.start + int(np.searchsorted(ids, last, "right")))
+        begin = int(self.samples.row_offset[pos])
+        end = begin + int(self.samples.length[pos])
+        if self.verify:
+            mine = self.samples.of_unit(unit)
+            lo, hi = self._slot_range(mine)
+            reads = [(k, mine[(lo <= self.slots.slot[k]) & (self.slots.slot[k] <= hi)],
+                      self._slot_start(k), int(self.slots.num_rows[k])) for k in ks]
+        else:
+            reads = [(k, np.array([pos]), max(begin, self._slot_start(k)),
+                      max(min(end, self._slot_start(k) + int(self.slots.num_rows[k]))
+                          - max(begin, self._slot_start(k)), 0)) for k in ks]
+        parts = [(start, self._fields(values)) for (_, _, start, _), values in
+                 zip(reads, self._read_slots(reads), strict=True)]
+        return self._joined(pos, parts, np.array([start for start, _ in parts], np.int64))
 
     def target_file(self, name: str) -> bytes:
         """A stored target file, e.g. ``config.json`` or ``weights.safetensors``."""
@@ -221,6 +226,38 @@ class CacheReader(Generic[M]):
 
     def _slot_start(self, k: int) -> int:
         return int(self.slots.slot[k]) * self.spec.shard_rows
+
+    def _slot_range(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """First and last slot holding each sample's rows."""
+        return sample_slots(self.spec, self.samples.row_offset[positions],
+                            self.samples.length[positions].astype(np.int64))
+
+    def _joined(self, pos: int, parts: Sequence[tuple[int, dict[str, np.ndarray]]],
+                starts: np.ndarray) -> CachedSample:
+        """The sample at ``pos`` from ``parts`` (the first row of each read and its fields,
+        in row order): a view into the one part holding it, or its rows of the consecutive
+        parts it spans joined.
+
+        Raises:
+            CacheDataError: some of its rows are in no part (a slot the unit does not list).
+        """
+        begin = int(self.samples.row_offset[pos])
+        end = begin + int(self.samples.length[pos])
+        pieces = []
+        for start, fields in parts[max(int(np.searchsorted(starts, begin, "right")) - 1, 0):]:
+            if start >= end:
+                break
+            a, b = max(begin - start, 0), min(end - start, len(fields["input_ids"]))
+            if a < b:
+                pieces.append((a, b, fields))
+        if sum(b - a for a, b, _ in pieces) != end - begin:
+            raise CacheDataError(f"sample {int(self.samples.sample_id[pos])}: rows [{begin}, "
+                                 f"{end}) are not all in its unit's committed slots")
+        if len(pieces) == 1:
+            return self._sample(pos, pieces[0][2], pieces[0][0])
+        joined = {name: np.concatenate([fields[name][a:b] for a, b, fields in pieces])
+                  for name in pieces[0][2]}
+        return self._sample(pos, joined, 0)
 
     def _unit(self, unit: int) -> slice:
         """The unit's slot rows, cross-checked once with its commit record when a checker is set.
