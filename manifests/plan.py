@@ -72,9 +72,12 @@ def array_ratio(field: str, spec: CacheSpec) -> float:
 
 
 def slots_per_unit(unit_tokens: float, mean_seq_len: float, shard_rows: int) -> int:
-    """Slots one unit's samples fill: greedy packing wastes about half a sample per slot."""
+    """Slots one unit's samples fill: greedy packing wastes about half a sample per slot; a
+    sample longer than a slot starts one and spans ``ceil(length / shard_rows)``."""
     if unit_tokens <= 0:
         return 0
+    if mean_seq_len > shard_rows:
+        return math.ceil(unit_tokens / mean_seq_len) * math.ceil(mean_seq_len / shard_rows)
     return math.ceil(unit_tokens / max(shard_rows - mean_seq_len / 2, 1.0))
 
 

@@ -211,9 +211,6 @@ class ProducerConfig:
         if self.max_seq_len is not None and not 1 <= self.max_seq_len <= self.engine.max_model_len:
             problems.append(f"--max_seq_len must be in [1, --engine.max_model_len="
                             f"{self.engine.max_model_len}], got {self.max_seq_len}")
-        if self.shard_rows < self.seq_len:
-            problems.append(f"--shard_rows ({self.shard_rows}) must be >= --max_seq_len "
-                            f"({self.seq_len}): a sample never straddles a shard")
         if (self.worker_index is None) != (self.num_workers is None):
             problems.append("--worker_index and --num_workers must be given together")
         elif self.num_workers is not None and not 0 <= self.worker_index < self.num_workers:  # type: ignore[operator]

@@ -83,13 +83,18 @@ class CacheSpec:
     hidden_dtype: HiddenDtype
     """Storage dtype of ``aux_hidden`` (lossless codec) and ``final_hidden``."""
     max_seq_len: int
-    """Longest sample in rows (tokens); a sample never straddles a slot."""
+    """Longest sample in rows (tokens); one longer than ``shard_rows`` spans consecutive slots.
+
+    A cache whose ``max_seq_len`` exceeds ``shard_rows`` may hold such samples: sparkforge
+    before they could (which refused this spec as "samples never straddle a slot") never
+    opens it, so no reader misreads one."""
     aux_codec: AuxCodec = "lossless"
     """``fp8``: ``aux_hidden`` as float8_e4m3fn bytes with a per-row, per-layer ``aux_scale``."""
     topk: int = 0
     """Top-k target log-probabilities stored per row (``topk_ids``/``topk_logprobs``); 0: none."""
     shard_rows: int = 8192
-    """Rows per slot (one shard object per array); must be >= max_seq_len."""
+    """Rows per slot (one shard object per array), the writer's buffer per array: any size,
+    independent of ``max_seq_len``."""
     rows_per_unit: int = 256
     """Input rows per commit unit."""
     format_version: int = dataclasses.field(default=FORMAT_VERSION, metadata={"in_json": False})
@@ -114,12 +119,10 @@ class CacheSpec:
                             f"got {self.format_version!r}")
         if self.aux_codec not in AUX_CODECS:
             problems.append(f"aux_codec must be one of {list(AUX_CODECS)}, got {self.aux_codec!r}")
-        if not problems and self.max_seq_len > self.shard_rows:
-            problems.append(f"shard_rows ({self.shard_rows}) must be >= max_seq_len "
-                            f"({self.max_seq_len}): samples never straddle a slot")
         if not problems and capacity_rows(self) > MAX_ROWS:
-            problems.append(f"rows_per_unit * shard_rows = {self.rows_per_unit * self.shard_rows} "
-                            f"is too large for the slot address space")
+            problems.append(f"rows_per_unit * ceil(max_seq_len / shard_rows) * shard_rows = "
+                            f"{slots_per_attempt(self) * self.shard_rows} is too large for the "
+                            "slot address space")
         if problems:
             raise SparkforgeError("invalid CacheSpec: " + "; ".join(problems))
 

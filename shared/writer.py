@@ -139,17 +139,7 @@ class CacheWriter:
         if self.is_committed(unit):
             raise UnitAlreadyCommitted(f"unit {unit} is already committed")
         attempt = self._claim_attempt(unit)
-        slots, rows = [], []
-        for k, members in enumerate(_pack(samples, self.spec.shard_rows)):
-            slot = first_slot(self.spec, unit, attempt) + k
-            slots.append(self._write_slot(slot, members))
-            offset = slot * self.spec.shard_rows
-            for s in members:
-                rows.append(SampleRow(
-                    sample_id=s.sample_id, slot=slot, row_offset=offset, length=s.num_tokens,
-                    num_loss_tokens=int(np.count_nonzero(s.loss_mask)), source_row=s.source_row,
-                    source_hash=s.source_hash, split=s.split))
-                offset += s.num_tokens
+        slots, rows = self._write_samples(first_slot(self.spec, unit, attempt), samples)
         info = UnitInfo(unit=unit, attempt=attempt, slots=tuple(slots), samples=tuple(rows),
                         accounting=accounting)
         try:
@@ -176,29 +166,51 @@ class CacheWriter:
                 continue
         raise SparkforgeError(f"unit {unit} has used all {MAX_ATTEMPTS} write attempts")
 
-    def _write_slot(self, slot: int, members: Sequence[SampleRecord]) -> SlotRecord:
-        """One setitem per array covering the whole shard, so each shard object lands whole.
+    def _write_samples(self, slot: int, samples: Sequence[SampleRecord]
+                       ) -> tuple[list[SlotRecord], list[SampleRow]]:
+        """Pack the samples in order into slots from ``slot`` on, each written as soon as it is
+        full, so memory holds one slot of rows whatever the samples' length.
 
-        Each sample is copied once, into shard buffers reused from slot to slot (one set per
-        writing thread), and the buffers go to zarr as they are.
+        A sample starts a fresh slot unless it fits the current slot's free rows; one longer
+        than a slot then runs over the next ones (the index records its first slot).
         """
         sr = self.spec.shard_rows
         buffers = self._shard_buffers()
-        # Rows past this slot's that the previous slot filled are cleared below; a failed write
-        # leaves the larger count, so nothing stale ever reaches the next slot.
-        total = sum(s.num_tokens for s in members)
-        stale, self._local.dirty_rows = self._local.dirty_rows, max(self._local.dirty_rows, total)
-        used = 0
-        for s in members:
-            rows = slice(used, used + s.num_tokens)
-            values = self._stored_fields(s)
-            for name, buf in buffers.items():
-                a = self._layouts[name]
-                buf[rows] = values[a.field] if a.layer is None else values[a.field][:, a.layer]
-            used += s.num_tokens
+        slots, rows, used = [], [], 0
+        for s in samples:
+            if used and used + s.num_tokens > sr:
+                slots.append(self._write_slot(slot, buffers, used))
+                slot, used = slot + 1, 0
+            rows.append(SampleRow(
+                sample_id=s.sample_id, slot=slot, row_offset=slot * sr + used,
+                length=s.num_tokens, num_loss_tokens=int(np.count_nonzero(s.loss_mask)),
+                source_row=s.source_row, source_hash=s.source_hash, split=s.split))
+            values, done = self._stored_fields(s), 0
+            while done < s.num_tokens:
+                if used == sr:
+                    slots.append(self._write_slot(slot, buffers, used))
+                    slot, used = slot + 1, 0
+                n = min(sr - used, s.num_tokens - done)
+                self._local.dirty_rows = max(self._local.dirty_rows, used + n)
+                for name, buf in buffers.items():
+                    a = self._layouts[name]
+                    field = values[a.field] if a.layer is None else values[a.field][:, a.layer]
+                    buf[used:used + n] = field[done:done + n]
+                used, done = used + n, done + n
+        if used:
+            slots.append(self._write_slot(slot, buffers, used))
+        return slots, rows
+
+    def _write_slot(self, slot: int, buffers: dict[str, np.ndarray], used: int) -> SlotRecord:
+        """One setitem per array covering the whole shard, so each shard object lands whole.
+
+        Rows past ``used`` that an earlier slot filled are cleared first; a failed write leaves
+        the larger count, so nothing stale ever reaches the next slot.
+        """
+        sr = self.spec.shard_rows
         crcs = {}
         for name, buf in buffers.items():
-            buf[used:stale] = 0
+            buf[used:self._local.dirty_rows] = 0
             self._arrays[name][row_selection(self.spec, slot * sr, (slot + 1) * sr)] = buf
             crcs[name] = checksum(buf[:used])
         self._local.dirty_rows = used
@@ -215,7 +227,8 @@ class CacheWriter:
         return values
 
     def _shard_buffers(self) -> dict[str, np.ndarray]:
-        """This thread's shard buffers, one per array (zeroed when first allocated)."""
+        """This thread's shard buffers, one per array (zeroed when first allocated), reused
+        from slot to slot: the writer holds one slot of rows, whatever the samples' length."""
         local = self._local
         if not hasattr(local, "buffers"):
             sr = self.spec.shard_rows
@@ -274,15 +287,3 @@ class CacheWriter:
             problems.append(f"split must be 'train' or 'eval', got {s.split!r}")
         return problems
 
-
-def _pack(samples: Sequence[SampleRecord], shard_rows: int) -> list[list[SampleRecord]]:
-    """Greedy in-order packing of whole samples into slots of ``shard_rows`` rows."""
-    slots: list[list[SampleRecord]] = []
-    used = shard_rows
-    for s in samples:
-        if used + s.num_tokens > shard_rows:
-            slots.append([])
-            used = 0
-        slots[-1].append(s)
-        used += s.num_tokens
-    return slots

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,9 +115,10 @@ def make_run_header(spec: CacheSpec, *, num_units: int | None = None) -> RunHead
     return RunHeader.from_json(make_header(spec, num_units=num_units))
 
 
-def make_unit(spec: CacheSpec, unit: int, *, seed: int = 0,
-              skip_every: int = 5) -> tuple[list[SampleRecord], UnitAccounting]:
-    """Deterministic samples for every input row of ``unit`` (every ``skip_every``-th skipped)."""
+def make_unit(spec: CacheSpec, unit: int, *, seed: int = 0, skip_every: int = 5,
+              lengths: Sequence[int] | None = None) -> tuple[list[SampleRecord], UnitAccounting]:
+    """Deterministic samples for every input row of ``unit`` (every ``skip_every``-th skipped),
+    of random lengths, or of ``lengths`` in turn."""
     samples = []
     rows = range(unit * spec.rows_per_unit, (unit + 1) * spec.rows_per_unit)
     for row in rows:
@@ -125,6 +126,8 @@ def make_unit(spec: CacheSpec, unit: int, *, seed: int = 0,
             continue
         rng = np.random.default_rng([seed, row])
         t = int(rng.integers(1, spec.max_seq_len + 1))
+        if lengths is not None:
+            t = lengths[len(samples)]
         scale = rng.uniform(0.5, 8.0, size=(t, 1, 1)).astype(np.float32)
         aux = rng.standard_normal((t, spec.num_aux_layers, spec.hidden_size)).astype(np.float32)
         final = rng.standard_normal((t, spec.hidden_size)).astype(np.float32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -43,6 +44,9 @@ def test_shards_follow_unit_packing() -> None:
     # slot objects, a commit record and an attempt claim per unit, a zarr.json per array, and
     # the group's zarr.json, header, index, manifest, units.parquet and slots.parquet
     assert plan["objects"] == 70 * 4 + 2 * 2 + 4 + 6
+    long = dataclasses.replace(spec, max_seq_len=32768, shard_rows=4096)
+    plan = plan_cache(long, num_tokens=256 * 20_000 * 2, mean_seq_len=20_000)
+    assert plan["num_shards"] == 2 * 256 * 5  # each sample starts a slot and spans 5 of 4096
 
 
 def test_target_config_and_text_config(tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ INVALID = [
     ("accounting.image_rows", 10**6, ManifestError, "'accounting.image_rows': expected an int"),
     ("accounting.image_rows", 0, ManifestError,  # the units do not count theirs
      "'accounting': expected the sum of the units' accounting"),
-    ("storage.spec.shard_rows", 8, ManifestError, "shard_rows .* must be >= max_seq_len"),
+    ("storage.spec.shard_rows", 0, ManifestError, "'storage.spec.shard_rows'"),
     ("storage.spec.hidden_dtype", "int4", ManifestError, "'storage.spec.hidden_dtype'"),
     ("storage.arrays.aux_hidden.dtype", "float64", ManifestError, "'storage.arrays.aux_hidden'"),
     ("storage.index_key", "../../etc/passwd", ManifestError, "'storage.index_key'"),

@@ -33,12 +33,17 @@ def source(tiny_target: Path) -> ForwardSource:
 
 
 def test_cache_holds_the_forward_of_each_chat(tiny_target: Path, source, tmp_path: Path) -> None:
-    """Ids, mask and hidden states in the cache equal an independent tokenize + forward."""
+    """Ids, mask and hidden states in the cache equal an independent tokenize + forward, with
+    16-row shards: each chat spans two to four slots (--shard_rows below --max_seq_len)."""
     rows = chat_rows(6)
     data = write_jsonl(tmp_path / "d.jsonl", rows)
-    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), topk=3)
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), topk=3, shard_rows=16)
     summary = run(cfg, source=source)
     assert summary.finalized
+    index = open_cache(cfg.output).samples
+    spans = (index.row_offset + index.length - 1) // 16 - index.slot + 1
+    assert int(spans.min()) >= 2, spans
+    assert int(spans.max()) >= 3, spans
     samples = cache_samples(cfg.output)
     tok = AutoTokenizer.from_pretrained(tiny_target)
     model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32)

@@ -20,7 +20,6 @@ def test_inner_chunk_divides_small_shards() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"max_seq_len": 9000}, "shard_rows .* must be >= max_seq_len"),
     ({"hidden_size": 0}, "hidden_size must be a positive integer"),
     ({"hidden_dtype": "int8"}, "hidden_dtype must be one of"),
     ({"aux_codec": "zip"}, "aux_codec must be"),
@@ -37,9 +36,12 @@ def test_bad_spec_names_the_field(kwargs: dict, match: str) -> None:
         CacheSpec(**(base | kwargs))
 
 
-def test_attempt_slot_ranges_are_disjoint() -> None:
-    """Different (unit, attempt) pairs own non-overlapping slot ranges."""
-    spec = CacheSpec(hidden_size=8, num_aux_layers=1, hidden_dtype="float32", max_seq_len=8,
-                     shard_rows=8, rows_per_unit=4)
+@pytest.mark.parametrize("max_seq_len", [8, 20])
+def test_attempt_slot_ranges_are_disjoint(max_seq_len: int) -> None:
+    """Different (unit, attempt) pairs own non-overlapping slot ranges, room for every sample
+    to span ceil(max_seq_len / shard_rows) slots (samples longer than a slot are accepted)."""
+    spec = CacheSpec(hidden_size=8, num_aux_layers=1, hidden_dtype="float32",
+                     max_seq_len=max_seq_len, shard_rows=8, rows_per_unit=4)
+    assert slots_per_attempt(spec) == 4 * -(-max_seq_len // 8)
     starts = sorted(first_slot(spec, u, a) for u in range(3) for a in range(3))
     assert all(b - a >= slots_per_attempt(spec) for a, b in zip(starts, starts[1:], strict=False))

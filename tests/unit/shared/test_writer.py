@@ -41,7 +41,7 @@ def test_zombie_attempt_cannot_clobber_committed_slots(tmp_path: Path) -> None:
     winner.write_unit(0, *make_unit(SPEC, 0))
     other, _ = make_unit(SPEC, 0, seed=7)
     zombie_slot = first_slot(SPEC, 0, zombie_attempt)
-    zombie._write_slot(zombie_slot, other[:2])  # it wakes up and writes its slot
+    zombie._write_samples(zombie_slot, other[:2])  # it wakes up and writes its slot
     with pytest.raises(UnitAlreadyCommitted):
         zombie.write_unit(0, *make_unit(SPEC, 0, seed=7))
     finalize_cache(str(tmp_path / "c"), expected_units=1)
