@@ -8,10 +8,13 @@ state in bf16. The benchmark samples the resident memory of the producer's whole
 capture's own tokens/s from the produce summary, each with its ratio to the shortest length of
 the same backend in the same run (the baseline: a capture whose memory is bounded by a chunk
 keeps the RSS ratio near 1 while the sample grows 16x). vLLM runs with chunked prefill
-(``max_num_batched_tokens`` 2048, so a 32K sample is prefilled in 16 steps). Today a sample
-must fit one shard (``--shard_rows`` >= ``--max_seq_len``), so each case sets
-``shard_rows = max(4096, length)``, and the engine's ``max_model_len`` is one more than the
-sample (vLLM refuses a prompt that leaves no room for the one token a capture asks for).
+(``max_num_batched_tokens`` 2048, so a 32K sample is prefilled in 16 steps). A sample longer
+than a shard spans several; each case sets ``shard_rows = max(4096, length)`` (one shard per
+sample) unless ``--shard_rows`` lists sizes, which runs each (backend, length) once per size,
+e.g. ``--lengths 32768 --shard_rows 32768 4096``: the ratio column then compares the writer
+holding one 4K-row slot per array with one 32K-row slot. The engine's ``max_model_len`` is one
+more than the sample (vLLM refuses a prompt that leaves no room for the one token a capture
+asks for).
 
 Reproduce (about 15 minutes on 2 shared cores):
     nice -n 10 .venv/bin/python -P benchmarks/bench_long_capture.py
@@ -69,16 +72,17 @@ def _rows(path: Path, length: int, num: int, vocab: int = 1024) -> Path:
     return path
 
 
-def _case(root: Path, target: Path, backend: str, length: int, tokens: int) -> dict[str, float]:
+def _case(root: Path, target: Path, backend: str, length: int, tokens: int,
+          shard_rows: int) -> dict[str, float]:
     num = max(1, tokens // length)
     data = _rows(root / f"rows_{length}.jsonl", length, num)
-    out = root / f"cache_{backend}_{length}"
+    out = root / f"cache_{backend}_{length}_{shard_rows}"
     cmd = [sys.executable, "-P", "-m", "sparkforge.app.cli", "produce", "--data", str(data),
            "--output", str(out), "--backend", backend, "--engine.model", str(target),
            "--engine.dtype", "float32", "--engine.max_model_len", str(length + 1),
            "--engine.max_num_batched_tokens", "2048", "--engine.enforce_eager", "true",
            "--layer_ids", "[0,1,2]", "--max_seq_len", str(length),
-           "--shard_rows", str(max(4096, length)), "--rows_per_unit", "1",
+           "--shard_rows", str(shard_rows), "--rows_per_unit", "1",
            "--parity_samples", "0", "--scratch_dir", str(root / "scratch"),
            "--progress", "false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -111,28 +115,33 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["hf", "vllm"])
     parser.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS),
                         help="tokens per sample; the first is each backend's baseline")
+    parser.add_argument("--shard_rows", nargs="+", type=int, default=None,
+                        help="rows per shard, each run per length (default: max(4096, length))")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     with tempfile.TemporaryDirectory(prefix="bench-long-capture-") as tmp:
         root = Path(tmp)
         target = _target(root)
-        print("| backend | tokens per sample | samples | peak RSS of the producer tree (MiB) "
-              f"| RSS / {args.lengths[0]} | capture tokens/s | tokens/s / {args.lengths[0]} |")
-        print("|---|---|---|---|---|---|---|")
+        print("| backend | tokens per sample | shard_rows | samples | peak RSS of the producer "
+              "tree (MiB) | RSS / first | capture tokens/s | tokens/s / first |")
+        print("|---|---|---|---|---|---|---|---|")
         for backend in args.backends:
             base: dict[str, float] = {}
             for length in args.lengths:
-                start = time.perf_counter()
-                r = _case(root, target, backend, length, args.tokens)
-                base = base or r
-                print(f"| {backend} | {length} | {r['samples']:.0f} | {r['peak_mib']:.0f} | "
-                      f"{r['peak_mib'] / base['peak_mib']:.2f} | {r['tokens_per_s']:.0f} | "
-                      f"{r['tokens_per_s'] / base['tokens_per_s']:.2f} |"
-                      f"  <!-- {time.perf_counter() - start:.0f} s -->", flush=True)
+                for shard_rows in args.shard_rows or [max(4096, length)]:
+                    start = time.perf_counter()
+                    r = _case(root, target, backend, length, args.tokens, shard_rows)
+                    base = base or r
+                    print(f"| {backend} | {length} | {shard_rows} | {r['samples']:.0f} | "
+                          f"{r['peak_mib']:.0f} | {r['peak_mib'] / base['peak_mib']:.2f} | "
+                          f"{r['tokens_per_s']:.0f} | "
+                          f"{r['tokens_per_s'] / base['tokens_per_s']:.2f} |"
+                          f"  <!-- {time.perf_counter() - start:.0f} s -->", flush=True)
+    shards = f" --shard_rows {' '.join(map(str, args.shard_rows))}" if args.shard_rows else ""
     print(f"\nreproduce: nice -n 10 .venv/bin/python -P benchmarks/bench_long_capture.py "
           f"--tokens {args.tokens} --backends {' '.join(args.backends)} "
-          f"--lengths {' '.join(map(str, args.lengths))}")
+          f"--lengths {' '.join(map(str, args.lengths))}{shards}")
 
 
 if __name__ == "__main__":
