@@ -17,6 +17,7 @@ from cache_helpers import make_run_header, make_unit
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
+from sparkforge.manifests.summary import summarize_cache
 from sparkforge.manifests.validate import validate_cache
 from sparkforge.shared.commit_columns import parse_commit_columns
 from sparkforge.shared.fields import ManifestError
@@ -83,6 +84,10 @@ def test_a_sample_three_slots_long_reads_back_bit_exact(caches: tuple[Path, Path
     for want in _records(0) + _records(1):
         _assert_same(spanning.read_sample(want.sample_id), want)
         _assert_same(unverified.read_sample(want.sample_id), want)
+    summary = summarize_cache(str(caches[0]))  # inspect
+    assert (summary["shards"], summary["tokens"]) == (13, sum(map(sum, LENGTHS.values())))
+    assert summary["warnings"] == []
+    assert {a["objects"] for a in summary["arrays"].values()} == {13}
 
 
 def test_deep_validate_passes_and_names_a_corrupted_middle_slot(caches: tuple[Path, Path],
