@@ -13,6 +13,7 @@ import logging
 import signal
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -114,6 +115,32 @@ def collate(samples: Sequence[CachedSample], sample_ids: Sequence[int],
     return out
 
 
+@dataclass(frozen=True)
+class ShareWork:
+    """One share's work from batch ``skip`` on: its plan, the index positions those batches
+    still hold (sorted, once each) and the units holding them, in reading order."""
+
+    plan: EpochPlan
+    skip: int
+    needed: np.ndarray
+    units: np.ndarray
+
+    @classmethod
+    def of(cls, index: SplitIndex, plan: EpochPlan, skip: int) -> ShareWork:
+        """The work of ``plan`` resumed at batch ``skip``."""
+        needed = np.unique(plan.positions[int(plan.batch_starts[min(skip, len(plan))]):])
+        units = plan.unit_order[np.isin(plan.unit_order, index.unit[needed])]
+        return cls(plan=plan, skip=skip, needed=needed, units=units)
+
+    def needs(self, positions: np.ndarray) -> np.ndarray:
+        """Mask of ``positions`` (-1: none) that a batch still to come holds."""
+        if not self.needed.size:
+            return np.zeros(positions.shape, dtype=bool)
+        at = np.minimum(np.searchsorted(self.needed, positions), self.needed.size - 1)
+        mask: np.ndarray = (positions >= 0) & (self.needed[at] == positions)
+        return mask
+
+
 class CacheStream(IterableDataset):  # type: ignore[type-arg]
     """One rank's stream of collated micro-batches; each dataloader worker runs its own share.
 
@@ -133,6 +160,7 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
         self.reader, self.index, self.settings = reader, index, settings
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         self._packed_batches: int | None = None
+        self._prepared: tuple[int, int, list[ShareWork]] | None = None
         self.epoch = 0
         self.skip_batches = 0
         """Batches of this epoch the rank already consumed (set by the loader before iterating)."""
@@ -171,57 +199,70 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
                           share=share, shuffle=self.shuffle,
                           num_batches=self._per_share() if self.packed else None)
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        info = get_worker_info()
-        workers = max(1, self.num_workers)
-        worker = 0 if info is None else info.id
+    def _role(self, worker: int) -> int:
         # Batches come out round-robin over workers; after n consumed batches the next one is
         # role n % W's, so worker w plays role (w + n) % W and skips that role's consumed batches.
-        n = self.skip_batches
-        role = (worker + n) % workers
-        skip = max(0, -(-(n - role) // workers))
-        plan = self.plan(self.rank * workers + role)
-        if plan.num_dropped and self.rank == 0 and role == 0:
-            logger.info("epoch %d: %d samples left out so every share is equal", self.epoch,
-                        plan.num_dropped)
-        return self._execute(plan, skip)
+        return (worker + self.skip_batches) % max(1, self.num_workers)
 
-    def _execute(self, plan: EpochPlan, skip: int) -> Iterator[dict[str, torch.Tensor]]:
-        if skip >= len(plan):
-            return
-        positions = plan.positions[int(plan.batch_starts[skip]):]
-        # A packed share short of batches repeats its first ones: keep a sample until its last
-        # use. Uses are counted per sample id, in sorted arrays (no object per sample).
-        ids, uses = np.unique(self.index.sample_id[positions], return_counts=True)
-        units = plan.unit_order[np.isin(plan.unit_order, self.index.unit[positions])]
+    def share_work(self, role: int) -> ShareWork:
+        """What the worker playing ``role`` executes at the current epoch and position."""
+        workers = max(1, self.num_workers)
+        skip = max(0, -(-(self.skip_batches - role) // workers))
+        return ShareWork.of(self.index, self.plan(self.rank * workers + role), skip)
+
+    def prepare(self) -> None:
+        """Plan every worker share of this rank now, before the loader forks its workers:
+        each then executes a plan it shares with this process (copy-on-write, never written)
+        instead of building its own, so a worker adds no memory per sample."""
+        roles = range(max(1, self.num_workers))
+        self._prepared = (self.epoch, self.skip_batches, [self.share_work(r) for r in roles])
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        role = self._role(0 if info is None else info.id)
+        prepared = self._prepared
+        work = (prepared[2][role] if prepared and prepared[:2] == (self.epoch, self.skip_batches)
+                else self.share_work(role))
+        if work.plan.num_dropped and self.rank == 0 and role == 0:
+            logger.info("epoch %d: %d samples left out so every share is equal", self.epoch,
+                        work.plan.num_dropped)
+        return self._execute(work)
+
+    def _execute(self, work: ShareWork) -> Iterator[dict[str, torch.Tensor]]:
+        plan = work.plan
         held: dict[int, CachedSample] = {}
-        left: dict[int, int] = {}
-        reads = self._read_ahead(units.tolist())
-        for b in range(skip, len(plan)):
-            batch_ids = self.index.sample_id[plan.batch(b)].tolist()
-            while any(i not in held for i in batch_ids):
-                for sample in next(reads):
-                    k = int(np.searchsorted(ids, sample.sample_id))
-                    if k < ids.size and ids[k] == sample.sample_id:
-                        held[sample.sample_id], left[sample.sample_id] = sample, int(uses[k])
-            yield collate([held[i] for i in batch_ids], batch_ids, plan.rows(b))
-            for i in batch_ids:
-                left[i] -= 1
-                if not left[i]:
-                    del held[i], left[i]
+        """Read samples the plan still needs, by position in the index."""
+        reads = self._read_ahead(work.units.tolist())
+        for b in range(work.skip, len(plan)):
+            batch = plan.batch(b).tolist()
+            while any(p not in held for p in batch):
+                unit, samples = next(reads)
+                ids = np.fromiter((s.sample_id for s in samples), np.int64, len(samples))
+                at = self.index.positions_in_unit(unit, ids)
+                keep = work.needs(at)
+                held.update((int(p), samples[i]) for i, p in zip(
+                    np.flatnonzero(keep).tolist(), at[keep].tolist(), strict=True))
+            yield collate([held[p] for p in batch], self.index.sample_id[batch].tolist(),
+                          plan.rows(b))
+            if plan.last_use(b):
+                for p in batch:
+                    del held[p]
         reads.close()
 
-    def _read_ahead(self, units: list[int]) -> Generator[list[CachedSample], None, None]:
+    def _read_ahead(self, units: list[int]
+                    ) -> Generator[tuple[int, list[CachedSample]], None, None]:
         """Yield whole units in order, keeping ``read_ahead_units`` reads in flight."""
         depth = self.settings.read_ahead_units
         with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="cache-read") as pool:
-            pending: list[Future[list[CachedSample]]] = []
+            pending: list[tuple[int, Future[list[CachedSample]]]] = []
             for unit in units:
-                pending.append(pool.submit(self.reader.read_unit, unit))
+                pending.append((unit, pool.submit(self.reader.read_unit, unit)))
                 if len(pending) > depth:
-                    yield pending.pop(0).result()
+                    done, future = pending.pop(0)
+                    yield done, future.result()
             while pending:
-                yield pending.pop(0).result()
+                done, future = pending.pop(0)
+                yield done, future.result()
 
 
 def ignore_sigterm(worker_id: int) -> None:
@@ -263,6 +304,7 @@ class ResumableLoader:
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self.stream.epoch, self.stream.skip_batches = self.epoch, self.consumed
+        self.stream.prepare()
         workers = self.stream.num_workers
         loader = DataLoader(
             self.stream, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,

@@ -48,6 +48,17 @@ class SplitIndex:
     def __len__(self) -> int:
         return int(self.sample_id.shape[0])
 
+    def positions_in_unit(self, unit: int, sample_ids: np.ndarray) -> np.ndarray:
+        """The positions of a unit's samples (-1 for an id the split does not hold there)."""
+        k = int(np.searchsorted(self.units, unit))
+        if k == self.units.size or int(self.units[k]) != unit:
+            return np.full(sample_ids.shape, -1, dtype=np.int64)
+        lo, hi = int(self.unit_starts[k]), int(self.unit_starts[k + 1])
+        at = lo + np.searchsorted(self.sample_id[lo:hi], sample_ids)
+        found = at < hi
+        found[found] = self.sample_id[at[found]] == sample_ids[found]
+        return np.where(found, at, -1)
+
     @classmethod
     def from_columns(
         cls,
@@ -82,9 +93,16 @@ class EpochPlan:
     """Units in the order this share reads them (only those holding its samples)."""
     num_dropped: int
     """Samples left out this epoch so every share yields the same count."""
+    period: int | None = None
+    """Batch ``b + period`` repeats batch ``b`` (a short packed share repeating its first
+    batches); None when no batch repeats. Inside a period each sample appears once."""
 
     def __len__(self) -> int:
         return int(self.batch_starts.size - 1)
+
+    def last_use(self, b: int) -> bool:
+        """Whether batch ``b`` is the last one that holds its samples."""
+        return self.period is None or b + self.period >= len(self)
 
     def batch(self, b: int) -> np.ndarray:
         """The positions of batch ``b``."""
@@ -298,20 +316,24 @@ def plan_epoch(index: SplitIndex, settings: LoaderSettings, *, epoch: int, num_s
                                                share=share)
     rng = np.random.default_rng([s.seed, epoch, 1, share])
     order = shuffle_buffer_order(positions, s.shuffle_buffer, rng) if shuffle else positions
-    row_of = None
+    row_of, period = None, None
     if s.batching == "pack" and shuffle:
         row = pack_rows(order, index.length, row_tokens=s.max_seq_len, window=s.shuffle_buffer)
         order, starts, row_of = rows_to_batches(order, row, s.batch_size)
         if num_batches is not None:
+            period = starts.size - 1 if 0 < starts.size - 1 < num_batches else None
             order, starts, row_of, cut = cut_to(order, starts, row_of, num_batches)
             dropped += cut
+        row_of = row_of.astype(np.int16 if s.batch_size < 1 << 15 else np.int32)
     else:
         order, starts = cut_batches(
             order, index.length, batch_size=s.batch_size if shuffle else s.eval_batch_size,
             batching=s.batching if shuffle and s.batching != "pack" else "pad",
             pool_batches=s.pool_batches, rng=rng)
+    # Compact: a plan lives for its epoch (4 + 2 bytes per sample, not 8 + 8).
+    order = order.astype(np.int32 if len(index) < 1 << 31 else np.int64)
     return EpochPlan(positions=order, batch_starts=starts, row_of=row_of,
-                     unit_order=index.units[mine], num_dropped=dropped)
+                     unit_order=index.units[mine], num_dropped=dropped, period=period)
 
 
 def packed_batches_per_share(index: SplitIndex, settings: LoaderSettings, *,

@@ -154,6 +154,7 @@ class CacheDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
         """The eval split in storage order, split across ranks."""
         stream = self._stream("eval", shuffle=False)
+        stream.prepare()
         workers = self.settings.num_workers
         return DataLoader(stream, batch_size=None, num_workers=workers, pin_memory=self._pin(),
                           worker_init_fn=ignore_sigterm,

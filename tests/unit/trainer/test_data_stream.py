@@ -192,3 +192,42 @@ def test_samples_held_stay_bounded_whatever_the_cache_size() -> None:
     bound = s.shuffle_buffer + s.batch_size * s.pool_batches + 7 * (s.read_ahead_units + 1)
     assert yielded == len(train)
     assert peak <= bound < len(train) / 4
+
+
+class _LazyReader:
+    """Index columns of ``num_units`` units of ``per_unit`` samples; units made when read."""
+
+    def __init__(self, num_units: int, per_unit: int = 64) -> None:
+        ids = np.arange(num_units * per_unit)
+        self.per_unit = per_unit
+        self.samples = SampleColumns.from_columns({
+            "sample_id": ids, "unit": ids // per_unit, "slot": ids // per_unit,
+            "row_offset": ids * 8, "length": 3 + ids % 5, "num_loss_tokens": 3 + ids % 5,
+            "split": np.zeros(ids.size, dtype=np.uint8)})
+
+    def read_unit(self, unit: int) -> list[CachedSample]:
+        first = unit * self.per_unit
+        return [_sample(i, 3 + i % 5) for i in range(first, first + self.per_unit)]
+
+
+def _worker_bytes(num_units: int) -> int:
+    """Bytes a worker's iteration still holds after 3 batches, the rank's shares prepared."""
+    import tracemalloc
+
+    stream = _stream(_LazyReader(num_units), workers=2, batching="pack")  # type: ignore[arg-type]
+    stream.prepare()
+    tracemalloc.start()
+    batches = iter(stream)
+    for _ in range(3):
+        next(batches)
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return held
+
+
+def test_a_worker_builds_nothing_per_sample_of_the_index() -> None:
+    """A DataLoader worker executes the plan its rank prepared before forking (shared
+    copy-on-write, never written): what its iteration allocates does not grow with the index
+    (planning its own share, it held 16 bytes or more per sample)."""
+    small, big = _worker_bytes(40), _worker_bytes(640)
+    assert (big - small) / ((640 - 40) * 64) < 0.5, (small, big)
