@@ -2,8 +2,8 @@
 
 Finalize and validate read one record per unit: :func:`read_commits` keeps ``max_concurrency``
 reads in flight (an object store answers each in tens of milliseconds) and parses them in unit
-order; :class:`CommitCollector` keeps what each record holds as columns, so memory stays a few
-dozen bytes per sample and no object per sample outlives its record.
+order; :class:`CommitCollector` keeps each record's unit and slot rows as columns (a few bytes
+per sample), and no sample outlives its record.
 """
 
 from __future__ import annotations
@@ -13,17 +13,13 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from sparkforge.manifests.index import INDEX_SCHEMA
 from sparkforge.manifests.objects import MAX_COMMIT_BYTES
 from sparkforge.manifests.scan import SlotToScan
 from sparkforge.manifests.units import UnitColumns
 from sparkforge.shared import storage
-from sparkforge.shared.cache_tables import SPLITS, SlotColumns
+from sparkforge.shared.cache_tables import SlotColumns
 from sparkforge.shared.commit_columns import CommitColumns, parse_commit_columns
-from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.layout import CacheSpec, commit_key
 
 
@@ -46,26 +42,19 @@ def read_commits(loc: storage.Location, spec: CacheSpec, units: Iterable[int], *
 
 
 class CommitCollector:
-    """Commit records folded into columns: per sample (the index), per slot, per unit."""
+    """Commit records folded into columns: one row per unit and per slot (their samples are
+    streamed on: :class:`~sparkforge.manifests.index_rows.IndexBatches`)."""
 
     def __init__(self, arrays: tuple[str, ...]) -> None:
         self.arrays = arrays
         self._units: list[tuple[int, int, int, int, Any]] = []
         self._slots: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64],
                                 npt.NDArray[np.uint32]]] = []
-        self._samples: dict[str, list[Any]] = {name: [] for name in INDEX_SCHEMA.names}
 
     def add(self, c: CommitColumns) -> None:
-        """Keep one unit's record (its per-sample columns as arrays; the record can go)."""
+        """Keep one unit's unit and slot rows."""
         self._units.append((c.unit, c.attempt, c.num_samples, c.num_tokens, c.accounting))
         self._slots.append((c.unit, c.slot, c.num_rows, c.crc32c))
-        for name in INDEX_SCHEMA.names:
-            if name == "unit":
-                self._samples[name].append(np.full(c.num_samples, c.unit, dtype=np.int64))
-            elif name == "source_hash":
-                self._samples[name].append(pa.array(c.samples[name], pa.string()))
-            else:
-                self._samples[name].append(c.samples[name])
 
     def units(self) -> UnitColumns:
         """One row per unit added."""
@@ -87,57 +76,20 @@ class CommitCollector:
         """Rows the units added store."""
         return sum(int(n.sum()) for _, _, n, _ in self._slots)
 
-    def slots_to_scan(self, shard_rows: int) -> Iterator[SlotToScan]:
-        """Each slot of the units added with the samples holding rows of it (a sample spanning
-        slots in each of them) in storage order, unit by unit."""
-        cols = {name: np.concatenate(self._samples[name]) if self._samples[name] else
-                np.zeros(0, np.int64)
-                for name in ("sample_id", "row_offset", "length", "num_loss_tokens")}
-        # Rows are absolute and no two samples share one, so row order is storage order and
-        # the ends increase with it.
-        order = np.argsort(cols["row_offset"], kind="stable")
-        starts = cols["row_offset"][order]
-        ends = starts + cols["length"][order]
-        for unit, ids, rows, crcs in self._slots:
-            for k, slot in enumerate(ids.tolist()):
-                take = order[np.searchsorted(ends, slot * shard_rows, "right"):
-                             np.searchsorted(starts, (slot + 1) * shard_rows)]
-                yield SlotToScan(unit=unit, slot=slot, num_rows=int(rows[k]),
-                                 crc32c=dict(zip(self.arrays, crcs[k].tolist(), strict=True)),
-                                 sample_id=cols["sample_id"][take],
-                                 row_offset=cols["row_offset"][take],
-                                 length=cols["length"][take],
-                                 num_loss_tokens=cols["num_loss_tokens"][take])
 
-    def index(self) -> pa.Table:
-        """The index of every sample added, sorted by sample id.
-
-        Raises:
-            ManifestError: a sample id appears in more than one unit (naming a few and their
-                units).
-        """
-        columns: dict[str, Any] = {}
-        for name, parts in self._samples.items():
-            if name == "source_hash":
-                columns[name] = pa.chunked_array(parts, pa.string()).combine_chunks()
-            else:
-                columns[name] = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        ids = columns["sample_id"]
-        order = np.argsort(ids, kind="stable")
-        _check_unique(ids[order], columns["unit"][order])
-        splits = pc.take(pa.array(SPLITS, pa.string()), pa.array(columns["split"][order]))
-        return pa.table({name: splits if name == "split" else
-                          pc.take(columns[name], pa.array(order)) if name == "source_hash" else
-                          pa.array(columns[name][order], INDEX_SCHEMA.field(name).type)
-                          for name in INDEX_SCHEMA.names}, schema=INDEX_SCHEMA)
-
-
-def _check_unique(ids: npt.NDArray[np.int64], units: npt.NDArray[np.int64]) -> None:
-    """Sorted sample ids must not repeat; the error names up to five and their units."""
-    repeated = np.flatnonzero(ids[1:] == ids[:-1])
-    if not repeated.size:
-        return
-    dups = np.unique(ids[repeated])
-    where = {int(sid): sorted(set(units[ids == sid].tolist())) for sid in dups[:5]}
-    raise ManifestError(f"{dups.size} sample ids appear in more than one unit, e.g. "
-                        + "; ".join(f"sample {k} in units {v}" for k, v in where.items()))
+def slots_to_scan(c: CommitColumns, shard_rows: int) -> Iterator[SlotToScan]:
+    """Each slot of one unit's record with the samples holding rows of it (a sample spanning
+    slots in each of them) in storage order."""
+    s = c.samples
+    # Rows are absolute and no two samples share one, so row order is storage order and the
+    # ends increase with it.
+    order = np.argsort(s["row_offset"], kind="stable")
+    starts = s["row_offset"][order]
+    ends = starts + s["length"][order]
+    for k, slot in enumerate(c.slot.tolist()):
+        take = order[np.searchsorted(ends, slot * shard_rows, "right"):
+                     np.searchsorted(starts, (slot + 1) * shard_rows)]
+        yield SlotToScan(unit=c.unit, slot=slot, num_rows=int(c.num_rows[k]),
+                         crc32c=dict(zip(c.arrays, c.crc32c[k].tolist(), strict=True)),
+                         sample_id=s["sample_id"][take], row_offset=s["row_offset"][take],
+                         length=s["length"][take], num_loss_tokens=s["num_loss_tokens"][take])

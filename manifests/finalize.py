@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from sparkforge.manifests.commits import CommitCollector, read_commits
-from sparkforge.manifests.index import index_bytes
+from sparkforge.manifests.index import INDEX_SCHEMA, file_sha256
+from sparkforge.manifests.index_rows import BATCH_ROWS, IndexBatches, SortedRows
 from sparkforge.manifests.objects import (
     MAX_HEADER_BYTES,
     MAX_MANIFEST_BYTES,
@@ -112,19 +114,48 @@ def finalize_cache(uri: str, *, expected_units: int,
         if existing.complete and existing.storage.num_units == expected_units:
             return existing
     collector = CommitCollector(tuple(array_layouts(spec)))
-    for _, record in read_commits(loc, spec, range(expected_units),
-                                  max_concurrency=max_concurrency):
-        if not isinstance(record, CommitColumns):
-            raise record
-        collector.add(record)
-    index = index_bytes(collector.index())
-    storage.atomic_write(loc, INDEX_KEY, index)
+    index_sha256 = _write_index(loc, spec, range(expected_units), collector, max_concurrency)
     rows = _write_tables(loc, spec, collector.units(), collector.slots())
-    manifest = CacheManifest.from_json(_manifest_json(loc, spec, header, collector, index, rows))
+    manifest = CacheManifest.from_json(_manifest_json(loc, spec, header, collector, index_sha256,
+                                                      rows))
     storage.atomic_write(loc, MANIFEST_KEY, json.dumps(manifest.to_json(), indent=1).encode())
     logger.info("finalized %s: %d units, %d samples, %d tokens", uri, expected_units,
                 manifest.storage.totals.samples, manifest.storage.totals.tokens)
     return manifest
+
+
+def _write_index(loc: storage.Location, spec: CacheSpec, units: range, collector: CommitCollector,
+                 max_concurrency: int) -> str:
+    """Read every commit record into ``collector`` and write index.parquet as they come, one row
+    group per :data:`BATCH_ROWS` rows (sample ids rise with units); if they do not, read the
+    records again and write them sorted. Returns the index's sha256.
+
+    Raises:
+        ManifestError: a malformed record, or a sample id in more than one unit.
+    """
+    batches = IndexBatches()
+    with storage.staged_file(loc, INDEX_KEY) as path:
+        with pq.ParquetWriter(path, INDEX_SCHEMA, compression="zstd") as out:
+            for record in _records(loc, spec, units, max_concurrency):
+                collector.add(record)
+                if (batch := batches.add(record)) is not None:
+                    out.write_batch(batch)
+            if (batch := batches.rest()) is not None:
+                out.write_batch(batch)
+        if not batches.in_order:
+            rows = SortedRows()
+            for record in _records(loc, spec, units, max_concurrency):
+                rows.add(record)
+            pq.write_table(rows.table(), path, compression="zstd", row_group_size=BATCH_ROWS)
+        return file_sha256(path)
+
+
+def _records(loc: storage.Location, spec: CacheSpec, units: range,
+             max_concurrency: int) -> Iterator[CommitColumns]:
+    for _, record in read_commits(loc, spec, units, max_concurrency=max_concurrency):
+        if not isinstance(record, CommitColumns):
+            raise record
+        yield record
 
 
 def _write_tables(loc: storage.Location, spec: CacheSpec, units: UnitColumns,
@@ -142,7 +173,7 @@ def _write_tables(loc: storage.Location, spec: CacheSpec, units: UnitColumns,
 
 
 def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
-                   collector: CommitCollector, index: bytes,
+                   collector: CommitCollector, index_sha256: str,
                    rows: dict[str, Any]) -> dict[str, Any]:
     layouts = array_layouts(spec)
     units = collector.units()
@@ -161,10 +192,10 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
             "codecs": {n: describe_codecs([compressor(a, spec)], sharded=a.blosc)
                        for n, a in layouts.items()},
             **rows,
-            "index_key": INDEX_KEY, "index_sha256": hashlib.sha256(index).hexdigest(),
+            "index_key": INDEX_KEY, "index_sha256": index_sha256,
             "totals": {"samples": int(units.num_samples.sum()), "tokens": tokens,
                        "logical_bytes": tokens * row_bytes,
-                       "stored_bytes": int(loc.fs.du(loc.root, total=True))},
+                       "stored_bytes": storage.total_bytes(loc)},
         },
         "parity": _parity_report(loc),
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -86,14 +86,16 @@ class _Prefetched(WrapperStore):  # type: ignore[type-arg]
 
 
 def scan_slots(loc: storage.Location, slots: Iterable[SlotToScan], m: CacheManifest,
-               checked: Counter[str], *, sizes: Mapping[str, int],
+               checked: Counter[str], *, slot_bytes: Callable[[int], int],
                max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY,
                ) -> Iterator[tuple[SlotToScan, list[str]]]:
     """Each slot with every problem in its stored rows (empty when its data is intact), in the
-    order given; ``sizes`` (key -> bytes, from a listing) bounds the bytes read ahead."""
+    order given; ``slot_bytes`` (slot -> bytes of its objects, from a listing) bounds the bytes
+    read ahead."""
     store = _Prefetched(storage.zarr_store(loc, read_only=True))
     arrays = open_arrays(zarr.open_group(store, mode="r"), m.storage.spec)
-    for slot, objects in _fetched(loc, slots, arrays, m.storage.spec, sizes, max_concurrency):
+    for slot, objects in _fetched(loc, slots, arrays, m.storage.spec, slot_bytes,
+                                  max_concurrency):
         store.objects.update(objects)
         try:
             yield slot, _scan_slot(slot, arrays, m, checked)
@@ -103,7 +105,8 @@ def scan_slots(loc: storage.Location, slots: Iterable[SlotToScan], m: CacheManif
 
 
 def _fetched(loc: storage.Location, slots: Iterable[SlotToScan],
-             arrays: Mapping[str, zarr.Array[Any]], spec: CacheSpec, sizes: Mapping[str, int],
+             arrays: Mapping[str, zarr.Array[Any]], spec: CacheSpec,
+             slot_bytes: Callable[[int], int],
              max_concurrency: int) -> Iterator[tuple[SlotToScan, dict[str, bytes]]]:
     """Each slot with its objects' bytes (those that could be read), fetched ahead in order."""
     def fetch(key: str) -> bytes | None:
@@ -117,7 +120,7 @@ def _fetched(loc: storage.Location, slots: Iterable[SlotToScan],
     with ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix="deep_scan") as pool:
         for slot in slots:
             keys = [slot_key(name, arr, slot.slot, spec) for name, arr in arrays.items()]
-            size = sum(sizes.get(k, 0) for k in keys)
+            size = slot_bytes(slot.slot)
             while ahead and (held + size > READ_AHEAD_BYTES
                              or len(ahead) * len(keys) >= 2 * max_concurrency):
                 done, done_size, futures = ahead.popleft()

@@ -9,26 +9,24 @@ values, token ranges).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import zarr
 from tqdm import tqdm
 
-from sparkforge.manifests.check_records import (
-    MAX_LISTED,
-    capped,
-    check_commits,
-    committed_index,
-    index_problems,
-)
-from sparkforge.manifests.commits import CommitCollector
+from sparkforge.manifests.check_records import check_rows
+from sparkforge.manifests.commits import read_commits, slots_to_scan
 from sparkforge.manifests.contract import EMPTY_TRAIN_SPLIT, RunContract, contract_problems
 from sparkforge.manifests.finalize import read_run_header
+from sparkforge.manifests.index_check import MAX_LISTED, capped
 from sparkforge.manifests.objects import (
     MAX_PARITY_BYTES,
     escaping_links,
@@ -40,12 +38,13 @@ from sparkforge.manifests.objects import (
 from sparkforge.manifests.open import read_manifest
 from sparkforge.manifests.parity import parse_parity
 from sparkforge.manifests.promises import promise_problems
-from sparkforge.manifests.scan import scan_slots
+from sparkforge.manifests.scan import SlotToScan, scan_slots
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.manifests.tables import read_tables
 from sparkforge.shared import storage
-from sparkforge.shared.cache_tables import SlotColumns
+from sparkforge.shared.cache_tables import SlotColumns, group_starts
 from sparkforge.shared.commit import committed_units
+from sparkforge.shared.commit_columns import CommitColumns
 from sparkforge.shared.fields import shorten
 from sparkforge.shared.layout import (
     PARITY_FILE,
@@ -56,6 +55,7 @@ from sparkforge.shared.layout import (
     describe_codecs,
     slot_block,
     slot_key,
+    slots_per_group,
 )
 from sparkforge.shared.writer import diff_json
 
@@ -128,36 +128,51 @@ def _check_store(loc: storage.Location, manifest: CacheManifest, report: Validat
     except ValueError as exc:  # the records are still checked, against nothing listed
         report.problems.append(str(exc))
         tables = None
-    collector = check_commits(loc, manifest, tables, report.problems, report.checked,
-                              max_concurrency=max_concurrency)
+    collector, splits = check_rows(loc, manifest, tables, report.problems, report.checked,
+                                   max_concurrency=max_concurrency)
     slots = collector.slots()
-    committed = committed_index(collector, report.problems)
-    splits = index_problems(loc, manifest, committed, report.problems, report.checked)
     _check_logical_bytes(manifest, report)
     if not splits.get("train"):
         report.problems.append(EMPTY_TRAIN_SPLIT)
     _check_parity(loc, manifest, report)
     arrays = _check_arrays(loc, manifest, report)
     if arrays is not None:
-        sizes = _check_objects(loc, manifest.storage.spec, slots, arrays, report, reported)
+        slot_bytes = _check_objects(loc, manifest.storage.spec, slots, arrays, report, reported)
         if deep:
-            _deep_scan(loc, collector, manifest, report, sizes=sizes, progress=progress,
+            _deep_scan(loc, manifest, report, slots, slot_bytes, progress=progress,
                        max_concurrency=max_concurrency)
     if against is not None:
         report.problems += [p for p in contract_problems(manifest, against, split_counts=splits)
                             if p not in report.problems]
 
 
-def _deep_scan(loc: storage.Location, collector: CommitCollector, m: CacheManifest,
-               report: ValidationReport, *, sizes: Mapping[str, int], progress: bool,
+def _deep_scan(loc: storage.Location, m: CacheManifest, report: ValidationReport,
+               slots: SlotColumns, slot_bytes: npt.NDArray[np.int64], *, progress: bool,
                max_concurrency: int) -> None:
-    with tqdm(total=collector.num_tokens, unit="tok", unit_scale=True, desc="deep scan",
+    def size(slot: int) -> int:  # slot ids rise with units: the column is sorted
+        k = min(int(slots.slot.searchsorted(slot)), len(slots) - 1)
+        return int(slot_bytes[k]) if len(slots) and slots.slot[k] == slot else 0
+
+    # A unit's record is one read against its slots' many: a sixteenth of the reads in flight.
+    record_reads = max(1, max_concurrency // 16)
+    with tqdm(total=int(slots.num_rows.sum()), unit="tok", unit_scale=True, desc="deep scan",
               disable=not progress) as bar:
-        slots = collector.slots_to_scan(m.storage.spec.shard_rows)
-        for slot, problems in scan_slots(loc, slots, m, report.checked, sizes=sizes,
-                                         max_concurrency=max_concurrency):
+        for slot, problems in scan_slots(loc, _slots_to_scan(loc, m, record_reads), m,
+                                         report.checked, slot_bytes=size,
+                                         max_concurrency=max(1, max_concurrency - record_reads)):
             report.problems += problems
             bar.update(slot.num_rows)
+
+
+def _slots_to_scan(loc: storage.Location, m: CacheManifest,
+                   max_concurrency: int) -> Iterator[SlotToScan]:
+    """Every committed slot with its samples, from the commit records read once more as the scan
+    goes (holding them all would cost tens of bytes per sample); a record that does not parse
+    is a problem already."""
+    for _, record in read_commits(loc, m.storage.spec, range(m.storage.num_units),
+                                  max_concurrency=max_concurrency):
+        if isinstance(record, CommitColumns):
+            yield from slots_to_scan(record, m.storage.spec.shard_rows)
 
 
 def _manifest(loc: storage.Location, report: ValidationReport) -> CacheManifest | None:
@@ -256,26 +271,48 @@ def _check_logical_bytes(m: CacheManifest, report: ValidationReport) -> None:
 
 def _check_objects(loc: storage.Location, spec: CacheSpec, slots: SlotColumns,
                    arrays: Mapping[str, zarr.Array[Any]], report: ValidationReport,
-                   reported: set[str]) -> dict[str, int]:
+                   reported: set[str]) -> npt.NDArray[np.int64]:
     """Every committed slot has its object in every array (missing ones would read as zeros);
     an object already ``reported`` (a link out, a special file) is not called missing too.
-    Returns the size of every object listed (key -> bytes)."""
-    sizes: dict[str, int] = {}
+    Listed one slot group folder at a time (format 3), so only one group's listing is held.
+    Returns the bytes of each slot's objects (0 for a missing one), in the rows of ``slots``."""
+    slot_bytes = np.zeros(len(slots), dtype=np.int64)
     lines: dict[str, list[str]] = {"missing": [], "empty": []}
+    counts: Counter[str] = Counter()
+    units, ids = slots.unit.tolist(), slots.slot.tolist()
     for name, arr in arrays.items():
-        present = stored_objects(loc, name)
-        sizes |= present
-        for unit, slot in zip(slots.unit.tolist(), slots.slot.tolist(), strict=True):
-            key = slot_key(name, arr, slot, spec)
-            if key in reported:
-                continue
-            if key not in present:
-                lines["missing"].append(f"unit {unit}, slot {slot}: object {key} is missing (it "
-                                        "would read back as zeros)")
-            elif present[key] == 0:
-                lines["empty"].append(f"unit {unit}, slot {slot}: object {key} is empty")
-    for found in lines.values():
-        report.problems += capped(found[:MAX_LISTED + 1], len(found))
+        for rows in _by_folder(slots, spec):
+            keys = [slot_key(name, arr, ids[i], spec) for i in range(rows.start, rows.stop)]
+            present = stored_objects(loc, _folder(name, keys[0], spec))
+            for i, key in zip(range(rows.start, rows.stop), keys, strict=True):
+                size = present.get(key)
+                slot_bytes[i] += size or 0
+                kind = None if key in reported else "missing" if size is None else \
+                    "empty" if size == 0 else None
+                if kind is not None:
+                    counts[kind] += 1
+                    if len(lines[kind]) <= MAX_LISTED:
+                        lines[kind].append(f"unit {units[i]}, slot {ids[i]}: object {key} " + (
+                            "is missing (it would read back as zeros)" if kind == "missing"
+                            else "is empty"))
+    for kind, found in lines.items():
+        report.problems += capped(found, counts[kind])
     report.checked["objects"] += len(slots) * len(arrays)
     report.checked["slots"] = len(slots)
-    return sizes
+    return slot_bytes
+
+
+def _by_folder(slots: SlotColumns, spec: CacheSpec) -> Iterator[slice]:
+    """Runs of ``slots`` rows whose objects share a folder: a slot group (format 3; slot ids
+    rise with units), or every row (formats 1-2: one folder per array)."""
+    if spec.format_version < 3:
+        yield slice(0, len(slots))
+        return
+    _, starts = group_starts(slots.slot // slots_per_group(spec))
+    for a, b in itertools.pairwise(starts.tolist()):
+        yield slice(a, b)
+
+
+def _folder(name: str, key: str, spec: CacheSpec) -> str:
+    """The folder listed for ``key``'s group: ``<array>/c/<group>`` (format 3), else the array."""
+    return "/".join(key.split("/")[:3]) if spec.format_version >= 3 else name

@@ -6,11 +6,13 @@ import logging
 import os
 import re
 import stat
+import tempfile
 import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -138,6 +140,46 @@ def atomic_write(loc: Location, key: str, data: bytes) -> None:
     tmp = _write_temp(target, data)
     tmp.replace(target)
     _fsync_dir(target.parent)
+
+
+@contextmanager
+def staged_file(loc: Location, key: str) -> Iterator[Path]:
+    """A local file to write ``key`` into, published whole when the block exits cleanly (local:
+    fsynced and renamed into place; elsewhere: uploaded) and removed when it raises, so an object
+    too large to hold in memory is still written whole or not at all."""
+    target = Path(loc.path(key)) if loc.is_local else None
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
+    else:
+        tmp = Path(tempfile.gettempdir(), f"sparkforge.{uuid.uuid4().hex}.partial")
+    try:
+        yield tmp
+        if target is None:
+            loc.fs.put_file(str(tmp), loc.path(key))
+        else:
+            with tmp.open("rb+") as f:
+                os.fsync(f.fileno())
+            tmp.replace(target)
+            _fsync_dir(target.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def total_bytes(loc: Location) -> int:
+    """Bytes of every object under the root; on local disk one folder at a time (fsspec's
+    ``du`` first lists every object with its details: ~1 KB each, held at once)."""
+    if not loc.is_local:
+        return int(loc.fs.du(loc.root, total=True))
+    total, stack = 0, [loc.root]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file():
+                    total += entry.stat().st_size
+    return total
 
 
 def read_bytes(loc: Location, key: str, *, max_bytes: int | None = None) -> bytes:

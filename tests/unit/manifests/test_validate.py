@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -20,15 +21,19 @@ from cache_helpers import (
     SMALL_SPEC,
     build_cache,
     cache_spec,
+    make_run_header,
+    make_unit,
     slot_object,
     unit_slots,
 )
 
 from sparkforge.app.cli import main
+from sparkforge.manifests import index_check, index_rows
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.objects import CacheNotFoundError
 from sparkforge.manifests.validate import MAX_PROBLEM_CHARS, validate_cache
 from sparkforge.shared.layout import CacheSpec, row_selection
+from sparkforge.shared.writer import CacheWriter
 
 SPEC, FP8 = SMALL_SPEC, SMALL_FP8_SPEC
 
@@ -454,3 +459,50 @@ def test_a_huge_value_never_makes_a_huge_line(cache: Path, size: int,
     assert main(["validate", str(cache)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert max(len(line) for line in lines) <= MAX_PROBLEM_CHARS
+
+
+def _index_row_dropped(c: Path) -> None:
+    _rewrite_index(c, lambda rows: rows[:4] + rows[5:])
+
+
+@pytest.mark.parametrize(("corrupt", "message"), [
+    (_index_length, r"^index row sample \d+: length = \d+ but unit \d's commit record has \d+$"),
+    (_index_extra_row, r"^index row sample 99: references data no listed unit's commit record"),
+    (_index_row_dropped, r"^unit 1, sample 5: in the commit record but missing from index"),
+    (lambda c: None, None),
+], ids=["length", "extra_row", "row_dropped", "valid"])
+def test_index_is_compared_batch_by_batch(cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                          corrupt: Callable[[Path], None],
+                                          message: str | None) -> None:
+    """With batches of 3 rows (12 samples: index and records each streamed in 4 batches, never
+    held whole) validate reports what it reports with one batch: each difference once."""
+    corrupt(cache)
+    whole = validate_cache(str(cache)).problems
+    monkeypatch.setattr(index_rows, "BATCH_ROWS", 3)
+    monkeypatch.setattr(index_check, "BATCH_ROWS", 3)
+    assert validate_cache(str(cache)).problems == whole
+    assert sum(message is not None and bool(re.search(message, p)) for p in whole) == (
+        message is not None), whole
+    if message is None:
+        assert whole == []
+
+
+def test_sample_ids_not_rising_with_units_are_sorted_and_checked(tmp_path: Path) -> None:
+    """Unit 0 holding the highest ids: finalize writes the index sorted, validate (which then
+    reads the records a second time, sorted) finds no problem, and a tampered row is named."""
+    w = CacheWriter.open(str(tmp_path / "c"), spec=SPEC, header=make_run_header(SPEC, num_units=3))
+    for u in range(3):
+        samples, acc = make_unit(SPEC, u)
+        if u == 0:
+            samples = [dataclasses.replace(s, sample_id=s.sample_id + 1000) for s in samples]
+        w.write_unit(u, samples, acc)
+    finalize_cache(str(tmp_path / "c"), expected_units=3)
+    ids = pq.read_table(tmp_path / "c/index.parquet").column("sample_id").to_pylist()
+    assert ids == sorted(ids)
+    assert ids[-1] >= 1000
+    assert validate_cache(str(tmp_path / "c"), deep=True).problems == []
+    _index_length(tmp_path / "c")
+    problems = validate_cache(str(tmp_path / "c")).problems
+    assert re.match(r"index row sample 7: length = 14 but unit 1's commit record has 13$",
+                    problems[0]), problems
+    assert len(problems) == 2  # and the index's token total
