@@ -65,6 +65,9 @@ DRAFTS: dict[str, tuple[str, list[str]]] = {
 """The main run's drafts: its cache and its changes."""
 CONVERGED = ("dspark", "dflash", "dflash2")
 """The recipes the converged study trains, on one cache with the same supervised slots."""
+SELECTOR_CANDIDATES = ("candidate_recall", "candidate_teacher_mass", "teacher_top_k_mass")
+"""What eval reports of a DFlash2 draft's top-k candidates: how often they hold the data token,
+the teacher's mass on them and in its own top-k (the ceilings of the served acceptance)."""
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -271,7 +274,7 @@ def _forced(report: dict[str, Any]) -> dict[str, Any]:
     served = forced.get("selector") or forced
     return {"tau": served.get("tau", forced["metrics"]["tau"]), "ci95": served.get("tau_ci95"),
             "full_blocks": served.get("full_blocks"), "base_tau": forced["metrics"]["tau"],
-            "candidate_recall": served.get("candidate_recall")}
+            **{key: served.get(key) for key in SELECTOR_CANDIDATES}}
 
 
 def _converged_row(rec: dict[str, Any], ns: argparse.Namespace) -> dict[str, Any]:
@@ -333,6 +336,8 @@ def _converged_table(by: dict[str, dict[str, Any]]) -> str:
         ("teacher-forced tau as served, eval split [95% CI]", lambda r: _ci(r["teacher_forced"])),
         ("  drafting from the base distribution (every token)",
          lambda r: f"{r['teacher_forced']['base_tau']:.2f}"),
+        ("  top-k candidates: data token among them / teacher's mass on them / in its top-k",
+         lambda r: _selector_cells(r["teacher_forced"])),
         ("spec. T=1 - teacher-forced (full blocks) [95% CI]",
          lambda r: _agreement(r["matched_T1"])),
     ]
@@ -340,6 +345,14 @@ def _converged_table(by: dict[str, dict[str, Any]]) -> str:
     lines += [f"| {label} | " + " | ".join(cell(by[n]) for n in names) + " |"
               for label, cell in rows]
     return "\n".join(lines)
+
+
+def _selector_cells(forced: dict[str, Any]) -> str:
+    """A DFlash2 draft's candidate recall and the teacher's mass its served acceptance is capped
+    by ("-" for a draft without the selector)."""
+    if forced.get("candidate_recall") is None:
+        return "-"
+    return " / ".join(_fmt(forced.get(key), ".2f") for key in SELECTOR_CANDIDATES)
 
 
 def _agreement(agree: dict[str, Any] | None) -> str:

@@ -219,7 +219,7 @@ class DSparkLitModule(L.LightningModule):
     # ---- training --------------------------------------------------------------------------------
     def _sums(self, batch: dict[str, torch.Tensor], out: DSparkOutput,
               res: LossOutput) -> MetricSums:
-        sums = metric_sums(out, res.accept_rate, res.weights, res.selector_accept_rate)
+        sums = metric_sums(out, res.accept_rate, res.weights, res.selector)
         one = torch.ones((), dtype=torch.float64, device=self.device)
         values = (res.logged_loss, res.ce_loss, res.l1_loss, res.confidence_loss,
                   res.selector_loss)

@@ -17,7 +17,11 @@ import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 
 from sparkforge.trainer.draft.model import DSparkOutput
-from sparkforge.trainer.draft.selector import selector_cross_entropy, served_acceptance
+from sparkforge.trainer.draft.selector import (
+    ServedAcceptance,
+    selector_cross_entropy,
+    served_acceptance,
+)
 from sparkforge.trainer.run_config import LossSpec
 
 EPS = 1e-6
@@ -39,9 +43,9 @@ class LossOutput:
     """The candidate selector's k-way CE (0 without the selector)."""
     accept_rate: torch.Tensor | None
     """[B, A, K] fp32 detached analytic acceptance c* (0 on unsupervised slots), or None."""
-    selector_accept_rate: torch.Tensor | None
-    """[B, A, K] fp32 acceptance of the selector's top-k draft law, as served at T=1 (0 on
-    unsupervised slots), or None (no selector, or no teacher logits)."""
+    selector: ServedAcceptance | None
+    """[B, A, K] fp32 each: the selector's top-k draft law as served at T=1, its acceptance and
+    ceilings (0 on unsupervised slots), or None (no selector, or no teacher logits)."""
     weights: torch.Tensor
     """[B, A, K] fp32 decay weights times eval_mask."""
     local_denominator: torch.Tensor
@@ -160,9 +164,10 @@ def _confidence_terms(
 def _selector_terms(
     out: DSparkOutput, rows: torch.Tensor, w_BAK: torch.Tensor, target_WV: torch.Tensor | None,
     spec: LossSpec,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, ServedAcceptance | None]:
     """The selector CE's numerator (decay-weighted sum over the supervised rows; 0 without the
-    selector) and the selector's served acceptance [B, A, K] (None without teacher logits)."""
+    selector) and the selector's served acceptance and ceilings [B, A, K] (None without teacher
+    logits)."""
     zero = w_BAK.sum() * 0.0
     if out.candidate_ids is None or out.candidate_scores is None:
         return zero, None
@@ -175,8 +180,9 @@ def _selector_terms(
         num = (ce_W * w_BAK.flatten()[rows]).sum()
     if target_WV is None:
         return num, None
-    accept_W = served_acceptance(cand_WC, scores_WC1[..., :top_k], target_WV, spec.l1_chunk_rows)
-    return num, torch.zeros_like(w_BAK).flatten().index_copy(0, rows, accept_W).view_as(w_BAK)
+    served_W = served_acceptance(cand_WC, scores_WC1[..., :top_k], target_WV, spec.l1_chunk_rows)
+    return num, ServedAcceptance(*(torch.zeros_like(w_BAK).flatten().index_copy(0, rows, part_W)
+                                   .view_as(w_BAK) for part_W in served_W))
 
 
 def compute_dspark_loss(
@@ -227,7 +233,7 @@ def compute_dspark_loss(
         accept_BAK, bce_W = _confidence_terms(out, l1_W, rows, w_BAK, confidence_alpha)
         if bce_W is not None:
             conf_num = (bce_W * w_W).sum()
-    sel_num, sel_accept_BAK = _selector_terms(out, rows, w_BAK, target_WV, spec)
+    sel_num, served_BAK = _selector_terms(out, rows, w_BAK, target_WV, spec)
     local_d = w_BAK.sum()
     global_d, world = global_denominator(local_d, process_group)
     weighted = (ce_alpha * ce_num + l1_alpha * l1_num + confidence_alpha * conf_num
@@ -241,7 +247,7 @@ def compute_dspark_loss(
         confidence_loss=(conf_num / local_den).detach(),
         selector_loss=(sel_num / local_den).detach(),
         accept_rate=accept_BAK,
-        selector_accept_rate=sel_accept_BAK,
+        selector=served_BAK,
         weights=w_BAK,
         local_denominator=local_d.detach(),
         global_denominator=global_d,

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from sparkforge.trainer.draft.model import DSparkOutput
+from sparkforge.trainer.draft.selector import ServedAcceptance
 
 MetricSums = dict[str, torch.Tensor]
 
@@ -17,7 +18,7 @@ MetricSums = dict[str, torch.Tensor]
 @torch.no_grad()
 def metric_sums(
     out: DSparkOutput, accept_BAK: torch.Tensor | None, weights_BAK: torch.Tensor,
-    selector_accept_BAK: torch.Tensor | None = None,
+    selector: ServedAcceptance | None = None,
 ) -> MetricSums:
     """Numerators and denominators for one micro-batch (fp64, detached).
 
@@ -26,8 +27,8 @@ def metric_sums(
         accept_BAK: Analytic acceptance c* from the loss (None without teacher logits: the
             acceptance and calibration sums are then zero).
         weights_BAK: Decay weights times eval_mask (the loss's ``weights``).
-        selector_accept_BAK: The candidate selector's served acceptance from the loss (DFlash2;
-            None without the selector or teacher logits).
+        selector: The candidate selector's served acceptance and its ceilings from the loss
+            (DFlash2; None without the selector or teacher logits).
     """
     ev = out.eval_mask.double()
     k = ev.shape[-1]
@@ -49,7 +50,7 @@ def metric_sums(
     if accept_BAK is None:
         sums["tau_num"] = sums["tau_den"] = ev.new_zeros(())
     if out.candidate_ids is not None:
-        sums |= selector_sums(out, ev, block_on, selector_accept_BAK)
+        sums |= selector_sums(out, ev, block_on, selector)
     if out.confidence_logits is not None:
         conf = torch.sigmoid(out.confidence_logits.double())
         surv_conf = torch.cumprod(conf * ev, dim=-1)
@@ -61,18 +62,23 @@ def metric_sums(
 
 
 def selector_sums(out: DSparkOutput, ev_BAK: torch.Tensor, block_on_BA: torch.Tensor,
-                  accept_BAK: torch.Tensor | None) -> MetricSums:
+                  served: ServedAcceptance | None) -> MetricSums:
     """The candidate selector's sums: its served acceptance by position and its tau (as
-    ``accept_*`` / ``tau_*``), and how often the top-k holds the data token (recall)."""
+    ``accept_*`` / ``tau_*``), the teacher's mass on the candidates and in its own top-k (the
+    ceilings of any rerank and of any draft with this top-k), and how often the top-k holds the
+    data token (recall)."""
     assert out.candidate_ids is not None
     hit = (out.candidate_ids == out.target_ids[..., None]).any(-1).double()
-    acc = accept_BAK.double() if accept_BAK is not None else torch.zeros_like(ev_BAK)
-    on = float(accept_BAK is not None)
+    parts = [torch.zeros_like(ev_BAK)] * 3 if served is None else [x.double() for x in served]
+    acc, cand_mass, top_mass = parts
+    on = float(served is not None)
     surv = torch.cumprod(acc * ev_BAK, dim=-1)
     return {"selector_accept_num": (acc * ev_BAK).sum((0, 1)) * on,
             "selector_accept_den": ev_BAK.sum((0, 1)) * on,
             "selector_tau_num": ((1.0 + surv.sum(-1)) * block_on_BA).sum() * on,
             "selector_tau_den": block_on_BA.sum() * on,
+            "candidate_mass_num": (cand_mass * ev_BAK).sum(),
+            "top_k_mass_num": (top_mass * ev_BAK).sum(),
             "candidate_hit_num": (hit * ev_BAK).sum()}
 
 
@@ -119,6 +125,8 @@ def metric_ratios(sums: MetricSums) -> dict[str, float]:
         pairs["selector_accept_rate"] = (num_s.sum(), den_s.sum())
         pairs["selector_tau"] = (sums["selector_tau_num"], sums["selector_tau_den"])
         pairs["candidate_recall"] = (sums["candidate_hit_num"], sums["supervised_slots"])
+        pairs["candidate_teacher_mass"] = (sums["candidate_mass_num"], den_s.sum())
+        pairs["teacher_top_k_mass"] = (sums["top_k_mass_num"], den_s.sum())
     if "conf_den" in sums:
         pairs["confidence_abs_error"] = (sums["conf_abs_num"], sums["conf_den"])
         pairs["confidence_bias"] = (sums["conf_bias_num"], sums["conf_den"])

@@ -15,6 +15,8 @@ Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``; C is the
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
@@ -90,21 +92,36 @@ def selector_cross_entropy(cand_WC: torch.Tensor, scores_WC1: torch.Tensor,
     return F.cross_entropy(logits.float(), label, reduction="none")
 
 
+class ServedAcceptance(NamedTuple):
+    """One row per supervised slot of the selector's draft as served at T=1, and its ceilings."""
+
+    accept: torch.Tensor
+    """``sum_c min(p(c), q(c))``: the acceptance of the selector's law ``q`` against ``p``."""
+    candidate_mass: torch.Tensor
+    """``p(candidates)``: the most any law on these candidates can accept (``q = p`` there)."""
+    top_k_mass: torch.Tensor
+    """The teacher's own top-k mass: the most any draft with this ``selector_top_k`` can
+    accept; below 1 by what a flat teacher spreads past its top k."""
+
+
 @torch.no_grad()
 def served_acceptance(cand_WC: torch.Tensor, scores_WC: torch.Tensor, teacher_WV: torch.Tensor,
-                      chunk_rows: int) -> torch.Tensor:
-    """``sum_c min(p(c), q(c))`` at T=1 [W]: the acceptance of the selector's draft law ``q``
-    (softmax of the serving candidates' scores, zero off them) against the teacher's ``p``.
+                      chunk_rows: int) -> ServedAcceptance:
+    """The acceptance of the selector's draft law ``q`` (softmax of the serving candidates'
+    scores, zero off them) against the teacher's ``p`` at T=1, and its two ceilings, each [W].
 
     The teacher's log-normaliser is taken ``chunk_rows`` rows at a time (one fp32 [rows, V]
     temporary)."""
     q = torch.softmax(scores_WC.float(), dim=-1)
-    accept = q.new_zeros(q.shape[0])
+    parts = ServedAcceptance(*(q.new_zeros(q.shape[0]) for _ in ServedAcceptance._fields))
     for lo in range(0, q.shape[0], chunk_rows):
         hi = lo + chunk_rows
-        logp = teacher_WV[lo:hi].float().log_softmax(dim=-1).gather(-1, cand_WC[lo:hi])
-        accept[lo:hi] = torch.minimum(logp.exp(), q[lo:hi]).sum(-1)
-    return accept
+        logp = teacher_WV[lo:hi].float().log_softmax(dim=-1)
+        p_cand = logp.gather(-1, cand_WC[lo:hi]).exp()
+        parts.accept[lo:hi] = torch.minimum(p_cand, q[lo:hi]).sum(-1)
+        parts.candidate_mass[lo:hi] = p_cand.sum(-1)
+        parts.top_k_mass[lo:hi] = logp.topk(q.shape[-1], dim=-1).values.exp().sum(-1)
+    return parts
 
 
 @torch.no_grad()

@@ -49,16 +49,15 @@ def teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
                         b["target_last_hidden_states"], attention_mask=b["attention_mask"],
                         generator=gen)
             res = compute_dspark_loss(out, loss)
-            sums = accumulate(sums, metric_sums(out, res.accept_rate, res.weights,
-                                                res.selector_accept_rate))
+            sums = accumulate(sums, metric_sums(out, res.accept_rate, res.weights, res.selector))
             if res.accept_rate is not None:
                 blocks.append(block_rows(out, res.accept_rate))
                 per_sample.append(sample_tau_sums(out, res.accept_rate))
                 by_anchor.append(_anchor_rows(out, res.accept_rate))
                 kinds += [tags.kinds(ids[mask > 0]) for ids, mask in zip(
                     batch["input_ids"], batch["loss_mask"], strict=True)]
-            if res.selector_accept_rate is not None:
-                selector.append(sample_tau_sums(out, res.selector_accept_rate))
+            if res.selector is not None:
+                selector.append(sample_tau_sums(out, res.selector.accept))
     if sums is None:
         return {}, []
     ratios = metric_ratios(sums)
@@ -81,11 +80,15 @@ def teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
 def _selector_report(ratios: dict[str, float], per_sample: list[tuple[np.ndarray, ...]],
                      k: int, seed: int) -> dict[str, Any]:
     """A DFlash2 draft's teacher-forced acceptance as served (through its candidate selector):
-    tau with its intervals, acceptance by position, the top-k recall of the data token."""
+    tau with its intervals, acceptance by position, the top-k recall of the data token, and
+    the teacher's mass on the candidates and in its own top-k (the most any rerank of these
+    candidates, and any draft with this top-k, could accept at a slot)."""
     return {"tau": ratios.get("selector_tau", 0.0),
             "accept_rate_by_position": [ratios.get(f"selector_accept_rate@{j}", 0.0)
                                         for j in range(k)],
             "candidate_recall": ratios.get("candidate_recall", 0.0),
+            "candidate_teacher_mass": ratios.get("candidate_teacher_mass", 0.0),
+            "teacher_top_k_mass": ratios.get("teacher_top_k_mass", 0.0),
             **_tau_intervals(per_sample, seed)}
 
 

@@ -146,6 +146,9 @@ def summary_lines(report: Mapping[str, Any]) -> str:
                      _values(selector["accept_rate_by_position"])),
                 _row("    data token among the top-k candidates:",
                      f"{selector['candidate_recall']:.3f}"),
+                _row("    teacher's mass on them / in its own top-k (ceilings):",
+                     f"{selector['candidate_teacher_mass']:.3f} / "
+                     f"{selector['teacher_top_k_mass']:.3f}"),
                 *("  " + line for line in _full_blocks(selector))]
     if "matched" in report and spec:
         lines.append(_verdict(report["matched"]))

@@ -110,13 +110,20 @@ def test_training_candidates_put_a_missing_target_last() -> None:
 
 
 def test_served_acceptance_is_the_overlap_of_the_candidate_law_and_the_teacher() -> None:
-    """sum_c min(p(c), q(c)) over the candidates, computed in row chunks."""
+    """sum_c min(p(c), q(c)) over the candidates, computed in row chunks; its ceilings are the
+    teacher's probability on the candidates and the teacher's own top-k mass."""
     g = torch.Generator().manual_seed(0)
     teacher, scores = torch.randn(7, 50, generator=g), torch.randn(7, 4, generator=g)
-    cand = torch.randint(0, 50, (7, 4), generator=g)
-    torch.testing.assert_close(served_acceptance(cand, scores, teacher, chunk_rows=3),
-                               served_acceptance_reference(scores, cand, teacher),
+    cand = torch.stack([torch.randperm(50, generator=g)[:4] for _ in range(7)])
+    served = served_acceptance(cand, scores, teacher, chunk_rows=3)
+    torch.testing.assert_close(served.accept, served_acceptance_reference(scores, cand, teacher),
                                rtol=1e-5, atol=1e-6)
+    p = teacher.double().softmax(-1)
+    torch.testing.assert_close(served.candidate_mass.double(), p.gather(-1, cand).sum(-1))
+    torch.testing.assert_close(served.top_k_mass.double(),
+                               p.sort(-1, descending=True).values[:, :4].sum(-1))
+    assert bool((served.accept <= served.candidate_mass + 1e-6).all())
+    assert bool((served.candidate_mass <= served.top_k_mass + 1e-6).all())
 
 
 def test_the_serving_walk_drafts_after_its_own_previous_token() -> None:
@@ -142,18 +149,19 @@ def test_the_serving_walk_drafts_after_its_own_previous_token() -> None:
 
 
 def test_metrics_report_the_selectors_tau_beside_tau() -> None:
-    """Training metrics hold tau (base distribution), selector_tau (as served) and the top-k
-    recall of the data token."""
+    """Training metrics hold tau (base distribution), selector_tau (as served), the top-k
+    recall of the data token and the teacher's mass the candidates could serve."""
     torch.manual_seed(0)
     model = build_draft(tiny_draft("qwen3", "dflash2"))
     out = model(**make_batch(model.config))
     res = compute_dspark_loss(out, LossSpec(objective="dflash2"))
-    ratios = metric_ratios(metric_sums(out, res.accept_rate, res.weights,
-                                       res.selector_accept_rate))
+    ratios = metric_ratios(metric_sums(out, res.accept_rate, res.weights, res.selector))
     assert 1.0 <= ratios["selector_tau"] <= 4.0
     assert 1.0 <= ratios["tau"] <= 4.0
     assert {f"selector_accept_rate@{k}" for k in range(3)} <= set(ratios)
     assert 0.0 <= ratios["candidate_recall"] <= 1.0
+    assert (ratios["selector_accept_rate"] <= ratios["candidate_teacher_mass"]
+            <= ratios["teacher_top_k_mass"] < 1.0)
 
 
 def test_recipe_sets_the_layout_and_refuses_what_it_has_not() -> None:
