@@ -94,11 +94,12 @@ def scan_slots(loc: storage.Location, slots: Iterable[SlotToScan], m: CacheManif
     read ahead."""
     store = _Prefetched(storage.zarr_store(loc, read_only=True))
     arrays = open_arrays(zarr.open_group(store, mode="r"), m.storage.spec)
+    partial: dict[int, tuple[int, int]] = {}  # samples spanning slots: (rows, loss tokens) seen
     for slot, objects in _fetched(loc, slots, arrays, m.storage.spec, slot_bytes,
                                   max_concurrency):
         store.objects.update(objects)
         try:
-            yield slot, _scan_slot(slot, arrays, m, checked)
+            yield slot, _scan_slot(slot, arrays, m, checked, partial)
         finally:
             for key in objects:
                 store.objects.pop(key, None)
@@ -134,7 +135,7 @@ def _fetched(loc: storage.Location, slots: Iterable[SlotToScan],
 
 
 def _scan_slot(slot: SlotToScan, arrays: Mapping[str, zarr.Array[Any]], m: CacheManifest,
-               checked: Counter[str]) -> list[str]:
+               checked: Counter[str], partial: dict[int, tuple[int, int]]) -> list[str]:
     spec = m.storage.spec
     layouts = array_layouts(spec)
     starts = slot.row_offset - slot.slot * spec.shard_rows
@@ -156,7 +157,7 @@ def _scan_slot(slot: SlotToScan, arrays: Mapping[str, zarr.Array[Any]], m: Cache
         if bad is not None:
             _record(findings, name, bad, lo, starts, layouts[name].layer)
         if name in ("input_ids", "loss_mask"):
-            problems += _token_problems(name, block, lo, slot, starts, m, where)
+            problems += _token_problems(name, block, lo, slot, starts, m, where, partial)
     for name in arrays.keys() - broken:
         crc, expected = crcs.get(name, 0), slot.crc32c.get(name)
         if crc != expected:
@@ -244,8 +245,10 @@ def _record(findings: dict[tuple[int, str], _Finding], name: str, bad: npt.NDArr
 
 
 def _token_problems(name: str, block: npt.NDArray[Any], lo: int, slot: SlotToScan,
-                    starts: Int64s, m: CacheManifest, where: str) -> list[str]:
-    """Token ids inside the vocabulary; loss mask 0/1 with the committed loss-token count."""
+                    starts: Int64s, m: CacheManifest, where: str,
+                    partial: dict[int, tuple[int, int]]) -> list[str]:
+    """Token ids inside the vocabulary; loss mask 0/1 with the committed loss-token count (a
+    sample's rows counted block by block, in ``partial`` while it continues past the block)."""
     out = []
     for i, (sample, length, loss) in enumerate(zip(slot.sample_id.tolist(), slot.length.tolist(),
                                                    slot.num_loss_tokens.tolist(), strict=True)):
@@ -256,11 +259,15 @@ def _token_problems(name: str, block: npt.NDArray[Any], lo: int, slot: SlotToSca
         if name == "input_ids" and (rows.min() < 0 or rows.max() >= m.target.vocab_size):
             out.append(f"{where}, sample {sample}: input_ids outside [0, target.vocab_size="
                        f"{m.target.vocab_size}): min {rows.min()}, max {rows.max()}")
-        if name == "loss_mask" and rows.max() > 1:
+        if name != "loss_mask":
+            continue
+        if rows.max() > 1:
             out.append(f"{where}, sample {sample}: loss_mask has values other than 0/1")
-        if name == "loss_mask" and int(starts[i]) >= lo and b - a == length and \
-                int(np.count_nonzero(rows)) != loss:
-            out.append(f"{where}, sample {sample}: loss_mask has "
-                       f"{np.count_nonzero(rows)} loss tokens but the commit record says "
-                       f"{loss}")
+        seen, counted = partial.pop(sample, (0, 0))
+        seen, counted = seen + b - a, counted + int(np.count_nonzero(rows))
+        if seen < length:
+            partial[sample] = (seen, counted)
+        elif counted != loss:
+            out.append(f"{where}, sample {sample}: loss_mask has {counted} loss tokens but "
+                       f"the commit record says {loss}")
     return out

@@ -154,8 +154,10 @@ TINY_LAYER_IDS = (1, 3)
 def write_tiny_cache(uri: str, target_dir: Path, *, hidden_dtype: str = "bfloat16",
                      num_rows: int = 16, rows_per_unit: int = 4, max_seq_len: int = 96,
                      layer_ids: tuple[int, ...] = TINY_LAYER_IDS,
-                     storage_options: dict[str, Any] | None = None, seed: int = 0) -> str:
-    """Write and finalize a cache of chat samples whose hidden states come from HF ``forward``.
+                     storage_options: dict[str, Any] | None = None, seed: int = 0,
+                     shard_rows: int | None = None) -> str:
+    """Write and finalize a cache of chat samples whose hidden states come from HF ``forward``
+    (``shard_rows`` below ``max_seq_len``: samples span slots; default one slot each).
 
     Every 4th row is in the eval split. Returns ``uri``.
     """
@@ -174,7 +176,8 @@ def write_tiny_cache(uri: str, target_dir: Path, *, hidden_dtype: str = "bfloat1
     cfg = model.config
     spec = CacheSpec(hidden_size=cfg.hidden_size, num_aux_layers=len(layer_ids),
                      hidden_dtype=hidden_dtype, max_seq_len=max_seq_len,  # type: ignore[arg-type]
-                     shard_rows=max(256, max_seq_len), rows_per_unit=rows_per_unit)
+                     shard_rows=shard_rows or max(256, max_seq_len),
+                     rows_per_unit=rows_per_unit)
     header = {
         "producer_config": {"builder": "tests/conftest.py::write_tiny_cache", "seed": seed,
                             # the producer's promise, which validate and train hold a cache to

@@ -15,6 +15,7 @@ from cache_helpers import write_tiny_cache
 from safetensors.torch import load as load_safetensors
 from torch.utils.data import DataLoader
 
+from sparkforge.manifests.open import open_cache
 from sparkforge.shared.hidden_features import layer_feature
 from sparkforge.shared.reader import CachedSample
 from sparkforge.shared.target_families import family_of
@@ -123,8 +124,13 @@ def _offline_equals_online(uri: str, target: Path, spec: DraftSpec,
 @pytest.mark.parametrize("recipe", ["dspark", "dflash2"])
 def test_cache_training_equals_live_target_training(tiny_target: Path, tmp_path: Path,
                                                     recipe: RecipeName) -> None:
-    """Same samples, anchors and init: cache-fed and live-fed losses agree to fp32 tolerance."""
-    uri = write_tiny_cache(str(tmp_path / "cache"), tiny_target, hidden_dtype="float32")
+    """Same samples, anchors and init: cache-fed and live-fed losses agree to fp32 tolerance
+    (the dspark cache with 32-row shards, so its samples span up to three slots)."""
+    uri = write_tiny_cache(str(tmp_path / "cache"), tiny_target, hidden_dtype="float32",
+                           shard_rows=32 if recipe == "dspark" else None)
+    if recipe == "dspark":
+        index = open_cache(uri).samples
+        assert int(((index.row_offset + index.length - 1) // 32 - index.slot).max()) >= 2
     spec = SPEC if recipe == "dspark" else dataclasses.replace(SPEC, markov_rank=None)
     _offline_equals_online(uri, tiny_target, spec, recipe)
 

@@ -111,6 +111,20 @@ def test_deep_validate_passes_and_names_a_corrupted_middle_slot(caches: tuple[Pa
         open_cache(str(cache)).read_sample(0)
 
 
+def test_a_wrong_loss_count_of_a_spanning_sample_is_caught_by_deep(caches: tuple[Path, Path],
+                                                                  tmp_path: Path) -> None:
+    """--deep counts a spanning sample's loss tokens over all its slots."""
+    cache = Path(shutil.copytree(caches[0], tmp_path / "c"))
+    index = open_cache(str(cache)).samples
+    start, length = int(index.row_offset[0]), int(index.length[0])
+    arr = zarr.open_group(str(cache), mode="r+")["loss_mask"]
+    arr[row_selection(SPEC, start, start + length)] = np.ones(length, np.uint8)
+    problems = validate_cache(str(cache), deep=True).problems
+    assert any(re.match(rf"unit 0, slot {start // 32 + 2}, sample 0: loss_mask has {length} "
+                        rf"loss tokens but the commit record says {int(index.num_loss_tokens[0])}",
+                        p) for p in problems), problems
+
+
 def test_a_commit_record_missing_a_spanned_slot_is_refused(caches: tuple[Path, Path]) -> None:
     """A record that lists a spanning sample's first slot but not the next is refused, naming
     the sample."""
