@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 
 from sparkforge.shared.errors import ConfigError
-from sparkforge.trainer.architectures.config import DSparkDraftConfig, read_legacy
+from sparkforge.trainer.architectures.config import read_legacy
 from sparkforge.trainer.data_plan import SplitIndex, plan_epoch
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS, LAYOUTS
 from sparkforge.trainer.loader_settings import Batching, LoaderSettings
 from sparkforge.trainer.run_config import RECIPES
+from sparkforge.trainer.train_yaml import TrainConfigError, read_draft_section
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,22 +104,17 @@ def setting_from_train_config(data: Mapping[str, Any]) -> AnchorSetting:
     """The anchor setting of a loaded ``sparkforge train`` config (unset fields: the defaults).
 
     Raises:
-        ValueError: naming a field that is not an integer in range.
+        ValueError: naming every mistyped draft field, or a ``data`` field.
     """
-    model = data.get("model") or {}
-    draft = model.get("draft") or {}
-    values = {}
-    for name in ("num_anchors", "block_size"):
-        value = draft.get(name, getattr(DSparkDraftConfig, name))
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"model.draft.{name} must be an integer >= 1, got {value!r}")
-        values[name] = value
-    recipe = RECIPES.get(model.get("recipe") or "dspark", RECIPES["dspark"])
-    _, layout = read_legacy(draft.get("architecture"),
-                            draft.get("layout") or recipe.draft_defaults["layout"])
+    problems: list[str] = []
+    draft = read_draft_section(data, problems)
+    if problems:
+        raise TrainConfigError("train config: " + "; ".join(problems))
+    _, layout = read_legacy(draft.architecture,
+                            draft.layout or RECIPES[draft.recipe].draft_defaults["layout"])
     if layout is None or layout not in BLOCK_LAYOUTS:
         raise ConfigError(f"model.draft.layout={layout!r} not in {LAYOUTS}")
-    return AnchorSetting(num_anchors=values["num_anchors"], block_size=values["block_size"],
+    return AnchorSetting(num_anchors=draft.num_anchors, block_size=draft.block_size,
                          full_block=BLOCK_LAYOUTS[layout].full_block,
                          loader=LoaderSettings.from_train_config(data))
 

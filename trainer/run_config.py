@@ -1,7 +1,8 @@
 """The run's draft and loss settings, and how they become a draft config and a cache contract.
 
-Torch-free: ``sparkforge validate --against`` builds the training contract here without loading
-the trainer's heavy dependencies, through the same code ``sparkforge train`` checks its cache with.
+Torch-free: ``sparkforge validate --against`` builds the training contract with ``DraftSpec``
+(read from the YAML by ``sparkforge.trainer.train_yaml``) without loading the trainer's heavy
+dependencies, through the same code ``sparkforge train`` checks its cache with.
 """
 
 from __future__ import annotations
@@ -9,19 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, TypeVar
-
-import yaml
+from typing import Any, Literal
 
 from sparkforge.manifests.contract import RunContract
-from sparkforge.shared.config_yaml import load_yaml_file
-from sparkforge.shared.errors import ConfigError, SparkforgeError
+from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.layer_ids import default_feature_ids
 from sparkforge.shared.target_config import TargetConfig
 from sparkforge.shared.target_families import (
-    FEATURE_SEMANTICS,
-    FINAL_SEMANTICS,
     FeatureSemantics,
     FinalSemantics,
     TargetScaling,
@@ -35,7 +30,6 @@ from sparkforge.trainer.architectures.config import (
 )
 from sparkforge.trainer.draft.block_layout import NO_HEADS, Layout
 from sparkforge.trainer.draft.config import MarkovHeadType
-from sparkforge.trainer.loader_settings import LoaderSettings
 
 RecipeName = Literal["dspark", "dflash", "dflash2"]
 """A recipe's name (``RECIPES``); each recipe's loss objective has the recipe's name
@@ -275,13 +269,6 @@ DEFAULT_LIMIT_VAL_BATCHES = 1.0
 """Lightning's ``trainer.limit_val_batches`` default: validate on the whole eval split."""
 
 
-T = TypeVar("T")
-
-
-class TrainConfigError(ConfigError):
-    """Raised when a training config lacks or mistypes a field the contract needs."""
-
-
 def validation_on(limit_val_batches: float | None) -> bool:
     """Whether Lightning runs validation during ``fit``, so the cache needs an eval split.
 
@@ -290,103 +277,3 @@ def validation_on(limit_val_batches: float | None) -> bool:
     ``None`` is Lightning's "use the default".
     """
     return bool(DEFAULT_LIMIT_VAL_BATCHES if limit_val_batches is None else limit_val_batches)
-
-
-def contract_from_train_config(config: str | Path | Mapping[str, Any], *,
-                               target_config: Mapping[str, Any] | None = None) -> RunContract:
-    """The contract of a ``sparkforge train`` YAML config (or its already-loaded mapping).
-
-    Reads ``model.draft.{target_layer_ids, hidden_size, vocab_size, num_target_layers,
-    mask_token_id, target_model_type, target_features, target_final, num_hidden_layers,
-    overrides}``, ``data`` (as :class:`LoaderSettings`, for its ``max_seq_len``) and the
-    ``trainer.limit_val_batches``; everything unset takes the value ``sparkforge train`` gives
-    it. With ``target_config`` (the cache's ``config.json``, which ``train`` builds the draft
-    from) the draft's embedding scale and softcap are part of the contract.
-
-    Raises:
-        TrainConfigError: naming every missing or mistyped field.
-        FileNotFoundError: if the config file does not exist.
-    """
-    data = load_train_yaml(config) if isinstance(config, str | Path) else config
-    draft = _section(data, "model", "draft")
-    trainer = _section(data, "trainer")
-    problems: list[str] = []
-
-    def integer(section: Mapping[str, Any], name: str, where: str, default: int | None) -> int:
-        value = section.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            problems.append(f"{where}.{name} must be an integer, got {value!r}")
-            return 0
-        return value
-
-    sizes = {name: integer(draft, name, "model.draft", None)
-             for name in ("hidden_size", "vocab_size", "num_target_layers", "mask_token_id")}
-    depth = integer(draft, "num_hidden_layers", "model.draft", DraftSpec.num_hidden_layers)
-    try:
-        max_seq_len = LoaderSettings.from_train_config(data).max_seq_len
-    except ConfigError as exc:
-        problems.append(str(exc).removeprefix("train config: "))
-        max_seq_len = 0
-    ids = draft.get("target_layer_ids")
-    if ids is not None and (not isinstance(ids, list | tuple) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids)):
-        problems.append(f"model.draft.target_layer_ids must be a list of integers, got {ids!r}")
-    model_type = draft.get("target_model_type")
-    if model_type is not None and not isinstance(model_type, str):
-        problems.append(f"model.draft.target_model_type must be a string, got {model_type!r}")
-    features = _choice(draft, "target_features", FEATURE_SEMANTICS, problems)
-    final = _choice(draft, "target_final", FINAL_SEMANTICS, problems)
-    overrides = draft.get("overrides") or {}
-    if not isinstance(overrides, Mapping):
-        problems.append(f"model.draft.overrides must be a mapping, got {overrides!r}")
-        overrides = {}
-    if problems:
-        raise TrainConfigError("train config: " + "; ".join(problems))
-    spec = DraftSpec(hidden_size=sizes["hidden_size"], vocab_size=sizes["vocab_size"],
-                     num_target_layers=sizes["num_target_layers"],
-                     mask_token_id=sizes["mask_token_id"], num_hidden_layers=depth,
-                     target_model_type=model_type, target_features=features,
-                     target_final=final, target_layer_ids=None if ids is None else tuple(ids),
-                     overrides=dict(overrides))
-    need_eval = validation_on(trainer.get("limit_val_batches"))
-    return spec.contract(max_seq_len=max_seq_len, need_eval_split=need_eval,
-                         target_config=target_config)
-
-
-def _choice(section: Mapping[str, Any], name: str, options: tuple[T, ...],
-            problems: list[str]) -> T | None:
-    """``model.draft.<name>``: None when unset, else one of ``options`` (a problem otherwise)."""
-    value = section.get(name)
-    if value is None:
-        return None
-    found = next((o for o in options if o == value), None)
-    if found is None:
-        problems.append(f"model.draft.{name}={value!r} not in {list(options)}")
-    return found
-
-
-def load_train_yaml(path: str | Path) -> Mapping[str, Any]:
-    """A train config file as a mapping.
-
-    Raises:
-        TrainConfigError: the file is not YAML or not a mapping.
-        FileNotFoundError: if the file does not exist.
-    """
-    try:
-        data = load_yaml_file(path)
-    except yaml.YAMLError as exc:
-        raise TrainConfigError(f"{path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise TrainConfigError(f"{path} must hold a YAML mapping, got {type(data).__name__}")
-    return data
-
-
-def _section(data: Mapping[str, Any], *path: str) -> Mapping[str, Any]:
-    node: Any = data
-    for i, key in enumerate(path):
-        node = node.get(key, {}) if isinstance(node, Mapping) else None
-        if not isinstance(node, Mapping):
-            raise TrainConfigError(f"train config: {'.'.join(path[:i + 1])} must be a mapping, "
-                                   f"got {node!r}")
-    out: Mapping[str, Any] = node
-    return out

@@ -44,7 +44,7 @@ from sparkforge.trainer.anchor_budget import (
 )
 from sparkforge.trainer.data_plan import SplitIndex
 from sparkforge.trainer.job_config import EvalConfig, ExportConfig
-from sparkforge.trainer.run_config import (
+from sparkforge.trainer.train_yaml import (
     TrainConfigError,
     contract_from_train_config,
     load_train_yaml,

@@ -23,7 +23,7 @@ from sparkforge.manifests.contract import (
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.validate import validate_cache
 from sparkforge.shared.target_families import TargetScaling
-from sparkforge.trainer.run_config import TrainConfigError, contract_from_train_config
+from sparkforge.trainer.train_yaml import TrainConfigError, contract_from_train_config
 
 # The trainer's tiny.yaml shape, fitted to the test cache (H=16, F=2 -> HF ids [1, 2], L=4).
 FITS: dict[str, Any] = {
@@ -238,6 +238,9 @@ def test_loader_reads_the_trainer_yaml_shape(tmp_path: Path) -> None:
      "model.draft.target_layer_ids must be a list of integers"),
     (lambda c: c.__setitem__("model", [1]), "model must be a mapping"),
     (lambda c: c["data"].__setitem__("max_seq_len", True), "data.max_seq_len must be an integer"),
+    # the draft section is the anchor budget's too (one reader): its fields are checked here
+    (lambda c: c["model"]["draft"].__setitem__("num_anchors", 0),
+     r"model.draft.num_anchors must be an integer >= 1, got 0"),
 ])
 def test_bad_train_config_names_the_field(edit: Any, match: str) -> None:
     """A config missing or mistyping a contract field raises TrainConfigError naming it."""

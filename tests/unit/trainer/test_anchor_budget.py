@@ -61,3 +61,8 @@ def test_setting_reads_the_train_config_and_names_a_bad_field() -> None:
     assert not setting_from_train_config({"model": {"draft": {}}}).full_block
     with pytest.raises(ValueError, match=r"data.max_seq_len must be an integer, got 'long'"):
         setting_from_train_config({"data": {"max_seq_len": "long"}})
+    # the contract's reader: every mistyped draft field is named, an unknown recipe too
+    with pytest.raises(ValueError, match=r"model.recipe='dspakr' not in .*; model.draft."
+                                         r"target_layer_ids must be a list of integers"):
+        setting_from_train_config({"model": {"recipe": "dspakr",
+                                             "draft": {"target_layer_ids": "0,1"}}})

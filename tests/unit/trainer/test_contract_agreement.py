@@ -22,7 +22,8 @@ from sparkforge.manifests.contract import CacheContractError
 from sparkforge.shared.target_families import TargetScaling
 from sparkforge.trainer.cli import train_cli
 from sparkforge.trainer.run import check_cache, run_contract
-from sparkforge.trainer.run_config import DraftSpec, contract_from_train_config
+from sparkforge.trainer.run_config import DraftSpec
+from sparkforge.trainer.train_yaml import contract_from_train_config
 
 ROOT = Path(__file__).resolve().parents[3]
 ALL_EXAMPLES = sorted((ROOT / "trainer" / "examples").glob("*.yaml"))
@@ -81,7 +82,7 @@ def test_overlays_add_their_logger_to_a_full_config(overlay: Path, tmp_path: Pat
 
 def test_building_the_contract_imports_no_torch() -> None:
     """Building a contract (what `validate --against` does) loads neither torch nor Lightning."""
-    code = ("import sys; from sparkforge.trainer.run_config import contract_from_train_config; "
+    code = ("import sys; from sparkforge.trainer.train_yaml import contract_from_train_config; "
             f"contract_from_train_config({str(EXAMPLES[-1])!r}); "
             "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,

@@ -238,7 +238,8 @@ def test_v4_flash_example_builds_its_contract_and_draft_config() -> None:
     import yaml
     from transformers import AutoConfig
 
-    from sparkforge.trainer.run_config import DraftSpec, contract_from_train_config
+    from sparkforge.trainer.run_config import DraftSpec
+    from sparkforge.trainer.train_yaml import contract_from_train_config
 
     path = Path(__file__).resolve().parents[3] / "trainer" / "examples" / "deepseek_v4_flash.yaml"
     contract = contract_from_train_config(path)
