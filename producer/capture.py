@@ -17,7 +17,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from sparkforge.producer.chat import ChatEncoder, Encoded, SkipReason, unreadable_reason
+from sparkforge.producer.chat import ChatEncoder, Encoded, unreadable_reason
+from sparkforge.producer.chat_rows import SkipReason
 from sparkforge.producer.fp8 import quantize_e4m3
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
 from sparkforge.producer.splits import SplitRule

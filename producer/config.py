@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sparkforge.producer.chat import template_kwargs_problems
+from sparkforge.producer.chat_template import template_kwargs_problems
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.template_bounds import TEMPLATE_ROW_SECONDS
 from sparkforge.shared.config_types import type_problems

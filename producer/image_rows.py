@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from sparkforge.producer.chat import ChatEncoder, Encoded, SkipReason
+from sparkforge.producer.chat import ChatEncoder, Encoded
+from sparkforge.producer.chat_rows import SkipReason
 from sparkforge.shared.image_inputs import TargetImages
 from sparkforge.shared.image_sources import ImageReader
 from sparkforge.shared.images import (

@@ -25,14 +25,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from sparkforge.producer.chat import (
-    SkipReason,
-    clean_messages,
+from sparkforge.producer.chat import unreadable_reason
+from sparkforge.producer.chat_rows import SkipReason, clean_messages, row_tools
+from sparkforge.producer.chat_template import (
     resolve_chat_template,
-    row_tools,
     template_sha256,
     tokenizer_hash,
-    unreadable_reason,
 )
 from sparkforge.producer.config import RegenerateConfig
 from sparkforge.producer.header import REGENERATION_KEY, engine_version

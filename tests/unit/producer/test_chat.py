@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from sparkforge.producer.chat import ChatEncoder, SkipReason, validate_messages
+from sparkforge.producer.chat import ChatEncoder
+from sparkforge.producer.chat_rows import SkipReason, validate_messages
 
 CONVERSATIONS = [
     [

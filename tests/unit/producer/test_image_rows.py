@@ -19,7 +19,8 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer
 from sparkforge.app.tiny_minimax_vl import MINIMAX_IMAGE_TOKENS, build_tiny_minimax_vl
 from sparkforge.app.tiny_target import IMAGE_TOKENS
 from sparkforge.app.tiny_vl import data_uri, image_conversations, png_bytes, tiny_image
-from sparkforge.producer.chat import ChatEncoder, SkipReason
+from sparkforge.producer.chat import ChatEncoder
+from sparkforge.producer.chat_rows import SkipReason
 from sparkforge.producer.hf_source import HfSource
 from sparkforge.producer.image_rows import ImageChatEncoder
 from sparkforge.producer.source import CaptureRequest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkforge.producer.chat import SkipReason
+from sparkforge.producer.chat_rows import SkipReason
 from sparkforge.producer.config import RegenerateConfig
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.regenerate import Prompt, prompt_of

@@ -10,7 +10,8 @@ import pytest
 from test_chat import TOOL_CHAT, TOOL_TEMPLATE
 from transformers import AutoTokenizer
 
-from sparkforge.producer.chat import ChatEncoder, SkipReason
+from sparkforge.producer.chat import ChatEncoder
+from sparkforge.producer.chat_rows import SkipReason
 from sparkforge.producer.config import RegenerateConfig
 from sparkforge.producer.engine_options import EngineOptions
 from sparkforge.producer.regenerate import part_table, prompt_ids, prompt_of

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from sparkforge.producer.capture import FailureRun, UnitCapturer
-from sparkforge.producer.chat import ROLES, ChatEncoder, SkipReason
+from sparkforge.producer.chat import ChatEncoder
+from sparkforge.producer.chat_rows import ROLES, SkipReason
 from sparkforge.producer.splits import SplitRule
 from sparkforge.shared.dataset import RawRow, _parse_line
 
