@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -179,15 +182,16 @@ class CacheReader(Generic[M]):
                 cannot be decoded, a token id outside the vocabulary, a crc32c mismatch
                 (``verify``), or sample boundaries that disagree with the commit record.
         """
-        rows = self._unit(unit)
+        rows = self._unit(unit, check=False)
         positions = self.samples.of_unit(unit)
         first, last = self._slot_range(positions)
         reads = [(k, positions[(first <= s) & (s <= last)], self._slot_start(k),
                   int(self.slots.num_rows[k]))
                  for k, s in zip(range(rows.start, rows.stop), self.slots.slot[rows].tolist(),
                                  strict=True)]
-        parts = [(start, self._fields(values)) for (_, _, start, _), values in
-                 zip(reads, self._read_slots(reads), strict=True)]
+        with self._checking(unit):
+            parts = [(start, self._fields(values)) for (_, _, start, _), values in
+                     zip(reads, self._read_slots(reads), strict=True)]
         starts = np.array([start for start, _ in parts], dtype=np.int64)
         return [self._joined(p, parts, starts) for p in positions.tolist()]
 
@@ -259,8 +263,9 @@ class CacheReader(Generic[M]):
                   for name in pieces[0][2]}
         return self._sample(pos, joined, 0)
 
-    def _unit(self, unit: int) -> slice:
-        """The unit's slot rows, cross-checked once with its commit record when a checker is set.
+    def _unit(self, unit: int, *, check: bool = True) -> slice:
+        """The unit's slot rows, cross-checked once with its commit record when a checker is set
+        (unless ``check`` is False: the caller checks, see :meth:`_checking`).
 
         Raises:
             KeyError: the unit is not committed.
@@ -268,12 +273,39 @@ class CacheReader(Generic[M]):
         k = int(np.searchsorted(self.units, unit))
         if k == self.units.size or int(self.units[k]) != unit:
             raise KeyError(f"unit {unit} is not committed")
-        rows = self.slots.of_unit(unit)
+        if check:
+            self._check(unit)
+        return self.slots.of_unit(unit)
+
+    def _check(self, unit: int) -> None:
         if self._check_unit is not None and unit not in self._checked:
             self._handles()  # the check reads the commit record through this process's store
             self._check_unit(unit, self)
             self._checked.add(unit)
-        return rows
+
+    @contextmanager
+    def _checking(self, unit: int) -> Iterator[None]:
+        """Check ``unit`` against its commit record on a thread while the block reads its
+        slots, so the record's GET overlaps theirs (one request latency per unit, not two);
+        the check's error is raised when the block ends, ahead of any error of the block's."""
+        if self._check_unit is None or unit in self._checked:
+            yield
+            return
+        self._handles()
+        checked: Future[None] = Future()
+
+        def run() -> None:
+            try:
+                self._check(unit)
+                checked.set_result(None)
+            except BaseException as exc:  # handed to the reading thread, which raises it
+                checked.set_exception(exc)
+
+        threading.Thread(target=run, name="commit-check", daemon=True).start()
+        try:
+            yield
+        finally:
+            checked.result()
 
     def _handles(self) -> dict[str, zarr.Array[Any]]:
         """This process's location and open arrays (reopened once in a forked or unpickled

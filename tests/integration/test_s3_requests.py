@@ -110,6 +110,20 @@ def test_reading_units_sends_no_existence_request(s3_cache: str, moto_server: di
     assert counts["GET"] >= NUM_UNITS * (1 + len(reader.slots) // NUM_UNITS * 5)
 
 
+def test_a_units_commit_record_is_read_while_its_slots_are(
+        s3_cache: str, moto_server: dict[str, Any], proxy: S3Proxy) -> None:
+    """A unit's first read sends its commit record's GET beside its slots' GETs, not before
+    them: one request latency per unit, so read-ahead hides twice the latency it did."""
+    reader = open_cache(s3_cache, storage_options=_options(moto_server, proxy))
+    proxy.latency_s = 0.05  # requests overlap only if they are sent before others come back
+    in_flight = []
+    for _ in range(2):  # the first read checks the commit record, the second does not
+        proxy.reset()
+        reader.read_unit(2)
+        in_flight.append(proxy.max_in_flight)
+    assert in_flight[0] == in_flight[1] + 1, in_flight
+
+
 def test_loader_workers_reuse_the_ranks_index(s3_cache: str, moto_server: dict[str, Any],
                                               proxy: S3Proxy) -> None:
     """Two forked workers stream the whole train split without reading the manifest or the
