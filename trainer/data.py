@@ -232,7 +232,7 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
         plan = work.plan
         held: dict[int, CachedSample] = {}
         """Read samples the plan still needs, by position in the index."""
-        reads = self._read_ahead(work.units.tolist())
+        reads = self._read_ahead(work.units)
         for b in range(work.skip, len(plan)):
             batch = plan.batch(b).tolist()
             while any(p not in held for p in batch):
@@ -249,13 +249,15 @@ class CacheStream(IterableDataset):  # type: ignore[type-arg]
                     del held[p]
         reads.close()
 
-    def _read_ahead(self, units: list[int]
+    def _read_ahead(self, units: np.ndarray
                     ) -> Generator[tuple[int, list[CachedSample]], None, None]:
-        """Yield whole units in order, keeping ``read_ahead_units`` reads in flight."""
+        """Yield whole units in order, keeping ``read_ahead_units`` reads in flight (the units
+        stay a shared array: a list of them would cost a worker ~36 bytes per unit)."""
         depth = self.settings.read_ahead_units
         with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="cache-read") as pool:
             pending: list[tuple[int, Future[list[CachedSample]]]] = []
-            for unit in units:
+            for k in range(units.size):
+                unit = int(units[k])
                 pending.append((unit, pool.submit(self.reader.read_unit, unit)))
                 if len(pending) > depth:
                     done, future = pending.pop(0)
