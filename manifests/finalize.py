@@ -18,6 +18,7 @@ from sparkforge.manifests.objects import (
     MAX_HEADER_BYTES,
     MAX_MANIFEST_BYTES,
     MAX_PARITY_BYTES,
+    object_totals,
     read_json,
 )
 from sparkforge.manifests.schema import (
@@ -195,7 +196,7 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
             "index_key": INDEX_KEY, "index_sha256": index_sha256,
             "totals": {"samples": int(units.num_samples.sum()), "tokens": tokens,
                        "logical_bytes": tokens * row_bytes,
-                       "stored_bytes": storage.total_bytes(loc)},
+                       "stored_bytes": object_totals(loc)[1]},
         },
         "parity": _parity_report(loc),
     }

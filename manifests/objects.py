@@ -3,6 +3,7 @@ from one listing, links out of the root."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 from collections.abc import Iterator, Mapping
@@ -11,8 +12,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from sparkforge.shared import storage
+from sparkforge.shared.cache_tables import SlotColumns, group_starts
 from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.fields import load_json
+from sparkforge.shared.layout import CacheSpec, slots_per_group
 
 MAX_MANIFEST_BYTES: Final = 1 << 30
 """A manifest lists every unit's slots and checksums: ~1 KB per unit, 10^6 units fit."""
@@ -64,6 +67,23 @@ def stored_objects(loc: storage.Location, prefix: str) -> dict[str, int]:
     return {key: int(info.get("size") or 0) for key, info in _listing(loc, prefix).items()}
 
 
+def slot_folders(slots: SlotColumns, spec: CacheSpec) -> Iterator[slice]:
+    """Runs of ``slots`` rows whose objects share a folder: a slot group (format 3; slot ids
+    rise with units), or every row (formats 1-2: one folder per array)."""
+    if spec.format_version < 3:
+        if len(slots):
+            yield slice(0, len(slots))
+        return
+    _, starts = group_starts(slots.slot // slots_per_group(spec))
+    for a, b in itertools.pairwise(starts.tolist()):
+        yield slice(a, b)
+
+
+def group_folder(name: str, key: str, spec: CacheSpec) -> str:
+    """The folder listed for ``key``'s group: ``<array>/c/<group>`` (format 3), else the array."""
+    return "/".join(key.split("/")[:3]) if spec.format_version >= 3 else name
+
+
 def object_times(loc: storage.Location, prefix: str) -> dict[str, float | None]:
     """Every object under ``prefix`` (one listing): key -> last-modified time (Unix seconds).
 
@@ -107,10 +127,14 @@ def _modified(info: Mapping[str, Any]) -> float | None:
 
 def _local_objects(root: str, path: str) -> dict[str, dict[str, Any]]:
     """Files under ``path`` (links followed as zarr follows them, unless they leave ``root``)."""
-    found: dict[str, dict[str, Any]] = {}
+    return dict(_local_files(root, path))
+
+
+def _local_files(root: str, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(key, size and time) of each file under ``path``, one folder listed at a time."""
     start = len(Path(path).relative_to(root).parts)
     if not storage.resolves_inside(path, root):
-        return found
+        return
     stack = [(path, start)]
     while stack:
         here, depth = stack.pop()
@@ -124,9 +148,25 @@ def _local_objects(root: str, path: str) -> dict[str, dict[str, Any]]:
                 stack.append((entry.path, depth + 1))
             elif entry.is_file():
                 info = entry.stat()
-                found[entry.path[len(root) + 1:]] = {"size": info.st_size,
-                                                     "mtime": info.st_mtime}
-    return found
+                yield entry.path[len(root) + 1:], {"size": info.st_size, "mtime": info.st_mtime}
+
+
+def object_totals(loc: storage.Location, prefix: str | None = None) -> tuple[int, int]:
+    """Objects under ``prefix`` (None: the whole cache) and their bytes, as
+    :func:`stored_objects` lists them; on local disk one folder at a time (fsspec's ``find``
+    holds every object's details at once, ~1 KB each)."""
+    if not loc.is_local:
+        loc.fs.invalidate_cache(loc.root)
+        found: Iterator[tuple[str, dict[str, Any]]] = iter(
+            (loc.fs.find(loc.root, detail=True) if prefix is None
+             else _listing(loc, prefix)).items())
+    else:
+        found = _local_files(loc.root, loc.root if prefix is None else loc.path(prefix))
+    count = total = 0
+    for _, info in found:
+        count += 1
+        total += int(info.get("size") or 0)
+    return count, total
 
 
 def _entries(folder: str) -> list[os.DirEntry[str]]:

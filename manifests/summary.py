@@ -13,7 +13,10 @@ import numpy as np
 from sparkforge.manifests.objects import (
     escaping_links,
     existing_location,
+    group_folder,
     irregular_objects,
+    object_totals,
+    slot_folders,
     stored_objects,
 )
 from sparkforge.manifests.open import read_manifest, read_samples
@@ -50,9 +53,7 @@ def summarize_cache(uri: str, *,
     splits = _split_counts(index)
     spec = m.storage.spec
     arrays, unreferenced = _array_bytes(loc, m)
-    loc.fs.invalidate_cache(loc.root)
-    everything = loc.fs.find(loc.root, detail=True)
-    on_disk = sum(int(i.get("size") or 0) for i in everything.values())
+    num_objects, on_disk = object_totals(loc)
     tokens, data_bytes = m.storage.totals.tokens, sum(a["stored_bytes"] for a in arrays.values())
     logical = sum(a["logical_bytes"] for a in arrays.values())
     t, c = m.target, m.capture
@@ -75,7 +76,7 @@ def summarize_cache(uri: str, *,
                        "image_rows": m.accounting.image_rows,
                        "skipped": dict(sorted(m.accounting.skipped.items())),
                        "failed": m.accounting.failed},
-        "objects": len(everything), "bytes_on_disk": on_disk,
+        "objects": num_objects, "bytes_on_disk": on_disk,
         "bytes_per_token": on_disk / tokens if tokens else None,
         "logical_bytes": logical, "data_bytes": data_bytes, "unreferenced_bytes": unreferenced,
         "compression_ratio": logical / data_bytes if data_bytes else None,
@@ -154,22 +155,27 @@ def drafts_fed(m: CacheManifest) -> dict[str, Any]:
 
 def _array_bytes(loc: storage.Location,
                  m: CacheManifest) -> tuple[dict[str, dict[str, Any]], int]:
-    """Per array: codec, logical and stored bytes of committed slots; plus unreferenced bytes."""
+    """Per array: codec, logical and stored bytes of committed slots; plus unreferenced bytes
+    (slot objects no committed slot names). Listed one slot group folder at a time."""
     spec = m.storage.spec
     zarrays = read_arrays(loc, spec)
-    slots = read_slot_table(loc, m).slot.tolist()
+    slots = read_slot_table(loc, m)
+    ids = slots.slot.tolist()
     arrays: dict[str, dict[str, Any]] = {}
     unreferenced = 0
     for name, layout in array_layouts(spec).items():
-        objects = stored_objects(loc, name)
-        keys = {slot_key(name, zarrays[name], s, spec) for s in slots}
-        stored = sum(objects.get(k, 0) for k in keys)
-        unreferenced += sum(v for k, v in objects.items()
-                            if k not in keys and not k.endswith("zarr.json"))
+        stored = missing = 0
+        for rows in slot_folders(slots, spec):
+            keys = [slot_key(name, zarrays[name], ids[i], spec) for i in range(rows.start,
+                                                                              rows.stop)]
+            objects = stored_objects(loc, group_folder(name, keys[0], spec))
+            stored += sum(objects.get(k, 0) for k in keys)
+            missing += sum(k not in objects for k in keys)
+        unreferenced += object_totals(loc, f"{name}/c")[1] - stored
         logical = m.storage.totals.tokens * layout.dtype.itemsize * math.prod(layout.row_shape)
         arrays[name] = {"codec": m.storage.codecs[name], "logical_bytes": logical,
                         "stored_bytes": stored, "ratio": logical / stored if stored else None,
-                        "missing_objects": len(keys - objects.keys()), "objects": len(keys)}
+                        "missing_objects": missing, "objects": len(slots)}
     return arrays, unreferenced
 
 

@@ -9,7 +9,6 @@ values, token ranges).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 from collections import Counter
@@ -31,8 +30,10 @@ from sparkforge.manifests.objects import (
     MAX_PARITY_BYTES,
     escaping_links,
     existing_location,
+    group_folder,
     irregular_objects,
     read_json,
+    slot_folders,
     stored_objects,
 )
 from sparkforge.manifests.open import read_manifest
@@ -42,7 +43,7 @@ from sparkforge.manifests.scan import SlotToScan, scan_slots
 from sparkforge.manifests.schema import CacheManifest
 from sparkforge.manifests.tables import read_tables
 from sparkforge.shared import storage
-from sparkforge.shared.cache_tables import SlotColumns, group_starts
+from sparkforge.shared.cache_tables import SlotColumns
 from sparkforge.shared.commit import committed_units
 from sparkforge.shared.commit_columns import CommitColumns
 from sparkforge.shared.fields import shorten
@@ -55,7 +56,6 @@ from sparkforge.shared.layout import (
     describe_codecs,
     slot_block,
     slot_key,
-    slots_per_group,
 )
 from sparkforge.shared.writer import diff_json
 
@@ -281,9 +281,9 @@ def _check_objects(loc: storage.Location, spec: CacheSpec, slots: SlotColumns,
     counts: Counter[str] = Counter()
     units, ids = slots.unit.tolist(), slots.slot.tolist()
     for name, arr in arrays.items():
-        for rows in _by_folder(slots, spec):
+        for rows in slot_folders(slots, spec):
             keys = [slot_key(name, arr, ids[i], spec) for i in range(rows.start, rows.stop)]
-            present = stored_objects(loc, _folder(name, keys[0], spec))
+            present = stored_objects(loc, group_folder(name, keys[0], spec))
             for i, key in zip(range(rows.start, rows.stop), keys, strict=True):
                 size = present.get(key)
                 slot_bytes[i] += size or 0
@@ -300,19 +300,3 @@ def _check_objects(loc: storage.Location, spec: CacheSpec, slots: SlotColumns,
     report.checked["objects"] += len(slots) * len(arrays)
     report.checked["slots"] = len(slots)
     return slot_bytes
-
-
-def _by_folder(slots: SlotColumns, spec: CacheSpec) -> Iterator[slice]:
-    """Runs of ``slots`` rows whose objects share a folder: a slot group (format 3; slot ids
-    rise with units), or every row (formats 1-2: one folder per array)."""
-    if spec.format_version < 3:
-        yield slice(0, len(slots))
-        return
-    _, starts = group_starts(slots.slot // slots_per_group(spec))
-    for a, b in itertools.pairwise(starts.tolist()):
-        yield slice(a, b)
-
-
-def _folder(name: str, key: str, spec: CacheSpec) -> str:
-    """The folder listed for ``key``'s group: ``<array>/c/<group>`` (format 3), else the array."""
-    return "/".join(key.split("/")[:3]) if spec.format_version >= 3 else name

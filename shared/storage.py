@@ -166,22 +166,6 @@ def staged_file(loc: Location, key: str) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def total_bytes(loc: Location) -> int:
-    """Bytes of every object under the root; on local disk one folder at a time (fsspec's
-    ``du`` first lists every object with its details: ~1 KB each, held at once)."""
-    if not loc.is_local:
-        return int(loc.fs.du(loc.root, total=True))
-    total, stack = 0, [loc.root]
-    while stack:
-        with os.scandir(stack.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif entry.is_file():
-                    total += entry.stat().st_size
-    return total
-
-
 def read_bytes(loc: Location, key: str, *, max_bytes: int | None = None) -> bytes:
     """Read one whole object of at most ``max_bytes`` (FileNotFoundError if absent).
 
