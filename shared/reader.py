@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M")
+_Read = tuple[int, np.ndarray, int, int]
+"""Slot row ``k``, the sample positions it serves, first row and row count of one read."""
 
 
 class CacheDataError(SparkforgeError):
@@ -184,15 +186,9 @@ class CacheReader(Generic[M]):
         """
         rows = self._unit(unit, check=False)
         positions = self.samples.of_unit(unit)
-        first, last = self._slot_range(positions)
-        reads = [(k, positions[(first <= s) & (s <= last)], self._slot_start(k),
-                  int(self.slots.num_rows[k]))
-                 for k, s in zip(range(rows.start, rows.stop), self.slots.slot[rows].tolist(),
-                                 strict=True)]
+        reads = self._whole_slots(range(rows.start, rows.stop), positions)
         with self._checking(unit):
-            parts = [(start, self._fields(values)) for (_, _, start, _), values in
-                     zip(reads, self._read_slots(reads), strict=True)]
-        starts = np.array([start for start, _ in parts], dtype=np.int64)
+            parts, starts = self._parts(reads)
         return [self._joined(p, parts, starts) for p in positions.tolist()]
 
     def read_sample(self, sample_id: int) -> CachedSample:
@@ -204,20 +200,16 @@ class CacheReader(Generic[M]):
         ids = self.slots.slot[rows]
         ks = range(rows.start + int(np.searchsorted(ids, first)),
                    rows.start + int(np.searchsorted(ids, last, "right")))
-        begin = int(self.samples.row_offset[pos])
-        end = begin + int(self.samples.length[pos])
         if self.verify:
-            mine = self.samples.of_unit(unit)
-            lo, hi = self._slot_range(mine)
-            reads = [(k, mine[(lo <= self.slots.slot[k]) & (self.slots.slot[k] <= hi)],
-                      self._slot_start(k), int(self.slots.num_rows[k])) for k in ks]
+            reads = self._whole_slots(ks, self.samples.of_unit(unit))
         else:
-            reads = [(k, np.array([pos]), max(begin, self._slot_start(k)),
-                      max(min(end, self._slot_start(k) + int(self.slots.num_rows[k]))
-                          - max(begin, self._slot_start(k)), 0)) for k in ks]
-        parts = [(start, self._fields(values)) for (_, _, start, _), values in
-                 zip(reads, self._read_slots(reads), strict=True)]
-        return self._joined(pos, parts, np.array([start for start, _ in parts], np.int64))
+            begin = int(self.samples.row_offset[pos])
+            end = begin + int(self.samples.length[pos])
+            spans = [(max(begin, self._slot_start(k)),
+                      min(end, self._slot_start(k) + int(self.slots.num_rows[k]))) for k in ks]
+            reads = [(k, np.array([pos]), a, max(b - a, 0))
+                     for k, (a, b) in zip(ks, spans, strict=True)]
+        return self._joined(pos, *self._parts(reads))
 
     def target_file(self, name: str) -> bytes:
         """A stored target file, e.g. ``config.json`` or ``weights.safetensors``."""
@@ -235,6 +227,20 @@ class CacheReader(Generic[M]):
         """First and last slot holding each sample's rows."""
         return sample_slots(self.spec, self.samples.row_offset[positions],
                             self.samples.length[positions].astype(np.int64))
+
+    def _whole_slots(self, ks: Iterable[int], positions: np.ndarray) -> list[_Read]:
+        """A read of each slot row's used rows, with those of ``positions`` holding rows of it
+        (for the checks' messages)."""
+        first, last = self._slot_range(positions)
+        return [(k, positions[(first <= s) & (s <= last)], self._slot_start(k),
+                 int(self.slots.num_rows[k])) for k in ks for s in [int(self.slots.slot[k])]]
+
+    def _parts(self, reads: Sequence[_Read]
+               ) -> tuple[list[tuple[int, dict[str, np.ndarray]]], np.ndarray]:
+        """Each read's first row and its fields, and the first rows as an array."""
+        parts = [(start, self._fields(values)) for (_, _, start, _), values in
+                 zip(reads, self._read_slots(reads), strict=True)]
+        return parts, np.array([start for start, _ in parts], dtype=np.int64)
 
     def _joined(self, pos: int, parts: Sequence[tuple[int, dict[str, np.ndarray]]],
                 starts: np.ndarray) -> CachedSample:
@@ -337,8 +343,7 @@ class CacheReader(Generic[M]):
             out[field] = np.stack([parts[k] for k in order], axis=1)
         return out
 
-    def _read_slots(self, reads: Sequence[tuple[int, np.ndarray, int, int]]
-                    ) -> list[dict[str, np.ndarray]]:
+    def _read_slots(self, reads: Sequence[_Read]) -> list[dict[str, np.ndarray]]:
         """Rows ``[start, start + count)`` of every array in each slot row ``k``, all requested
         at once, then checked (see the module docstring); the crc32c is checked when ``verify``
         is set and a read covers its slot's used rows."""
