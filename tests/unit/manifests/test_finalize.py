@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tracemalloc
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cache_helpers import make_run_header, make_unit
 
+from sparkforge.manifests import index_rows
 from sparkforge.manifests.finalize import finalize_cache, read_run_header
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.schema import CacheIncompleteError, ManifestError
 from sparkforge.shared import storage
-from sparkforge.shared.layout import HEADER_KEY, CacheSpec
+from sparkforge.shared.layout import HEADER_KEY, CacheSpec, commit_key, first_slot
 from sparkforge.shared.records import UnitAccounting
 from sparkforge.shared.writer import CacheWriter
 
@@ -134,3 +138,46 @@ def test_malformed_parity_report_is_refused_naming_the_field(tmp_path: Path) -> 
         {"parity.json": json.dumps({"passed": True}).encode()})
     with pytest.raises(ManifestError, match=r"manifest field 'parity': expected keys \['dtype'"):
         finalize_cache(str(tmp_path / "c"), expected_units=1)
+
+
+def _copied_units(path: Path, num_units: int) -> None:
+    """A cache of ``num_units`` units of 256 four-token samples: unit 0 by the real writer, the
+    others its commit record with shifted ids (no slot objects: finalize reads only records)."""
+    spec = CacheSpec(hidden_size=1, num_aux_layers=1, hidden_dtype="bfloat16", max_seq_len=4,
+                     shard_rows=128, rows_per_unit=256)
+    w = CacheWriter.open(str(path), spec=spec, header=make_run_header(spec))
+    w.write_unit(0, *make_unit(spec, 0, skip_every=1 << 20))
+    record = json.loads((path / commit_key(0)).read_text())
+    base = np.asarray(record["samples"]["row_offset"]) - first_slot(spec, 0, 0) * 128
+    for unit in range(1, num_units):
+        first, ids = first_slot(spec, unit, 0), list(range(unit * 256, (unit + 1) * 256))
+        record.update(unit=unit, slots=[dict(s, slot=first + k)
+                                        for k, s in enumerate(json.loads(
+                                            (path / commit_key(0)).read_text())["slots"])])
+        record["samples"].update(
+            sample_id=ids, source_row=ids, slot=[first + o // 128 for o in base.tolist()],
+            row_offset=(first * 128 + base).tolist())
+        (path / commit_key(unit)).write_text(json.dumps(record))
+
+
+def test_finalize_memory_does_not_grow_with_the_samples(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finalize streams the index (here in batches of 2,048 rows): 20 and 200 units (5,120 and
+    51,200 samples) peak within 16 bytes per added sample, in Python/numpy memory and in Arrow's
+    pool (holding the index, as before, cost ~150 bytes per sample)."""
+    monkeypatch.setattr(index_rows, "BATCH_ROWS", 2048)
+    peaks = []
+    for units in (20, 200):
+        _copied_units(tmp_path / str(units), units)
+        tracemalloc.start()
+        # One record at a time: each local read first allocates MAX_COMMIT_BYTES (untouched
+        # pages, yet traced), which would make the peak depend on how many reads overlap.
+        finalize_cache(str(tmp_path / str(units)), expected_units=units, max_concurrency=1)
+        peaks.append((tracemalloc.get_traced_memory()[1], pa.default_memory_pool().max_memory()))
+        tracemalloc.stop()
+    added = (200 - 20) * 256
+    assert (peaks[1][0] - peaks[0][0]) / added < 16, peaks
+    assert (peaks[1][1] - peaks[0][1]) / added < 16, peaks
+    index = pq.read_table(tmp_path / "200/index.parquet")
+    assert index.column("sample_id").to_pylist() == list(range(200 * 256))
+    assert pq.ParquetFile(tmp_path / "200/index.parquet").metadata.num_row_groups == 25
