@@ -17,6 +17,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+# Each xdist worker (and the CLIs and engines it starts) gets its share of the cores for torch's
+# intra-op threads: two workers of two threads each on two cores spin-wait on each other, which
+# cost 5.8x the CPU on the torch-heavy trainer tests (290 s against 50 s, same files, same load).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 
 @pytest.fixture(scope="session")

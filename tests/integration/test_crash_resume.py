@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cache_helpers import make_run_header, make_unit
+from process_helpers import wait_until
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
@@ -179,11 +180,8 @@ def test_sigterm_stops_produce_saying_what_it_kept(tiny_target: Path, tmp_path: 
                              "--output", str(cache)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while len(list((cache / "_commits").glob("unit_*.json"))) < 2:
-            assert proc.poll() is None, "produce ended before its second commit"
-            assert time.monotonic() < deadline, "no second commit"
-            time.sleep(0.02)
+        wait_until(proc, lambda: len(list((cache / "_commits").glob("unit_*.json"))) >= 2,
+                   "its second commit", poll_s=0.02)
         os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 import torch
 from cache_helpers import cache_spec, forge_rows, slot_object
 from export_helpers import foreign_checkpoint, load_in_vllm
+from process_helpers import wait_until
 
 from sparkforge.app.cli import main
 from sparkforge.shared.layout import row_selection
@@ -128,11 +128,8 @@ def test_killed_run_resumes_with_the_uninterrupted_losses(
                         "--checkpoint.every_n_train_steps", "4", "--checkpoint.save_top_k", "-1")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not list(killed.glob("dspark/version_*/checkpoints/*step=8.ckpt")):
-            assert proc.poll() is None, "training exited before its step-8 checkpoint"
-            assert time.monotonic() < deadline, "no step-8 checkpoint"
-            time.sleep(0.05)
+        step_8 = "dspark/version_*/checkpoints/*step=8.ckpt"
+        wait_until(proc, lambda: bool(list(killed.glob(step_8))), "its step-8 checkpoint")
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
@@ -398,11 +395,7 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_resumes_exactly(
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not list(ckpts.glob("*step=2.ckpt")):
-            assert proc.poll() is None, "training exited before its step-2 checkpoint"
-            assert time.monotonic() < deadline, "no step-2 checkpoint"
-            time.sleep(0.05)
+        wait_until(proc, lambda: bool(list(ckpts.glob("*step=2.ckpt"))), "its step-2 checkpoint")
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
