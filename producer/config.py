@@ -116,7 +116,8 @@ class ProducerConfig:
     """Input rows per commit unit (the resume and multi-worker granule). A unit is held in memory
     until it commits: about rows_per_unit x mean tokens x (F + 1) x H x 2 bytes."""
     shard_rows: int = 8192
-    """Token rows per shard (>= max_seq_len)."""
+    """Token rows per shard, any size: a longer sample spans several. The writer holds one
+    shard per array and writer thread: (F + 1) x shard_rows x H x 2 bytes in bf16."""
     writer_queue_units: int = 2
     """Captured units waiting for the writer at most, while the engine captures the next one. At
     most writer_queue_units + writer_threads + 1 units are in memory (queued, being written,
