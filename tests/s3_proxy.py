@@ -42,6 +42,8 @@ class S3Proxy:
         """(kind, path) of every request since the last :meth:`reset`."""
         self.max_in_flight = 0
         """Most requests forwarded at once since the last :meth:`reset`."""
+        self.spans: list[tuple[str, float, float]] = []
+        """(path, monotonic start, monotonic end) of every answered request since :meth:`reset`."""
         self._in_flight = 0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -54,23 +56,25 @@ class S3Proxy:
         """The proxy's own URL, for ``endpoint_url``."""
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def count(self, kind: str, path: str) -> None:
-        """Tally one request, now in flight."""
+    def count(self, kind: str, path: str) -> float:
+        """Tally one request, now in flight; returns its start time for :meth:`done`."""
         with self._lock:
             self.counts[kind] += 1
             self.log.append((kind, path))
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
+        return time.monotonic()
 
-    def done(self) -> None:
+    def done(self, path: str, start: float) -> None:
         """One request answered."""
         with self._lock:
             self._in_flight -= 1
+            self.spans.append((path, start, time.monotonic()))
 
     def reset(self) -> Counter[str]:
         """The counts so far, then start again from zero."""
         with self._lock:
-            counts, self.counts, self.log = self.counts, Counter(), []
+            counts, self.counts, self.log, self.spans = self.counts, Counter(), [], []
             self.max_in_flight = self._in_flight
         return counts
 
@@ -90,11 +94,11 @@ def _handler(proxy: S3Proxy) -> type[BaseHTTPRequestHandler]:
 
         def _forward(self) -> None:
             body = self._body()
-            proxy.count(request_kind(self.command, self.path), self.path)
+            start = proxy.count(request_kind(self.command, self.path), self.path)
             try:
                 self._answer(body)
             finally:
-                proxy.done()
+                proxy.done(self.path, start)
 
         def _answer(self, body: bytes | None) -> None:
             if proxy.latency_s:
