@@ -134,6 +134,120 @@ def _has_sliding_layers(target: Any) -> bool:
     return "sliding_attention" in (getattr(text, "layer_types", None) or ())
 
 
+@dataclass
+class _Proposal:
+    """One round's draft: its tokens, their logits, and the confidence head's view of them."""
+
+    drafts_1K: torch.Tensor
+    q_logits_1KV: torch.Tensor
+    conf_logits_1K: torch.Tensor | None
+    conf_K: torch.Tensor | None
+    """Sigmoid of ``conf_logits_1K`` (None without a confidence head)."""
+
+
+@dataclass
+class _Decoding:
+    """What one generation carries from round to round: both caches and the context so far."""
+
+    target: Any
+    draft: DraftModel
+    temperature: float
+    generator: torch.Generator | None
+    target_inputs: Mapping[str, torch.Tensor] | None
+    banned: list[int]
+    """Placeholder ids neither model may emit (an image prompt's; see ``placeholder_ids``)."""
+    rewindable: bool
+    """Whether the target's cache can drop rejected tokens; if not, it re-runs the sequence."""
+    context_1T: torch.Tensor
+    cache_t: Any = None
+    cache_d: Any = None
+
+    def features(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The draft's input features of the target's served hidden states."""
+        family = family_of(getattr(self.target.config, "model_type", None))
+        return target_features(states, self.draft.config.target_layer_ids, family)
+
+
+def _start(target: Any, draft: DraftModel, ids_1T: torch.Tensor, *, temperature: float,
+           generator: torch.Generator | None,
+           target_inputs: Mapping[str, torch.Tensor] | None) -> tuple[_Decoding, int]:
+    """Prefill the prompt into both models; returns the decoding state and the first token."""
+    # A target whose cache cannot be rewound (DeepSeek-V4's compressor state, the sliding-window
+    # layers of Gemma, which drop past states once the window is full) re-runs the whole
+    # sequence each round instead of cropping the rejected tokens' K/V.
+    rewindable = not getattr(target, "_is_stateful", False) and not _has_sliding_layers(target)
+    dec = _Decoding(target=target, draft=draft, temperature=temperature, generator=generator,
+                    target_inputs=target_inputs, rewindable=rewindable, context_1T=ids_1T,
+                    banned=placeholder_ids(target.config) if target_inputs else [])
+    out, states = _forward(target, ids_1T, use_cache=rewindable,
+                           **_with_images(target_inputs, ids_1T.shape[1]))
+    dec.cache_t = out.past_key_values
+    dec.cache_d = draft.extend_context(draft.empty_cache(), dec.features(states))
+    return dec, int(sample_token(_banning(out.logits[0, -1], dec.banned), temperature, generator))
+
+
+def _propose(dec: _Decoding, anchor_1: torch.Tensor) -> _Proposal:
+    """Draft a block after ``anchor_1`` (DFlash2 through its selector's walk) and score it."""
+    draft = dec.draft
+    hidden, base = draft.draft_block(anchor_1, dec.cache_d)
+    base = _banning(base, dec.banned)
+    if draft.candidate_selector is not None:
+        drafts, q_logits = sample_with_selector(draft.candidate_selector, base, anchor_1, hidden,
+                                                dec.temperature, dec.generator)
+    else:
+        drafts, q_logits = sample_draft_tokens(base, anchor_1, hidden, draft.markov_head,
+                                               dec.temperature, dec.generator)
+    prev = torch.cat([anchor_1[:, None], drafts[:, :-1]], dim=1)
+    conf_logits = draft.confidence(hidden, prev)
+    conf_K = None if conf_logits is None else torch.sigmoid(conf_logits[0].float())
+    return _Proposal(drafts_1K=drafts, q_logits_1KV=q_logits, conf_logits_1K=conf_logits,
+                     conf_K=conf_K)
+
+
+def _score_block(dec: _Decoding, block_1M: torch.Tensor) -> tuple[Any, torch.Tensor,
+                                                                   list[torch.Tensor]]:
+    """The target over ``[anchor, m drafts]``: its output, logits and served hidden states."""
+    if dec.rewindable:
+        ver, states = _forward(dec.target, block_1M, past_key_values=dec.cache_t, use_cache=True)
+        return ver, ver.logits, states
+    full = torch.cat([dec.context_1T, block_1M], dim=1)
+    ver, states = _forward(dec.target, full, use_cache=False,
+                           **_with_images(dec.target_inputs, full.shape[1]))
+    width = block_1M.shape[1]
+    return ver, ver.logits[:, -width:], [h[:, -width:] for h in states]
+
+
+def _verify_round(dec: _Decoding, anchor_1: torch.Tensor, prop: _Proposal,
+                  m: int) -> tuple[int, int]:
+    """Verify the first ``m`` drafts and advance both caches past the accepted ones.
+
+    Returns:
+        (accepted count n, the token the target contributes).
+    """
+    block = torch.cat([anchor_1[:, None], prop.drafts_1K[:, :m]], dim=1)
+    ver, logits, states = _score_block(dec, block)
+    p = logits_to_probs(_banning(logits[0], dec.banned), dec.temperature)
+    q = logits_to_probs(prop.q_logits_1KV[0, :m], dec.temperature)
+    n, nxt = verify_draft(prop.drafts_1K[0, :m], q, p, dec.generator)
+    if dec.rewindable:
+        dec.cache_t = ver.past_key_values
+        if m > n:  # drop the target K/V of the rejected draft tokens
+            dec.cache_t.crop(n - m)
+    dec.context_1T = torch.cat([dec.context_1T, block[:, : n + 1]], dim=1)
+    dec.cache_d = dec.draft.extend_context(dec.cache_d, dec.features(states)[:, : n + 1])
+    return n, nxt
+
+
+def _record_round(res: SpecDecodeResult, prop: _Proposal, *, m: int, n: int, nxt: int) -> None:
+    """Count one round in ``res``: trials, max q, confidences, and the tokens it yields."""
+    res.count_round(verified=m, accepted=n)
+    res.round_max_q.append(torch.softmax(prop.q_logits_1KV[0, :m].float(), -1).amax(-1).tolist())
+    if prop.conf_logits_1K is not None and prop.conf_K is not None:
+        res.trial_confidence += prop.conf_K[: min(m, n + 1)].tolist()
+        res.round_confidence_logits.append(prop.conf_logits_1K[0, :m].float().tolist())
+    res.tokens += [int(t) for t in prop.drafts_1K[0, :n]] + [nxt]
+
+
 @torch.no_grad()
 def speculative_generate(
     target: Any,
@@ -169,65 +283,18 @@ def speculative_generate(
             generated one fails: more slots than features), where vLLM keeps generated ids text.
     """
     t0 = time.perf_counter()
-    ids = prompt_ids.view(1, -1)
     k = draft.num_draft_tokens
-    layer_ids = draft.config.target_layer_ids
-    family = family_of(getattr(target.config, "model_type", None))
-    # A target whose cache cannot be rewound (DeepSeek-V4's compressor state, the sliding-window
-    # layers of Gemma, which drop past states once the window is full) re-runs the whole
-    # sequence each round instead of cropping the rejected tokens' K/V.
-    rewindable = not getattr(target, "_is_stateful", False) and not _has_sliding_layers(target)
     res = SpecDecodeResult(tokens=[], position_accepted=[0] * k, position_trials=[0] * k)
-    banned = placeholder_ids(target.config) if target_inputs else []
-    out, states = _forward(target, ids, use_cache=rewindable,
-                           **_with_images(target_inputs, ids.shape[1]))
-    cache_t = out.past_key_values
-    cache_d = draft.extend_context(draft.empty_cache(), target_features(states, layer_ids, family))
-    x0 = int(sample_token(_banning(out.logits[0, -1], banned), temperature, generator))
+    dec, x0 = _start(target, draft, prompt_ids.view(1, -1), temperature=temperature,
+                     generator=generator, target_inputs=target_inputs)
     res.tokens.append(x0)
-    context = ids
     while len(res.tokens) < max_new_tokens and eos_token_id not in res.tokens:
-        res.round_context.append(int(context.shape[1]))   # the anchor x0 follows the context
-        anchor = torch.tensor([x0], device=ids.device)
-        hidden, base = draft.draft_block(anchor, cache_d)
-        if draft.candidate_selector is not None:  # DFlash2 drafts through its selector's walk
-            drafts, q_logits = sample_with_selector(draft.candidate_selector,
-                                                    _banning(base, banned), anchor, hidden,
-                                                    temperature, generator)
-        else:
-            drafts, q_logits = sample_draft_tokens(_banning(base, banned), anchor, hidden,
-                                                   draft.markov_head, temperature, generator)
-        prev = torch.cat([anchor[:, None], drafts[:, :-1]], dim=1)
-        conf_logits = draft.confidence(hidden, prev)
-        conf_K = None if conf_logits is None else torch.sigmoid(conf_logits[0].float())
-        m = _verify_length(conf_K, k, confidence_threshold)
-        block = torch.cat([anchor[:, None], drafts[:, :m]], dim=1)
-        if rewindable:
-            ver, states = _forward(target, block, past_key_values=cache_t, use_cache=True)
-            logits = ver.logits
-        else:
-            full = torch.cat([context, block], dim=1)
-            ver, states = _forward(target, full, use_cache=False,
-                                   **_with_images(target_inputs, full.shape[1]))
-            logits = ver.logits[:, -(m + 1):]
-            states = [h[:, -(m + 1):] for h in states]
-        p = logits_to_probs(_banning(logits[0], banned), temperature)
-        q = logits_to_probs(q_logits[0, :m], temperature)
-        n, nxt = verify_draft(drafts[0, :m], q, p, generator)
-        if rewindable:
-            cache_t = ver.past_key_values
-            if m > n:  # drop the target K/V of the rejected draft tokens
-                cache_t.crop(n - m)
-        context = torch.cat([context, block[:, : n + 1]], dim=1)
-        feats = target_features(states, layer_ids, family)[:, : n + 1]
-        cache_d = draft.extend_context(cache_d, feats)
-        res.count_round(verified=m, accepted=n)
-        res.round_max_q.append(torch.softmax(q_logits[0, :m].float(), -1).amax(-1).tolist())
-        if conf_logits is not None and conf_K is not None:
-            res.trial_confidence += conf_K[: min(m, n + 1)].tolist()
-            res.round_confidence_logits.append(conf_logits[0, :m].float().tolist())
-        res.tokens += [int(t) for t in drafts[0, :n]] + [nxt]
-        x0 = nxt
+        res.round_context.append(int(dec.context_1T.shape[1]))  # the anchor x0 follows it
+        anchor = torch.tensor([x0], device=prompt_ids.device)
+        prop = _propose(dec, anchor)
+        m = _verify_length(prop.conf_K, k, confidence_threshold)
+        n, x0 = _verify_round(dec, anchor, prop, m)
+        _record_round(res, prop, m=m, n=n, nxt=x0)
     res.tokens = _cut(res.tokens, max_new_tokens, eos_token_id)
     res.wall_time_s = time.perf_counter() - t0
     return res
