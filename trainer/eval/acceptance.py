@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from sparkforge.trainer.eval.calibration import auroc, brier_score, expected_calibration_error
+from sparkforge.trainer.eval.decode_result import SpecDecodeResult
 from sparkforge.trainer.eval.report import tau_interval
-from sparkforge.trainer.eval.speculative import SpecDecodeResult
 
 
 def calibration_summary(confidence: Any, outcome: Any, *, events: bool) -> dict[str, Any]:

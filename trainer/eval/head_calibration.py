@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from sparkforge.trainer.eval.calibration import auroc, expected_calibration_error
-from sparkforge.trainer.eval.speculative import SpecDecodeResult
+from sparkforge.trainer.eval.decode_result import SpecDecodeResult
 from sparkforge.trainer.eval.sts import calibration_file, fit_sts, logit, survival_metrics
 
 

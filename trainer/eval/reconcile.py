@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sparkforge.trainer.eval.bootstrap import agreement
+from sparkforge.trainer.eval.decode_result import SpecDecodeResult
 from sparkforge.trainer.eval.matched import FORCED_TEMPERATURE
-from sparkforge.trainer.eval.speculative import SpecDecodeResult
 
 
 def _counts(runs: Sequence[SpecDecodeResult]) -> tuple[int, int]:

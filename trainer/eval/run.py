@@ -39,6 +39,7 @@ from sparkforge.trainer.data import load_split_index
 from sparkforge.trainer.eval.acceptance import acceptance_report
 from sparkforge.trainer.eval.chat_prompts import Prompt, chat_prompts
 from sparkforge.trainer.eval.context_buckets import speculative_buckets
+from sparkforge.trainer.eval.decode_result import SpecDecodeResult
 from sparkforge.trainer.eval.forced import teacher_forced
 from sparkforge.trainer.eval.head_calibration import (
     SlotRows,
@@ -50,7 +51,7 @@ from sparkforge.trainer.eval.matched import matched_report, split_sampling
 from sparkforge.trainer.eval.reconcile import reconcile
 from sparkforge.trainer.eval.report import write_report
 from sparkforge.trainer.eval.served import check_servable, measure_served
-from sparkforge.trainer.eval.speculative import SpecDecodeResult, speculative_generate
+from sparkforge.trainer.eval.speculative import speculative_generate
 from sparkforge.trainer.eval.sts import CALIBRATION_FILE
 from sparkforge.trainer.eval.turn_kinds import TurnTags, by_kind
 from sparkforge.trainer.export import load_draft, training_loss_settings

@@ -19,6 +19,7 @@ import torch
 
 from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.trainer.eval.acceptance import acceptance_report
+from sparkforge.trainer.eval.decode_result import SpecDecodeResult
 from sparkforge.trainer.eval.served_client import (
     RequestRun,
     metrics_page,
@@ -31,7 +32,6 @@ from sparkforge.trainer.eval.served_metrics import (
     parse_counters,
     request_rounds,
 )
-from sparkforge.trainer.eval.speculative import SpecDecodeResult
 from sparkforge.trainer.job_config import EvalConfig
 from sparkforge.trainer.model_card import num_speculative_tokens, serving_method
 

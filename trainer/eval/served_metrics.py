@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkforge.shared.errors import SparkforgeError
-from sparkforge.trainer.eval.speculative import SpecDecodeResult
+from sparkforge.trainer.eval.decode_result import SpecDecodeResult
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+"
                      r"(?P<value>\S+)")

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from sparkforge.trainer.eval.decode_result import SpecDecodeResult
 from sparkforge.trainer.eval.reconcile import exact_agreement, reconcile
 from sparkforge.trainer.eval.served_summary import reconciliation_lines
-from sparkforge.trainer.eval.speculative import SpecDecodeResult
 
 
 def _run(accepted: list[int], tokens: list[int], k: int = 4) -> SpecDecodeResult:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sparkforge.trainer.eval.decode_result import SpecDecodeResult
 from sparkforge.trainer.eval.head_calibration import SlotRows, calibration_study, speculative_rows
-from sparkforge.trainer.eval.speculative import SpecDecodeResult
 from sparkforge.trainer.eval.sts import calibration_file, fit_sts, survival, survival_metrics
 
 TRUE_T = [2.0, 0.5, 1.0]
