@@ -5,7 +5,8 @@ an older checkout, run by the same command, as ratios.
 Phases, each in its own process (CPU time and peak RSS are that process's own):
 
 - ``startup``: ``CacheDataModule.train_dataloader()`` (manifest, index, split, the per-share batch
-  count of ``pack``) on synthesized bookkeeping of N samples (units of 256 samples, one slot each;
+  count of ``pack``) and the plans of the rank's worker shares, made before they fork
+  (``plans``), on synthesized bookkeeping of N samples (units of 256 samples, one slot each;
   index and manifest only, no slot objects). CPU per sample, peak RSS and the RSS left after
   start-up per sample, with the manifest's own parse timed apart (the manifest is another
   change's). Growth exponent: the least-squares slope of log(cost) over log(N).
@@ -27,7 +28,6 @@ import hashlib
 import io
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -46,8 +46,9 @@ SHARE_COUNTS = (8, 64, 512)
 THROUGHPUT_UNITS, READ_AHEAD, LATENCIES = 128, 16, (0.0, 0.03)
 """The S3 cache of the throughput phase: 128 units, 16 read ahead (112 read after the first
 batch), at 0 and 30 ms per request."""
-WORKER_UNITS = (32, 256)
-"""Real caches of 8k and 65k samples: a worker's private bytes per sample is the slope."""
+WORKER_UNITS = (256, 4096)
+"""Real caches of 65k and 1M samples (the larger takes ~6 min to write here; ``--work`` keeps
+it): a worker's private bytes per sample is the slope."""
 
 
 def spec() -> Any:
@@ -155,6 +156,15 @@ def rss_bytes() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM: ``ru_maxrss`` would carry over the peak of the
+    benchmark process this one was started from)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def private_bytes(pid: int) -> int:
     """A process's private (unshared) resident bytes."""
     fields = dict(line.split(":", 1) for line in
@@ -183,8 +193,15 @@ def phase_startup(uri: str) -> dict[str, Any]:
     dm = data_module(uri)
     loader = dm.train_dataloader()
     length = len(loader)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before_plans = time.process_time()
+    # This code plans its workers' shares in the rank before they fork (older code: in each
+    # worker, so not here).
+    prepare = getattr(loader.stream, "prepare", None)
+    if prepare is not None:
+        prepare()
+    peak = peak_rss_bytes()
     return {"cpu_s": time.process_time() - cpu, "manifest_cpu_s": manifest_s,
+            "plans_cpu_s": time.process_time() - before_plans,
             "rss_added": rss_bytes() - base, "batches": length, "peak_rss_added": peak - base}
 
 
@@ -324,12 +341,14 @@ def measure(sizes: list[int], code: Path | None, work: Path) -> dict[str, Any]:
 
 def table(name: str, res: dict[str, Any], sizes: list[int]) -> list[str]:
     """Readable lines of one code version's results."""
-    lines = [f"== {name}", f"{'samples':>10} {'start cpu us/s':>15} {'manifest us/s':>14} "
+    lines = [f"== {name}", f"{'samples':>10} {'start cpu us/s':>15} {'plans us/s':>11} "
+             f"{'manifest us/s':>14} "
              f"{'rss B/s':>8} {'peak +B/s':>13} "
              + " ".join(f"{'plan@' + str(k) + ' us/s':>14}" for k in SHARE_COUNTS)]
     for n in sizes:
         s, p = res["startup"][n], res["plan"][n]
         lines.append(f"{n:>10,} {s['cpu_s'] / n * 1e6:>15.2f} "
+                     f"{s.get('plans_cpu_s', 0.0) / n * 1e6:>11.2f} "
                      f"{s['manifest_cpu_s'] / n * 1e6:>14.2f} "
                      f"{s['rss_added'] / n:>8.0f} {s['peak_rss_added'] / n:>13.0f} "
                      + " ".join(f"{p[k]['cpu_s'] / n * 1e6:>14.3f}" for k in SHARE_COUNTS))
@@ -339,6 +358,11 @@ def table(name: str, res: dict[str, Any], sizes: list[int]) -> list[str]:
         plan = [res["plan"][n][SHARE_COUNTS[0]]["cpu_s"] for n in sizes]
         lines.append(f"growth exponent: start-up cpu {slope(sizes, cpu):.3f}, rss "
                      f"{slope(sizes, rss):.3f}, plan {slope(sizes, plan):.3f}")
+        for a, b in zip(sizes, sizes[1:], strict=False):
+            lines.append(f"marginal {a:,} -> {b:,}: start-up cpu "
+                         f"{(cpu[sizes.index(b)] - cpu[sizes.index(a)]) / (b - a) * 1e6:.2f} us, "
+                         f"rss {(rss[sizes.index(b)] - rss[sizes.index(a)]) / (b - a):.0f} B "
+                         "per sample")
     small, big = (res["workers"][u] for u in WORKER_UNITS)
     extra = [(b - a) / (big["samples"] - small["samples"])
              for a, b in zip(small["worker_private"], big["worker_private"], strict=True)]
