@@ -38,8 +38,8 @@ class CacheDataModule(L.LightningDataModule):
     Args:
         uri: Cache root: a local path or any fsspec URI (``s3://bucket/cache``, ``gs://...``).
         storage_options: fsspec options for the store (e.g. ``{"endpoint_url": ...}`` for S3;
-            on S3 ``{"config_kwargs": {"max_pool_connections": 64}}`` lets more reads be in
-            flight than the client's default of 10 connections).
+            on S3 the client pools 128 connections unless
+            ``{"config_kwargs": {"max_pool_connections": N}}`` says otherwise).
     """
 
     def __init__(
