@@ -128,7 +128,10 @@ class ShareWork:
     @classmethod
     def of(cls, index: SplitIndex, plan: EpochPlan, skip: int) -> ShareWork:
         """The work of ``plan`` resumed at batch ``skip``."""
-        needed = np.unique(plan.positions[int(plan.batch_starts[min(skip, len(plan))]):])
+        rest = plan.positions[int(plan.batch_starts[min(skip, len(plan))]):]
+        # Inside a period each position appears once: a sort is enough (unique keeps 2 more
+        # arrays as long as the positions while it runs).
+        needed = np.sort(rest) if plan.period is None else np.unique(rest)
         units = plan.unit_order[np.isin(plan.unit_order, index.unit[needed])]
         return cls(plan=plan, skip=skip, needed=needed, units=units)
 
