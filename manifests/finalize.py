@@ -7,12 +7,13 @@ import logging
 import math
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
 from sparkforge.manifests.commits import CommitCollector, read_commits
-from sparkforge.manifests.index import INDEX_SCHEMA, file_sha256
+from sparkforge.manifests.index import INDEX_SCHEMA
 from sparkforge.manifests.index_rows import BATCH_ROWS, IndexBatches, SortedRows
 from sparkforge.manifests.objects import (
     MAX_HEADER_BYTES,
@@ -148,7 +149,8 @@ def _write_index(loc: storage.Location, spec: CacheSpec, units: range, collector
             for record in _records(loc, spec, units, max_concurrency):
                 rows.add(record)
             pq.write_table(rows.table(), path, compression="zstd", row_group_size=BATCH_ROWS)
-        return file_sha256(path)
+        with Path(path).open("rb") as f:
+            return storage.stream_sha256(f)
 
 
 def _records(loc: storage.Location, spec: CacheSpec, units: range,

@@ -7,7 +7,6 @@ neither index is ever held whole. At most :data:`MAX_LISTED` problems of one kin
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,9 +35,7 @@ def stored_index(loc: storage.Location, m: CacheManifest,
     key, recorded = m.storage.index_key, m.storage
     try:
         with _open(loc, key) as f:
-            digest = hashlib.sha256()
-            while block := f.read(1 << 20):
-                digest.update(block)
+            digest = storage.stream_sha256(f)
     except FileNotFoundError:
         problems.append(f"index {key}: missing")
         yield None
@@ -47,8 +44,8 @@ def stored_index(loc: storage.Location, m: CacheManifest,
         problems.append(f"index {key}: {exc}")
         yield None
         return
-    if digest.hexdigest() != recorded.index_sha256:
-        problems.append(f"index {key}: sha256 {digest.hexdigest()} != manifest "
+    if digest != recorded.index_sha256:
+        problems.append(f"index {key}: sha256 {digest} != manifest "
                         f"storage.index_sha256 {recorded.index_sha256}")
     with _open(loc, key) as f:
         try:

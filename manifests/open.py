@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +26,6 @@ from sparkforge.shared.reader import CacheReader
 from sparkforge.shared.target_config import parse_target_config
 
 logger = logging.getLogger(__name__)
-HASH_BLOCK_BYTES: Final = 8 << 20
 
 
 class IndexMismatchError(ManifestError):
@@ -79,7 +77,8 @@ def read_samples(loc: storage.Location, manifest: CacheManifest, *,
     key = manifest.storage.index_key
     try:
         path = storage.inside_root(loc, key)
-        digest = _sha256(loc, path)
+        with loc.fs.open(path, "rb") as f:
+            digest = storage.stream_sha256(f)
         if digest != manifest.storage.index_sha256:
             raise ManifestError(f"index {key}: sha256 {digest} != manifest "
                                 f"storage.index_sha256 {manifest.storage.index_sha256}")
@@ -96,14 +95,6 @@ def read_samples(loc: storage.Location, manifest: CacheManifest, *,
                             "be read") from exc
     except (pa.ArrowException, TableError) as exc:
         raise ManifestError(f"index {key}: {exc}") from exc
-
-
-def _sha256(loc: storage.Location, path: str) -> str:
-    digest = hashlib.sha256()
-    with loc.fs.open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def unit_differences(units: UnitColumns, committed: UnitInfo, samples: SampleColumns,

@@ -21,13 +21,12 @@ from fsspec.implementations.local import LocalFileSystem
 from sparkforge.shared import hf_dataset
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.io_errors import storage_errors
-from sparkforge.shared.storage import check_regular
+from sparkforge.shared.storage import check_regular, stream_sha256
 
 logger = logging.getLogger(__name__)
 
 DataFormat = Literal["auto", "jsonl", "parquet"]
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-_HASH_BLOCK_BYTES = 8 << 20
 _READ_BLOCK_BYTES = 1 << 20
 MAX_LINE_BYTES = 64 << 20
 """Default longest JSONL line (far above any real chat); a longer one is skipped unread."""
@@ -185,15 +184,13 @@ def _describe_parquet(
     del max_line_bytes  # Parquet has no lines
     import pyarrow.parquet as pq
 
-    digest = hashlib.sha256()
     with fsspec.open(path, "rb", **options) as f:
-        while block := f.read(_HASH_BLOCK_BYTES):
-            digest.update(block)
+        digest = stream_sha256(f)
         f.seek(0)
         meta = pq.ParquetFile(f).metadata
     kv = meta.metadata or {}
     metadata = {k.decode(): json.loads(v) for k, v in kv.items() if k.startswith(b"sparkforge.")}
-    return digest.hexdigest(), meta.num_rows, metadata
+    return digest, meta.num_rows, metadata
 
 
 def _jsonl_rows(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -15,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import fsspec
 import zarr
@@ -28,6 +29,8 @@ from sparkforge.shared.errors import SparkforgeError
 logger = logging.getLogger(__name__)
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
+HASH_BLOCK_BYTES: Final = 8 << 20
+"""How much :func:`stream_sha256` reads at a time."""
 
 
 class UnsafeKeyError(SparkforgeError):
@@ -164,6 +167,14 @@ def staged_file(loc: Location, key: str) -> Iterator[Path]:
             _fsync_dir(target.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def stream_sha256(f: BinaryIO) -> str:
+    """The sha256 of what is left to read in ``f``, read 8 MiB at a time."""
+    digest = hashlib.sha256()
+    while block := f.read(HASH_BLOCK_BYTES):
+        digest.update(block)
+    return digest.hexdigest()
 
 
 def read_bytes(loc: Location, key: str, *, max_bytes: int | None = None) -> bytes:
