@@ -26,7 +26,7 @@ from sparkforge.trainer.eval.served_client import (
     run_requests,
     served_model,
 )
-from sparkforge.trainer.eval.served_engine import vllm_server
+from sparkforge.trainer.eval.served_engine import cpu_token_budget, vllm_server
 from sparkforge.trainer.eval.served_metrics import (
     counters_acceptance,
     parse_counters,
@@ -108,20 +108,31 @@ def _with_speedup(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) ->
             run["speedup"] = run["tokens_per_s"] / base
 
 
+def _token_budget(cfg: EvalConfig, prompts: Sequence[Sequence[int]], k: int) -> int | None:
+    """On a CPU host, the token budget that keeps every prefill whole at up to ``k`` drafted
+    tokens a step (``cpu_token_budget``); every server of a run gets the same."""
+    if torch.cuda.is_available():
+        return None
+    return cpu_token_budget([len(p) for p in prompts], max(cfg.served.concurrency), k,
+                            cfg.served.max_model_len)
+
+
 def _served_by_vllm(cfg: EvalConfig, draft_cfg: Any, prompts: Sequence[Sequence[int]],
                     ) -> tuple[list[tuple[int, dict[str, Any], Any]], list[dict[str, Any]]]:
     """One engine per draft length, then (``baseline``) one without the draft."""
     logs = Path(cfg.out_dir) / "served_logs"
     runs = []
-    for k in cfg.served.num_speculative_tokens or [num_speculative_tokens(draft_cfg)]:
+    ks = cfg.served.num_speculative_tokens or [num_speculative_tokens(draft_cfg)]
+    budget = _token_budget(cfg, prompts, max(ks))
+    for k in ks:
         with vllm_server(cfg.target, speculative_config(cfg, draft_cfg, k), cfg.served,
-                         log=logs / f"k{k}.log", seed=cfg.seed) as url:
+                         log=logs / f"k{k}.log", seed=cfg.seed, token_budget=budget) as url:
             runs += [(k, report, results) for report, results in
                      _measure(url, prompts, cfg, speculative=True)]
     baseline = []
     if cfg.served.baseline:
         with vllm_server(cfg.target, None, cfg.served, log=logs / "baseline.log",
-                         seed=cfg.seed) as url:
+                         seed=cfg.seed, token_budget=budget) as url:
             baseline = [timing for timing, _ in _measure(url, prompts, cfg, speculative=False)]
     return runs, baseline
 

