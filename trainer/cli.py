@@ -36,14 +36,14 @@ def train_cli(argv: Sequence[str], *, prog: str = "sparkforge train",
 
     from sparkforge.trainer.datamodule import CacheDataModule
     from sparkforge.trainer.lightning_cli import TrainCLI
-    from sparkforge.trainer.lit_module import DSparkLitModule
+    from sparkforge.trainer.lit_module import DraftLitModule
 
     use_bounded_yaml()  # also when called from the Python API, not the console script
     cuda = torch.cuda.is_available()
     # main(argv) is the entry point, so argv legitimately differs from sys.argv (tests, dispatch).
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     return TrainCLI(
-        DSparkLitModule, CacheDataModule, run=False, args=list(argv), seed_everything_default=0,
+        DraftLitModule, CacheDataModule, run=False, args=list(argv), seed_everything_default=0,
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"prog": prog, "description": description, "exit_on_error": exit_on_error},

@@ -14,10 +14,11 @@ import torch
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
 from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
-from sparkforge.trainer.draft.model import DraftModel, DSparkOutput
+from sparkforge.trainer.draft.model import DraftModel, DraftOutput
 from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
 from sparkforge.trainer.metrics import (
     MetricSums,
@@ -73,7 +74,7 @@ def _same_tensors(mine: Mapping[str, torch.Tensor], saved: Mapping[str, Any]) ->
         tuple(getattr(saved[k], "shape", ())) == tuple(v.shape) for k, v in mine.items())
 
 
-class DSparkLitModule(L.LightningModule):
+class DraftLitModule(L.LightningModule):
     """Trains a draft of any table architecture on batches from ``CacheDataModule``.
 
     The draft is built in ``setup`` from the target config and frozen weights stored in the cache,
@@ -205,7 +206,7 @@ class DSparkLitModule(L.LightningModule):
                                 device=self.device)
 
     def forward(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None,
-                **fixed_anchors: torch.Tensor) -> tuple[DSparkOutput, LossOutput]:
+                **fixed_anchors: torch.Tensor) -> tuple[DraftOutput, LossOutput]:
         """Draft forward + loss on one collated batch."""
         assert self.model is not None
         out = self.model(batch["input_ids"], batch["loss_mask"], batch["target_hidden_states"],
@@ -217,7 +218,7 @@ class DSparkLitModule(L.LightningModule):
         return out, compute_dspark_loss(out, self.loss_spec)
 
     # ---- training --------------------------------------------------------------------------------
-    def _sums(self, batch: dict[str, torch.Tensor], out: DSparkOutput,
+    def _sums(self, batch: dict[str, torch.Tensor], out: DraftOutput,
               res: LossOutput) -> MetricSums:
         sums = metric_sums(out, res.accept_rate, res.weights, res.selector)
         one = torch.ones((), dtype=torch.float64, device=self.device)
@@ -376,5 +377,14 @@ class WindowLogger(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         """Hand the batch end to the module."""
-        assert isinstance(pl_module, DSparkLitModule)
+        assert isinstance(pl_module, DraftLitModule)
         pl_module.end_train_batch(batch_idx)
+
+
+RENAMED = {"DSparkLitModule": "DraftLitModule"}
+"""Old names this module still serves, each as its new name (``renamed_attribute``)."""
+
+
+def __getattr__(name: str) -> Any:
+    """An old name of ``RENAMED``, with a FutureWarning naming its replacement."""
+    return renamed_attribute(__name__, name, RENAMED)

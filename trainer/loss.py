@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 
-from sparkforge.trainer.draft.model import DSparkOutput
+from sparkforge.trainer.draft.model import DraftOutput
 from sparkforge.trainer.draft.selector import (
     ServedAcceptance,
     selector_cross_entropy,
@@ -146,7 +146,7 @@ def global_denominator(
 
 
 def _confidence_terms(
-    out: DSparkOutput, l1_W: torch.Tensor, rows: torch.Tensor, w_BAK: torch.Tensor,
+    out: DraftOutput, l1_W: torch.Tensor, rows: torch.Tensor, w_BAK: torch.Tensor,
     confidence_alpha: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The detached label c* = clamp(1 - L1/2) scattered to [B, A, K], and per-row BCE (or None).
@@ -162,7 +162,7 @@ def _confidence_terms(
 
 
 def _selector_terms(
-    out: DSparkOutput, rows: torch.Tensor, w_BAK: torch.Tensor, target_WV: torch.Tensor | None,
+    out: DraftOutput, rows: torch.Tensor, w_BAK: torch.Tensor, target_WV: torch.Tensor | None,
     spec: LossSpec,
 ) -> tuple[torch.Tensor, ServedAcceptance | None]:
     """The selector CE's numerator (decay-weighted sum over the supervised rows; 0 without the
@@ -186,7 +186,7 @@ def _selector_terms(
 
 
 def compute_dspark_loss(
-    out: DSparkOutput, spec: LossSpec, *, process_group: dist.ProcessGroup | None = None,
+    out: DraftOutput, spec: LossSpec, *, process_group: dist.ProcessGroup | None = None,
 ) -> LossOutput:
     """The run's objective ``spec`` (DSpark's three terms, or DFlash's CE; unset: DSpark).
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from sparkforge.trainer.draft.model import DSparkOutput
+from sparkforge.trainer.draft.model import DraftOutput
 from sparkforge.trainer.draft.selector import ServedAcceptance
 
 MetricSums = dict[str, torch.Tensor]
@@ -17,7 +17,7 @@ MetricSums = dict[str, torch.Tensor]
 
 @torch.no_grad()
 def metric_sums(
-    out: DSparkOutput, accept_BAK: torch.Tensor | None, weights_BAK: torch.Tensor,
+    out: DraftOutput, accept_BAK: torch.Tensor | None, weights_BAK: torch.Tensor,
     selector: ServedAcceptance | None = None,
 ) -> MetricSums:
     """Numerators and denominators for one micro-batch (fp64, detached).
@@ -61,7 +61,7 @@ def metric_sums(
     return sums
 
 
-def selector_sums(out: DSparkOutput, ev_BAK: torch.Tensor, block_on_BA: torch.Tensor,
+def selector_sums(out: DraftOutput, ev_BAK: torch.Tensor, block_on_BA: torch.Tensor,
                   served: ServedAcceptance | None) -> MetricSums:
     """The candidate selector's sums: its served acceptance by position and its tau (as
     ``accept_*`` / ``tau_*``), the teacher's mass on the candidates and in its own top-k (the

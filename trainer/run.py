@@ -16,7 +16,7 @@ from sparkforge.trainer.checkpoint import load_checkpoint
 from sparkforge.trainer.ckpt_folder import CheckpointFolderLock
 from sparkforge.trainer.datamodule import CacheDataModule
 from sparkforge.trainer.interrupt import StopOnSigterm, stopped_by_lightning
-from sparkforge.trainer.lit_module import DSparkLitModule
+from sparkforge.trainer.lit_module import DraftLitModule
 from sparkforge.trainer.run_config import validation_on
 
 logger = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 """``--ckpt_path`` values Lightning resolves to a file itself."""
 
 
-def run_contract(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer,
+def run_contract(model: DraftLitModule, data: CacheDataModule, trainer: L.Trainer,
                  target_config: Mapping[str, Any]) -> RunContract:
     """What this run needs from its cache, whose ``target_config`` the draft is built from."""
     return model.draft.contract(max_seq_len=data.settings.max_seq_len,
@@ -32,7 +32,7 @@ def run_contract(model: DSparkLitModule, data: CacheDataModule, trainer: L.Train
                                 target_config=target_config)
 
 
-def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer) -> None:
+def check_cache(model: DraftLitModule, data: CacheDataModule, trainer: L.Trainer) -> None:
     """Refuse a cache that cannot feed this run, listing every mismatch, or that holds fewer units
     than its run header promised (before any training).
 
@@ -53,7 +53,7 @@ def check_cache(model: DSparkLitModule, data: CacheDataModule, trainer: L.Traine
                 len(data.split_index("train")), len(data.split_index("eval")))
 
 
-def check_rows(model: DSparkLitModule, data: CacheDataModule) -> None:
+def check_rows(model: DraftLitModule, data: CacheDataModule) -> None:
     """Refuse a draft that no training row can hold, before anything is allocated: each anchor
     is a position of a row of at most ``data.max_seq_len`` tokens (100,000 anchors of 4 tokens
     asked for a 320 GB attention mask)."""
@@ -91,7 +91,7 @@ def finish_wandb_runs(trainer: L.Trainer) -> None:
             lg.experiment.finish()
 
 
-def train(model: DSparkLitModule, data: CacheDataModule, trainer: L.Trainer, *,
+def train(model: DraftLitModule, data: CacheDataModule, trainer: L.Trainer, *,
           ckpt_path: str | None = None, run_folder: str | None = None) -> dict[str, Any]:
     """Validate the cache, fit (resuming from ``ckpt_path`` when given) and return a summary.
 

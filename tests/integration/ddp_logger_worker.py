@@ -13,13 +13,13 @@ from ddp_worker import OPTIMIZER, SCHEDULER, SPEC, STEPS
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
 from sparkforge.trainer.datamodule import CacheDataModule
-from sparkforge.trainer.lit_module import DSparkLitModule
+from sparkforge.trainer.lit_module import DraftLitModule
 from sparkforge.trainer.run import train
 
 
 def main(cache: str, out: str) -> None:
     L.seed_everything(0)
-    module = DSparkLitModule(draft=SPEC, optimizer=OPTIMIZER, scheduler=SCHEDULER,
+    module = DraftLitModule(draft=SPEC, optimizer=OPTIMIZER, scheduler=SCHEDULER,
                              attn_implementation="sdpa")
     loggers = [TensorBoardLogger(save_dir=out, name="tb"),
                WandbLogger(save_dir=out, offline=True, project="ddp")]

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 
 from sparkforge.trainer.datamodule import CacheDataModule
-from sparkforge.trainer.lit_module import DSparkLitModule
+from sparkforge.trainer.lit_module import DraftLitModule
 from sparkforge.trainer.run_config import DraftSpec
 from sparkforge.trainer.schedule import OptimizerConfig, SchedulerConfig
 
@@ -48,7 +48,7 @@ class _Record(L.Callback):
 
 def main(cache: str, out: str) -> None:
     L.seed_everything(0)
-    module = DSparkLitModule(draft=SPEC, optimizer=OPTIMIZER, scheduler=SCHEDULER,
+    module = DraftLitModule(draft=SPEC, optimizer=OPTIMIZER, scheduler=SCHEDULER,
                              attn_implementation="sdpa")
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=STEPS,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,

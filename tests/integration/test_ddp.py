@@ -14,7 +14,7 @@ from ddp_worker import OPTIMIZER, SCHEDULER, SPEC, STEPS
 
 from sparkforge.trainer.data import collate
 from sparkforge.trainer.datamodule import CacheDataModule
-from sparkforge.trainer.lit_module import DSparkLitModule, anchor_generator
+from sparkforge.trainer.lit_module import DraftLitModule, anchor_generator
 from sparkforge.trainer.loss import EPS
 from sparkforge.trainer.schedule import build_optimizer, build_scheduler
 
@@ -34,7 +34,7 @@ def _launch(cache: str, out: Path, worker: Path = WORKER) -> None:
 def _replay(cache: str, out: Path, ranks: list[list[dict]]) -> dict[str, torch.Tensor]:
     """One process, same global batches: both ranks' numerators over the global weight sum."""
     data = CacheDataModule(cache, batch_size=2, num_workers=0)
-    module = DSparkLitModule(draft=SPEC, optimizer=OPTIMIZER, scheduler=SCHEDULER,
+    module = DraftLitModule(draft=SPEC, optimizer=OPTIMIZER, scheduler=SCHEDULER,
                              attn_implementation="sdpa")
     module.build(SPEC.draft_config(data.target_config()), data.target_weights())
     assert module.model is not None

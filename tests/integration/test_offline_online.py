@@ -21,7 +21,7 @@ from sparkforge.shared.reader import CachedSample
 from sparkforge.shared.target_families import family_of
 from sparkforge.trainer.data import collate
 from sparkforge.trainer.datamodule import CacheDataModule
-from sparkforge.trainer.lit_module import DSparkLitModule
+from sparkforge.trainer.lit_module import DraftLitModule
 from sparkforge.trainer.run_config import DraftSpec, RecipeName
 from sparkforge.trainer.schedule import OptimizerConfig, SchedulerConfig
 
@@ -96,7 +96,7 @@ class _OnlineData(L.LightningDataModule):
 def _fit(data: Any, steps: int, spec: DraftSpec, recipe: RecipeName) -> _Record:
     L.seed_everything(0)
     record = _Record()
-    module = DSparkLitModule(draft=spec, recipe=recipe, optimizer=OptimizerConfig(lr=3e-3),
+    module = DraftLitModule(draft=spec, recipe=recipe, optimizer=OptimizerConfig(lr=3e-3),
                              scheduler=SchedulerConfig(warmup_steps=0), attn_implementation="sdpa")
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, logger=False, callbacks=[record],
                         enable_checkpointing=False, enable_progress_bar=False,

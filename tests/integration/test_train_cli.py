@@ -75,6 +75,27 @@ def test_fit_logs_finite_decreasing_loss_and_checkpoints(tiny_run: Path) -> None
         assert name in header
 
 
+def _strings(value: object) -> list[str]:
+    """Every string in a checkpoint's nested dicts and lists, keys included."""
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def test_a_run_names_no_class_its_checkpoint_or_config_reloads_by(tiny_run: Path) -> None:
+    """Neither config.yaml nor last.ckpt names a sparkforge class, so a renamed class
+    (DSparkLitModule -> DraftLitModule) leaves old runs loadable: the checkpoint loads with
+    weights_only (no pickled class) and holds hyper-parameters and the draft config as data."""
+    assert "sparkforge." not in (tiny_run / "config.yaml").read_text()
+    ckpt = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)
+    named = [s for s in _strings(ckpt) if "LitModule" in s or "sparkforge." in s]
+    assert not named, named
+    assert ckpt["hyper_parameters"]["recipe"] == "dspark"
+    assert ckpt["draft_config"]["architecture"] == "qwen3"
+
+
 def test_mismatched_cache_is_refused_before_training(tiny_cache: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """A run whose draft does not fit the cache exits 1 naming each field; nothing trains."""

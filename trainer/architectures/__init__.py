@@ -197,6 +197,6 @@ def build_draft(cfg: DSparkDraftConfig, **kwargs: Any) -> DraftModel:
     """A freshly initialised draft of the config's architecture (see ``DraftArchitecture.model``).
 
     Every architecture's model is a ``DraftModel``: it takes the same batch and returns
-    ``DSparkOutput``.
+    ``DraftOutput``.
     """
     return draft_class(cfg)(cfg, **kwargs)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
 
 from sparkforge.shared.errors import ConfigError
+from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.trainer.draft import passes
 from sparkforge.trainer.draft.block_conv import BlockConv
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
@@ -31,14 +32,14 @@ from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm
 from sparkforge.trainer.draft.passes import (
     AttnImpl,
     DraftContextCache,
-    DSparkOutput,
+    DraftOutput,
     dspark_heads,
     selector_head,
 )
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 from sparkforge.trainer.draft.selector import CandidateSelector
 
-__all__ = ["AttnImpl", "DSparkDraftModel", "DSparkOutput", "DraftContextCache", "DraftModel"]
+__all__ = ["AttnImpl", "DSparkDraftModel", "DraftContextCache", "DraftModel", "DraftOutput"]
 
 
 def hf_normal_init(module: nn.Module, std: float) -> None:
@@ -162,3 +163,12 @@ class DSparkDraftModel(DraftModel):
     """
 
     layer_factory = DSparkLayer
+
+
+RENAMED = {"DSparkOutput": "DraftOutput"}
+"""Old names this module still serves, each as its new name (``renamed_attribute``)."""
+
+
+def __getattr__(name: str) -> Any:
+    """An old name of ``RENAMED``, with a FutureWarning naming its replacement."""
+    return renamed_attribute(__name__, name, RENAMED)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.trainer.draft.anchor_chunks import anchor_chunk_size, run_layers_by_anchor_chunks
 from sparkforge.trainer.draft.anchors import (
     anchor_candidates,
@@ -36,7 +37,7 @@ AttnImpl = Literal["sdpa", "flex"]
 
 
 @dataclass
-class DSparkOutput:
+class DraftOutput:
     """One training forward's outputs; ``[B, A, K]`` tensors are indexed (batch, block, slot)."""
 
     draft_logits: torch.Tensor
@@ -361,7 +362,7 @@ def training_forward(
     anchor_positions: torch.Tensor | None = None,
     block_keep_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
-) -> DSparkOutput:
+) -> DraftOutput:
     """Teacher-forced training forward (every architecture's ``forward``).
 
     Args:
@@ -403,7 +404,7 @@ def training_forward(
     if stack.candidate_selector is not None:
         cand, scores = candidate_scores(stack.candidate_selector, draft_logits, h_BAKH, prev_BAK,
                                         target_ids)
-    return DSparkOutput(
+    return DraftOutput(
         draft_logits=draft_logits,
         target_ids=target_ids,
         eval_mask=build_eval_mask(loss_mask, anchors, keep, num_drafts,
@@ -455,3 +456,12 @@ def draft_block(stack: DraftStack, anchor_ids_B: torch.Tensor,
     pos = torch.arange(cache.length, cache.length + k, device=ids.device).expand(batch, k)
     hidden = run_layers(stack, x, pos, None, None, cache, None)[:, stack.layout.first_draft_slot:]
     return hidden, logits(stack, hidden)
+
+
+RENAMED = {"DSparkOutput": "DraftOutput"}
+"""Old names this module still serves, each as its new name (``renamed_attribute``)."""
+
+
+def __getattr__(name: str) -> Any:
+    """An old name of ``RENAMED``, with a FutureWarning naming its replacement."""
+    return renamed_attribute(__name__, name, RENAMED)

@@ -22,7 +22,7 @@ from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.cli import train_cli
 from sparkforge.trainer.draft.anchors import anchor_candidates
 from sparkforge.trainer.draft.block_layout import DFLASH_LAYOUT, NO_HEADS
-from sparkforge.trainer.draft.model import DSparkDraftModel, DSparkOutput
+from sparkforge.trainer.draft.model import DraftOutput, DSparkDraftModel
 from sparkforge.trainer.export import (
     ExportError,
     draft_tensors,
@@ -59,7 +59,7 @@ def test_dflash_loss_matches_a_hand_computation() -> None:
     # One block of K=4 slots: draft positions 0, 1, 2 are block slots 1, 2, 3; position 1 is
     # unsupervised (DFlash masks each position alone, so slot 3 still trains).
     logits = torch.tensor([[[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]]])
-    out = DSparkOutput(
+    out = DraftOutput(
         draft_logits=logits.requires_grad_(), target_ids=torch.tensor([[[0, 2, 1]]]),
         eval_mask=torch.tensor([[[True, False, True]]]), block_keep_mask=torch.tensor([[True]]),
         anchor_positions=torch.zeros(1, 1, dtype=torch.long),

@@ -28,7 +28,7 @@ from sparkforge.trainer.draft.selector import (
     training_candidates,
 )
 from sparkforge.trainer.export import config_from_hf, draft_tensors, export_draft, key_problems
-from sparkforge.trainer.lit_module import DSparkLitModule
+from sparkforge.trainer.lit_module import DraftLitModule
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import metric_ratios, metric_sums
 from sparkforge.trainer.run_config import DraftSpec, LossSpec
@@ -173,13 +173,13 @@ def test_recipe_sets_the_layout_and_refuses_what_it_has_not() -> None:
     loss = LossSpec().with_objective("dflash2")
     assert (loss.ce_loss_alpha, loss.l1_loss_alpha, loss.selector_loss_alpha) == (1.0, 0.0, 1.0)
     with pytest.raises(SparkforgeError, match="model.draft.markov_rank=16"):
-        DSparkLitModule(draft=dataclasses.replace(spec, markov_rank=16), recipe="dflash2")
+        DraftLitModule(draft=dataclasses.replace(spec, markov_rank=16), recipe="dflash2")
     with pytest.raises(SparkforgeError, match="model.loss.l1_loss_alpha=0.5"):
         LossSpec(objective="dflash2", l1_loss_alpha=0.5)
     with pytest.raises(SparkforgeError, match="selector_loss_alpha=1.0: only the dflash2"):
         LossSpec(objective="dflash", selector_loss_alpha=1.0)
     with pytest.raises(SparkforgeError, match="selector_loss_alpha must be > 0"):
-        DSparkLitModule(draft=spec, recipe="dflash2", loss=LossSpec(selector_loss_alpha=0.0))
+        DraftLitModule(draft=spec, recipe="dflash2", loss=LossSpec(selector_loss_alpha=0.0))
 
 
 def test_config_refuses_fields_its_layout_does_not_read() -> None:

@@ -10,7 +10,7 @@ import torch
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.lit_module import (
-    DSparkLitModule,
+    DraftLitModule,
     anchor_generator,
     trailing_window_scale,
     window_metrics,
@@ -55,7 +55,7 @@ def test_window_is_a_ratio_of_sums() -> None:
 def test_confidence_head_and_its_loss_weight_must_agree() -> None:
     """A confidence head with alpha 0 (or alpha > 0 without a head) is a config error."""
     with pytest.raises(ValueError, match="confidence_head_alpha"):
-        DSparkLitModule(draft=SPEC, loss=LossSpec(confidence_head_alpha=0.0))
+        DraftLitModule(draft=SPEC, loss=LossSpec(confidence_head_alpha=0.0))
 
 
 def test_anchor_generator_depends_only_on_the_batch_position() -> None:
@@ -71,7 +71,7 @@ def test_anchor_generator_depends_only_on_the_batch_position() -> None:
                                               ("target_layer_ids", [0, 1])])
 def test_resume_refuses_a_checkpoint_with_another_draft_contract(field: str, value: Any) -> None:
     """Resuming with another mask_token_id, K or feature ids is an error naming the field."""
-    lit = DSparkLitModule(draft=SPEC)
+    lit = DraftLitModule(draft=SPEC)
     cfg = draft_tiny()
     lit.build(cfg)
     saved = {**cfg.to_dict(), field: value}
@@ -87,10 +87,10 @@ def test_resume_with_another_shape_names_the_field(field: str, value: int) -> No
     (it used to reach load_state_dict, whose RuntimeError listed every missing tensor)."""
     import dataclasses
 
-    saved = DSparkLitModule(draft=SPEC)
+    saved = DraftLitModule(draft=SPEC)
     saved.build(dataclasses.replace(draft_tiny(), **{field: value}))
     assert saved.model is not None
-    lit = DSparkLitModule(draft=SPEC)
+    lit = DraftLitModule(draft=SPEC)
     lit.build(draft_tiny())
     checkpoint = {"draft_config": saved.model.config.to_dict(), "state_dict": saved.state_dict()}
     with pytest.raises(SparkforgeError, match=rf"cannot resume: model\.draft\.{field}: "

@@ -12,7 +12,7 @@ import torch.nn.functional as F  # noqa: N812
 from draft_helpers import fixed_anchor_steps, recipe_loss
 
 from sparkforge.trainer.architectures import ARCHITECTURES
-from sparkforge.trainer.draft.model import DSparkOutput
+from sparkforge.trainer.draft.model import DraftOutput
 from sparkforge.trainer.loss import (
     chunked_row_terms,
     compute_dspark_loss,
@@ -25,10 +25,10 @@ Build = Callable[..., Any]
 
 
 def _output(seed: int = 0, b: int = 2, a: int = 3, k: int = 4, v: int = 11,
-            conf: bool = True) -> DSparkOutput:
+            conf: bool = True) -> DraftOutput:
     g = torch.Generator().manual_seed(seed)
     eval_mask = torch.cumprod((torch.rand(b, a, k, generator=g) > 0.2).int(), -1).bool()
-    return DSparkOutput(
+    return DraftOutput(
         draft_logits=torch.randn(b, a, k, v, generator=g).requires_grad_(),
         target_ids=torch.randint(0, v, (b, a, k), generator=g),
         eval_mask=eval_mask,
@@ -42,7 +42,7 @@ def _output(seed: int = 0, b: int = 2, a: int = 3, k: int = 4, v: int = 11,
     )
 
 
-def _hand(out: DSparkOutput, gamma: float | None) -> tuple[float, float, float, float]:
+def _hand(out: DraftOutput, gamma: float | None) -> tuple[float, float, float, float]:
     """Loop reference: (sum ce*w, sum l1*w, sum bce*w, sum w)."""
     ce = l1 = bce = den = 0.0
     b_, a_, k_, _ = out.draft_logits.shape

@@ -7,19 +7,19 @@ import math
 import pytest
 import torch
 
-from sparkforge.trainer.draft.model import DSparkOutput
+from sparkforge.trainer.draft.model import DraftOutput
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import accumulate, metric_ratios, metric_sums
 from sparkforge.trainer.run_config import LossSpec
 
 
-def _output(seed: int, b: int = 3, a: int = 4, k: int = 5, v: int = 9) -> DSparkOutput:
+def _output(seed: int, b: int = 3, a: int = 4, k: int = 5, v: int = 9) -> DraftOutput:
     g = torch.Generator().manual_seed(seed)
     keep = torch.rand(b, a, generator=g) > 0.25
     eval_mask = torch.cumprod((torch.rand(b, a, k, generator=g) > 0.15).int(), -1).bool()
     eval_mask &= keep[..., None]
     target = torch.randn(b, a, k, v, generator=g)
-    return DSparkOutput(
+    return DraftOutput(
         draft_logits=target + 0.7 * torch.randn(b, a, k, v, generator=g),
         target_ids=torch.zeros(b, a, k, dtype=torch.long), eval_mask=eval_mask,
         block_keep_mask=keep, anchor_positions=torch.zeros(b, a, dtype=torch.long),
@@ -29,7 +29,7 @@ def _output(seed: int, b: int = 3, a: int = 4, k: int = 5, v: int = 9) -> DSpark
     )
 
 
-def _reference(outs: list[DSparkOutput], gamma: float) -> dict[str, float]:
+def _reference(outs: list[DraftOutput], gamma: float) -> dict[str, float]:
     """Plain loops over blocks and slots, straight from the metric definitions."""
     k_ = outs[0].eval_mask.shape[-1]
     num, den = [0.0] * k_, [0.0] * k_
@@ -67,7 +67,7 @@ def _reference(outs: list[DSparkOutput], gamma: float) -> dict[str, float]:
     return ref
 
 
-def _sums(out: DSparkOutput, gamma: float = 4.0) -> dict[str, torch.Tensor]:
+def _sums(out: DraftOutput, gamma: float = 4.0) -> dict[str, torch.Tensor]:
     loss = compute_dspark_loss(out, LossSpec(loss_decay_gamma=gamma))
     return metric_sums(out, loss.accept_rate, loss.weights)
 
