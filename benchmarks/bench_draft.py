@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.qwen3.tiny import draft_qwen3_small
-from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.loss import chunked_row_terms, compute_dspark_loss, l1_distance
 from sparkforge.trainer.run_config import LossSpec
 
@@ -30,7 +30,7 @@ from sparkforge.trainer.run_config import LossSpec
 def _throughput(cfg: DSparkDraftConfig, seq_len: int, steps: int, device: str = "cpu",
                 attn: str = "sdpa", loss: LossSpec = LossSpec()) -> float:  # noqa: B008
     torch.manual_seed(0)
-    model = DSparkDraftModel(cfg, attn_implementation=attn).to(device)
+    model = Qwen3DraftModel(cfg, attn_implementation=attn).to(device)
     h, f = cfg.hidden_size, cfg.num_features
     batch = {
         "input_ids": torch.randint(0, cfg.vocab_size, (1, seq_len)),

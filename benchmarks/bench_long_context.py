@@ -41,8 +41,8 @@ def _case(seq_len: int, attention: str) -> dict[str, float]:
     import torch
 
     from sparkforge.trainer.architectures.config import DSparkDraftConfig
+    from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
     from sparkforge.trainer.draft import anchor_chunks
-    from sparkforge.trainer.draft.model import DSparkDraftModel
     from sparkforge.trainer.loss import compute_dspark_loss
     from sparkforge.trainer.run_config import LossSpec
 
@@ -55,7 +55,7 @@ def _case(seq_len: int, attention: str) -> dict[str, float]:
         mask_token_id=3, max_position_embeddings=seq_len,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     torch.manual_seed(0)
-    model = DSparkDraftModel(dataclasses.replace(cfg))
+    model = Qwen3DraftModel(dataclasses.replace(cfg))
     h, f = cfg.hidden_size, cfg.num_features
     batch = {"input_ids": torch.randint(0, cfg.vocab_size, (1, seq_len)),
              "loss_mask": (torch.arange(seq_len) >= seq_len // 4).float()[None],

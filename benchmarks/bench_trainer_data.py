@@ -149,8 +149,8 @@ def phase_step(uri: str, batch_size: int, steps: int, device: str) -> dict[str, 
     import torch
 
     from sparkforge.trainer.architectures.config import DSparkDraftConfig
+    from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
     from sparkforge.trainer.datamodule import CacheDataModule
-    from sparkforge.trainer.draft.model import DSparkDraftModel
     from sparkforge.trainer.loss import compute_dspark_loss
     from sparkforge.trainer.run_config import LossSpec
 
@@ -163,7 +163,7 @@ def phase_step(uri: str, batch_size: int, steps: int, device: str) -> dict[str, 
         target_layer_ids=tuple(range(spec.num_aux_layers)), block_size=7, num_anchors=32,
         markov_rank=64, mask_token_id=31_999)
     torch.manual_seed(0)
-    model = DSparkDraftModel(cfg).to(device)
+    model = Qwen3DraftModel(cfg).to(device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=6e-4)
     cuda = device.startswith("cuda")
     batches = []

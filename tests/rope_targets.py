@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.draft.model import DSparkDraftModel
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.export import export_draft
 from sparkforge.trainer.run_config import DraftSpec
 
@@ -48,4 +48,4 @@ def draft_config(target: dict[str, Any]) -> DSparkDraftConfig:
 def export(cfg: DSparkDraftConfig, out: Path) -> Path:
     """The seeded draft of ``cfg`` exported to ``out``."""
     torch.manual_seed(0)
-    return export_draft(cfg, DSparkDraftModel(cfg).state_dict(), out)
+    return export_draft(cfg, Qwen3DraftModel(cfg).state_dict(), out)

@@ -22,7 +22,7 @@ def test_vllm_tables_equal_the_drafts(tmp_path: Path) -> None:
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
-    from sparkforge.trainer.draft.model import DSparkDraftModel
+    from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
     from sparkforge.trainer.draft.rope import apply_rotary
 
     positions = torch.arange(MAX_POSITIONS)
@@ -35,6 +35,6 @@ def test_vllm_tables_equal_the_drafts(tmp_path: Path) -> None:
             rope = get_rope(head_dim, served["max_position_embeddings"], True,
                             served["rope_parameters"], torch.float32)
         got, _ = rope.forward_native(positions, q.flatten(1).clone(), None)
-        cos, sin = DSparkDraftModel(cfg).rotary_emb(positions[None], torch.float32)
+        cos, sin = Qwen3DraftModel(cfg).rotary_emb(positions[None], torch.float32)
         want = apply_rotary(q.transpose(0, 1)[None], cos, sin)[0].transpose(0, 1)
         torch.testing.assert_close(got.view_as(q), want, atol=2e-5, rtol=1e-5, msg=name)

@@ -116,7 +116,7 @@ _QWEN3_DFLASH2 = ServingFormat(
 
 ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
     "qwen3": DraftArchitecture(
-        name="qwen3", model="sparkforge.trainer.draft.model:DSparkDraftModel",
+        name="qwen3", model="sparkforge.trainer.architectures.qwen3.model:Qwen3DraftModel",
         expected_shapes=qwen3_export.expected_shapes,
         formats={"dspark": _QWEN3_DSPARK, "dflash": _QWEN3_DFLASH, "dflash2": _QWEN3_DFLASH2},
         tiny=draft_tiny),

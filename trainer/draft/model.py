@@ -39,7 +39,7 @@ from sparkforge.trainer.draft.passes import (
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 from sparkforge.trainer.draft.selector import CandidateSelector
 
-__all__ = ["AttnImpl", "DSparkDraftModel", "DraftContextCache", "DraftModel", "DraftOutput"]
+__all__ = ["AttnImpl", "DraftContextCache", "DraftModel", "DraftOutput"]
 
 
 def hf_normal_init(module: nn.Module, std: float) -> None:
@@ -56,9 +56,11 @@ class DraftModel(nn.Module):
     The constructor registers the modules ``passes.DraftStack`` names in a fixed order:
     ``embed_tokens``, the context projection and its norm (``context_names``), ``layers``, the
     final norm, ``lm_head``, ``rotary_emb``, then the Markov and confidence heads and the
-    candidate selector; seeded initialisation depends on that order. A subclass states only
-    what differs, as the class attributes below; the training forward, block drafting and the
-    head readouts are the shared ones of ``sparkforge.trainer.draft.passes``.
+    candidate selector; seeded initialisation depends on that order. The class attributes'
+    defaults build the Qwen3-shaped draft (``architectures/qwen3/model.py::Qwen3DraftModel``
+    changes none); another architecture's subclass states only what differs. The training
+    forward, block drafting and the head readouts are the shared ones of
+    ``sparkforge.trainer.draft.passes``.
 
     Args:
         config: The draft config.
@@ -72,8 +74,9 @@ class DraftModel(nn.Module):
         ConfigError: the config names another architecture than ``architecture``.
     """
 
-    layer_factory: ClassVar[Callable[..., nn.Module]]
-    """Builds one draft layer from the config."""
+    layer_factory: ClassVar[Callable[..., nn.Module]] = DSparkLayer
+    """Builds one draft layer from the config (the pre-norm Qwen3-style ``DSparkLayer`` unless
+    an architecture configures another)."""
     architecture: ClassVar[str | None] = None
     """The config ``architecture`` this model builds (None: any)."""
     context_names: ClassVar[tuple[str, str]] = ("fc", "hidden_norm")
@@ -156,16 +159,7 @@ class DraftModel(nn.Module):
         return out
 
 
-class DSparkDraftModel(DraftModel):
-    """The Qwen3-shaped DSpark draft (HF normal init; embed/lm_head from the target).
-
-    Takes ``DraftModel``'s arguments.
-    """
-
-    layer_factory = DSparkLayer
-
-
-RENAMED = {"DSparkOutput": "DraftOutput"}
+RENAMED = {"DSparkOutput": "DraftOutput", "DSparkDraftModel": "DraftModel"}
 """Old names this module still serves, each as its new name (``renamed_attribute``)."""
 
 

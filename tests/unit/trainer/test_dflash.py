@@ -18,11 +18,12 @@ from safetensors.torch import load_file
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures import SERVED_PAIRS, build_draft, tiny_draft
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.cli import train_cli
 from sparkforge.trainer.draft.anchors import anchor_candidates
 from sparkforge.trainer.draft.block_layout import DFLASH_LAYOUT, NO_HEADS
-from sparkforge.trainer.draft.model import DraftOutput, DSparkDraftModel
+from sparkforge.trainer.draft.model import DraftOutput
 from sparkforge.trainer.export import (
     ExportError,
     draft_tensors,
@@ -43,12 +44,12 @@ def _dflash_cfg(**overrides: object) -> DSparkDraftConfig:
                                **overrides)
 
 
-def _pair() -> tuple[DSparkDraftModel, DSparkDraftModel]:
+def _pair() -> tuple[Qwen3DraftModel, Qwen3DraftModel]:
     """A DFlash draft and a head-free DSpark draft holding the same weights."""
     cfg = _dflash_cfg()
     torch.manual_seed(0)
     dflash = build_draft(cfg).eval()
-    dspark = DSparkDraftModel(dataclasses.replace(cfg, layout="dspark")).eval()
+    dspark = Qwen3DraftModel(dataclasses.replace(cfg, layout="dspark")).eval()
     dspark.load_state_dict(dflash.state_dict())
     return dflash, dspark
 

@@ -13,17 +13,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.tiny import draft_tiny
-from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.metrics import all_reduce_sums, metric_sums
 from sparkforge.trainer.run_config import LossSpec
 
 
-def _setup() -> tuple[DSparkDraftModel, dict[str, torch.Tensor]]:
+def _setup() -> tuple[Qwen3DraftModel, dict[str, torch.Tensor]]:
     cfg = dataclasses.replace(draft_tiny(), markov_head_type="gated")
     torch.manual_seed(0)
-    model = DSparkDraftModel(cfg)
+    model = Qwen3DraftModel(cfg)
     g = torch.Generator().manual_seed(1)
     b, s = 4, 20
     loss_mask = torch.ones(b, s)
@@ -42,7 +42,7 @@ def _setup() -> tuple[DSparkDraftModel, dict[str, torch.Tensor]]:
     return model, batch
 
 
-def _grads(model: DSparkDraftModel) -> dict[str, torch.Tensor]:
+def _grads(model: Qwen3DraftModel) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

@@ -14,8 +14,8 @@ from transformers import Qwen3Config
 from sparkforge.shared.layer_ids import default_feature_ids
 from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
 from sparkforge.trainer.architectures.qwen3.export import serving_config
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.tiny import draft_tiny
-from sparkforge.trainer.draft.model import DSparkDraftModel
 
 
 def _qwen3(**kw: object) -> Qwen3Config:
@@ -135,7 +135,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
 def test_state_dict_keys_are_the_served_keys() -> None:
     """Parameter names and shapes equal the served keys (11*L_d + 7 keys + embed/lm_head)."""
     cfg = dataclasses.replace(draft_tiny(), num_hidden_layers=2)
-    sd = DSparkDraftModel(cfg).state_dict()
+    sd = Qwen3DraftModel(cfg).state_dict()
     h, i, v, r, hd = 64, 128, 256, 16, 16
     expected = {"fc.weight": (h, 3 * h), "hidden_norm.weight": (h,), "norm.weight": (h,),
                 "markov_head.markov_w1.weight": (v, r), "markov_head.markov_w2.weight": (v, r),

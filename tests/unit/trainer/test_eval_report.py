@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from sparkforge.app.tiny_target import demo_conversations
 from sparkforge.trainer.architectures.config import from_target_config
-from sparkforge.trainer.draft.model import DSparkDraftModel
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.eval.forced import sample_tau_sums
 from sparkforge.trainer.eval.run import EvalConfig, run_eval
 from sparkforge.trainer.export import export_checkpoint, training_loss_settings
@@ -27,7 +27,7 @@ def _checkpoint(target_dir: Path, path: Path, loss: LossSpec) -> Path:
     cfg = from_target_config(target.config, mask_token_id=3, target_layer_ids=(0, 2),
                              num_hidden_layers=1, block_size=4, num_anchors=8, markov_rank=8)
     torch.manual_seed(0)
-    model = DSparkDraftModel(cfg, embed_weight=target.model.embed_tokens.weight,
+    model = Qwen3DraftModel(cfg, embed_weight=target.model.embed_tokens.weight,
                              lm_head_weight=target.lm_head.weight)
     torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
                 "draft_config": cfg.to_dict(), "global_step": 1,

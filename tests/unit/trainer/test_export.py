@@ -13,9 +13,9 @@ from export_helpers import foreign_checkpoint
 from safetensors.torch import load_file
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.checkpoint import CheckpointError, load_checkpoint
-from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.export import (
     ExportError,
     export_checkpoint,
@@ -26,16 +26,16 @@ from sparkforge.trainer.export import (
 )
 
 
-def _draft(cfg: DSparkDraftConfig | None = None) -> DSparkDraftModel:
+def _draft(cfg: DSparkDraftConfig | None = None) -> Qwen3DraftModel:
     torch.manual_seed(0)
-    model = DSparkDraftModel(cfg or draft_tiny())
+    model = Qwen3DraftModel(cfg or draft_tiny())
     with torch.no_grad():  # bf16-representable weights make the bf16 export lossless
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).float())
     return model.eval()
 
 
-def _ckpt(model: DSparkDraftModel, path: Path) -> Path:
+def _ckpt(model: Qwen3DraftModel, path: Path) -> Path:
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     torch.save({"state_dict": state, "draft_config": model.config.to_dict(), "global_step": 3},
                path)
@@ -107,7 +107,7 @@ def test_unservable_drafts_are_refused(tmp_path: Path, change: dict, engine: str
                                        reason: str) -> None:
     """A draft the engine would reject or serve wrongly is refused, naming why; nothing written."""
     cfg = dataclasses.replace(draft_tiny(), **change)
-    model = DSparkDraftModel(cfg)
+    model = Qwen3DraftModel(cfg)
     with pytest.raises(ExportError, match=reason):
         export_draft(cfg, model.state_dict(), tmp_path / "d", engine=engine)  # type: ignore[arg-type]
     assert not (tmp_path / "d").exists()
@@ -117,14 +117,14 @@ def test_last_layer_feature_exports_for_vllm(tmp_path: Path) -> None:
     """vLLM serves feature id L-1 as the last layer's raw output, what the cache holds: exported."""
     cfg = dataclasses.replace(draft_tiny(), target_layer_ids=(0, 3))
     assert cfg.num_target_layers == 4
-    export_draft(cfg, DSparkDraftModel(cfg).state_dict(), tmp_path / "d", engine="vllm")
+    export_draft(cfg, Qwen3DraftModel(cfg).state_dict(), tmp_path / "d", engine="vllm")
     assert json.loads((tmp_path / "d" / "config.json").read_text())["target_layer_ids"] == [0, 3]
 
 
 def test_gated_head_exports_for_sglang_only(tmp_path: Path) -> None:
     """SGLang serves gated heads, so an sglang-only export of one is allowed."""
     cfg = dataclasses.replace(draft_tiny(), markov_head_type="gated")
-    tensors = DSparkDraftModel(cfg).state_dict()
+    tensors = Qwen3DraftModel(cfg).state_dict()
     with pytest.raises(ExportError, match="unexpected tensor markov_head.gate_proj"):
         export_draft(cfg, tensors, tmp_path / "d", engine="sglang")
 
@@ -132,7 +132,7 @@ def test_gated_head_exports_for_sglang_only(tmp_path: Path) -> None:
 def test_key_set_check_catches_what_vllm_would_silently_accept() -> None:
     """Missing Markov weights, a model. prefix and a wrong shape each fail the self-check."""
     cfg = draft_tiny()
-    good = DSparkDraftModel(cfg).state_dict()
+    good = Qwen3DraftModel(cfg).state_dict()
     assert key_problems(cfg, good) == []
     no_markov = {k: v for k, v in good.items() if not k.startswith("markov_head")}
     assert any("missing tensor markov_head.markov_w1" in p for p in key_problems(cfg, no_markov))

@@ -15,8 +15,8 @@ from draft_helpers import recipe_loss
 
 from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.architectures import ARCHITECTURES, DRAFT_PAIRS, build_draft, draft_class
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
-from sparkforge.trainer.draft.model import DSparkDraftModel
 from sparkforge.trainer.draft.rope import compute_inv_freq
 from sparkforge.trainer.loss import compute_dspark_loss
 
@@ -264,7 +264,7 @@ def test_layer_id_convention_matches_hf(tiny_target: Any) -> None:
     cfg = dataclasses.replace(
         from_target_config(target.config, mask_token_id=3, target_layer_ids=(0, 1, 2)),
         num_hidden_layers=1, num_anchors=4, markov_rank=8)
-    draft = DSparkDraftModel(cfg, embed_weight=target.model.embed_tokens.weight,
+    draft = Qwen3DraftModel(cfg, embed_weight=target.model.embed_tokens.weight,
                              lm_head_weight=target.lm_head.weight)
     with torch.no_grad():
         d = draft(ids, torch.ones(1, 16), torch.cat(out.hidden_states[1:4], -1),

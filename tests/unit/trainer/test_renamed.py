@@ -6,8 +6,11 @@ from __future__ import annotations
 import importlib
 
 import pytest
+import torch
 
 from sparkforge.shared.renamed import RENAMES_DROPPED_IN
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
+from sparkforge.trainer.architectures.tiny import draft_tiny
 
 RENAMED_IN = ("sparkforge.trainer.lit_module", "sparkforge.trainer.draft.model",
               "sparkforge.trainer.draft.passes")
@@ -27,10 +30,25 @@ def test_an_old_name_is_the_new_class_with_a_future_warning(module: str, old: st
     assert got.__name__ == new
 
 
-def test_the_table_names_both_renamed_generic_classes() -> None:
-    """The table covers both renamed generic classes (so an emptied table fails here)."""
+def test_the_tables_name_every_renamed_class() -> None:
+    """The tables cover the renamed classes (so an emptied table fails here)."""
     assert {(old, new) for _, old, new in CASES} == {("DSparkLitModule", "DraftLitModule"),
-                                                   ("DSparkOutput", "DraftOutput")}
+                                                   ("DSparkOutput", "DraftOutput"),
+                                                   ("DSparkDraftModel", "DraftModel")}
+
+
+def test_the_old_qwen3_model_name_builds_the_qwen3_draft() -> None:
+    """``DSparkDraftModel`` (served as ``DraftModel``) builds what ``Qwen3DraftModel`` builds:
+    the same parameter names, shapes and seeded values."""
+    with pytest.warns(FutureWarning):
+        from sparkforge.trainer.draft.model import DSparkDraftModel  # type: ignore[attr-defined]
+    cfg = draft_tiny()
+    torch.manual_seed(0)
+    old = DSparkDraftModel(cfg).state_dict()
+    torch.manual_seed(0)
+    new = Qwen3DraftModel(cfg).state_dict()
+    assert list(old) == list(new)
+    assert all(torch.equal(old[k], new[k]) for k in new)
 
 
 def test_an_unknown_name_is_still_an_attribute_error() -> None:

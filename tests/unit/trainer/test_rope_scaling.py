@@ -14,7 +14,7 @@ from transformers.models.qwen3 import modeling_qwen3
 from transformers.models.qwen3_next import modeling_qwen3_next
 
 from sparkforge.trainer.architectures.config import DSparkDraftConfig
-from sparkforge.trainer.draft.model import DSparkDraftModel
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.draft.rope import apply_rotary
 from sparkforge.trainer.export import ExportError
 
@@ -37,7 +37,7 @@ def test_draft_rotates_as_the_target_at_long_positions(name: str) -> None:
     types) rotates queries and keys exactly as the target's transformers module does."""
     target = target_json(name)
     cfg = draft_config(target)
-    model = DSparkDraftModel(cfg)
+    model = Qwen3DraftModel(cfg)
     positions = torch.arange(MAX_POSITIONS)
     x = torch.randn(1, cfg.num_attention_heads, MAX_POSITIONS, cfg.head_dim,
                     generator=torch.Generator().manual_seed(0))
@@ -45,7 +45,7 @@ def test_draft_rotates_as_the_target_at_long_positions(name: str) -> None:
     want = transformers_rotation(target, x, positions)
     torch.testing.assert_close(apply_rotary(x, cos, sin), want, atol=2e-5, rtol=1e-5)
     if SCALINGS[name]:  # a scaled (or partial) rotation differs from the plain one
-        plain = DSparkDraftModel(draft_config(target_json("default"))).rotary_emb
+        plain = Qwen3DraftModel(draft_config(target_json("default"))).rotary_emb
         assert not torch.allclose(apply_rotary(x, *plain(positions[None], torch.float32)), want,
                                   atol=1e-3)
 

@@ -11,16 +11,16 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from sparkforge.trainer.architectures.config import from_target_config
-from sparkforge.trainer.draft.model import DSparkDraftModel
+from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.eval.speculative import speculative_generate, target_features
 
 
-def _draft_for(target: Any, *, seed: int = 0, **overrides: Any) -> DSparkDraftModel:
+def _draft_for(target: Any, *, seed: int = 0, **overrides: Any) -> Qwen3DraftModel:
     cfg = from_target_config(target.config, mask_token_id=3, target_layer_ids=(0, 1),
                              num_hidden_layers=1, num_anchors=8, markov_rank=8)
     cfg = dataclasses.replace(cfg, **{"block_size": 4, **overrides})
     torch.manual_seed(seed)
-    return DSparkDraftModel(cfg, embed_weight=target.model.embed_tokens.weight,
+    return Qwen3DraftModel(cfg, embed_weight=target.model.embed_tokens.weight,
                             lm_head_weight=target.lm_head.weight).eval()
 
 
@@ -141,7 +141,7 @@ def _exact_laws(target: Any, prompt: torch.Tensor, v: int) -> tuple[torch.Tensor
     return joint12, (joint12[..., None] * p3).sum((0, 1))
 
 
-def _draft_first_slot_law(target: Any, draft: DSparkDraftModel, prompt: torch.Tensor,
+def _draft_first_slot_law(target: Any, draft: Qwen3DraftModel, prompt: torch.Tensor,
                           p1: torch.Tensor) -> torch.Tensor:
     """Law of the draft's first token d_1 (t2 if emitted unverified), averaged over t1."""
     with torch.no_grad():
@@ -211,7 +211,7 @@ def test_image_prompt_decodes_with_a_draft_that_proposes_image_slots(tmp_path: P
     prompt = next(p for p in prompts if p.model_inputs is not None)
     image_id = images.image_token_id
     assert image_id in placeholder_ids(target.config)
-    draft = DSparkDraftModel(
+    draft = Qwen3DraftModel(
         dataclasses.replace(from_target_config(target.config, mask_token_id=3,
                                                target_layer_ids=(0, 1), num_hidden_layers=1,
                                                num_anchors=8, markov_rank=8), block_size=4),

@@ -9,7 +9,7 @@ applied in fp32 before the cast back. The embedding is scaled by sqrt(H) (rounde
 dtype, as served) and the lm_head logits are softcapped as the target's are (both from the draft
 config). Context injection, anchors, the Markov and confidence heads, the loss and the metrics
 are the shared DSpark ones: only the layer (a configuration of the shared ``DSparkLayer``)
-and the norm class differ from ``DSparkDraftModel``.
+and the norm class differ from ``Qwen3DraftModel``.
 
 Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 """
