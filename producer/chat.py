@@ -20,13 +20,10 @@ import numpy as np
 
 from sparkforge.producer.chat_rows import (
     ReasoningPolicy,
+    SkipReason,
     row_tools,
     validate_messages,
 )
-
-# Re-exported while producer/run.py (being changed for issue 33) imports it from here; its
-# home is chat_rows.
-from sparkforge.producer.chat_rows import SkipReason as SkipReason
 from sparkforge.producer.chat_template import (
     resolve_chat_template,
     template_sha256,

@@ -27,7 +27,7 @@ def run_regenerate(cfg: RegenerateConfig) -> int:
 
 def run_parity(cfg: ProducerConfig) -> int:
     """Compare vLLM capture with a transformers forward; 1 if they disagree."""
-    from sparkforge.producer.run import parity
+    from sparkforge.producer.parity_check import parity
 
     report = parity(cfg)
     print(report.table())

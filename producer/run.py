@@ -5,181 +5,48 @@ Each unit is all-or-nothing: its rows are tokenized, captured and handed to the 
 engine captures the next unit. A crash anywhere loses at most the units in flight;
 re-running the same command skips committed units, and samples are written in sample-id order, so a
 resumed cache has the same bytes as an uninterrupted one.
+
+The steps live apart: ``prepare`` (what the config resolves to), ``backend`` (the engine),
+``parity_check`` (``--parity_samples``) and ``capture_loop`` (the units captured and written).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import signal
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import torch
-from tqdm import tqdm
+from collections.abc import Mapping
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.no_samples import NoSamplesWritten, require_samples
 from sparkforge.manifests.schema import CacheIncompleteError, CacheManifest
-from sparkforge.producer.capture import (
-    CaptureAborted,
-    FailureRun,
-    NonFiniteActivations,
-    UnitCapturer,
-)
-from sparkforge.producer.chat import ChatEncoder, SkipReason, unreadable_reason
+from sparkforge.producer.backend import make_source
+from sparkforge.producer.capture import CaptureAborted, NonFiniteActivations
+from sparkforge.producer.capture_loop import capture_units, writer_threads
 from sparkforge.producer.config import ProducerConfig
 from sparkforge.producer.header import build_header
 from sparkforge.producer.image_check import check_committed_images
 from sparkforge.producer.image_rows import ImageChatEncoder
-from sparkforge.producer.inputs import InputRows, open_inputs
-from sparkforge.producer.source import CaptureRequest, HiddenStateSource
-from sparkforge.producer.splits import SplitRule, load_eval_ids
+from sparkforge.producer.parity_check import ParityFailed, check_parity
+from sparkforge.producer.prepare import Prepared, prepare
+from sparkforge.producer.source import HiddenStateSource
 from sparkforge.producer.stop import SignalStop, StopRequested
 from sparkforge.producer.summary import RunSummary
-from sparkforge.producer.target_files import resolve_model_dir, target_files, target_identity
-from sparkforge.producer.units import (
-    WorkerShare,
-    num_units,
-    owned_units,
-    resolve_share,
-    rows_by_unit,
-)
-from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
+from sparkforge.producer.target_files import target_files, target_identity
+from sparkforge.producer.units import WorkerShare, owned_units, resolve_share
 from sparkforge.shared import storage
-from sparkforge.shared.errors import ConfigError, Interrupted, SparkforgeError
-from sparkforge.shared.image_inputs import target_images
-from sparkforge.shared.image_sources import ImageReader
+from sparkforge.shared.errors import Interrupted
 from sparkforge.shared.io_errors import storage_errors
-from sparkforge.shared.layer_ids import (
-    HfIndices,
-    LayerIdError,
-    check_feature_ids,
-    default_feature_ids,
-    feature_to_hf,
-    strided_feature_ids,
-)
-from sparkforge.shared.layout import PARITY_FILE, TARGET_PREFIX
-from sparkforge.shared.target_config import read_target_config
+from sparkforge.shared.layout import TARGET_PREFIX
 from sparkforge.shared.target_families import family_of_config
 from sparkforge.shared.writer import CacheSpec, CacheWriter
 
-if TYPE_CHECKING:
-    from sparkforge.producer.parity import ParityReport
-
 logger = logging.getLogger(__name__)
-__all__ = ["CaptureAborted", "NoSamplesWritten", "NonFiniteActivations", "ParityFailed",
-           "make_source", "parity", "run"]
-DEFAULT_PARITY_SAMPLES = 8
-PARITY_SCAN_FACTOR = 16
-"""Rows read at most per parity sample while looking for image rows."""
+# The errors ``run`` raises, importable from here with it.
+__all__ = ["CaptureAborted", "NoSamplesWritten", "NonFiniteActivations", "ParityFailed", "run"]
+
 STALE_PARTIAL_S = 900
 """Age after which a ``*.partial`` temp file in a local cache is a dead write, not a live one."""
-class ParityFailed(SparkforgeError, RuntimeError):
-    """Raised when the capture disagrees with one-row transformers forwards."""
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Everything a run derives from its config before touching the cache or an engine."""
-
-    model_dir: Path
-    target_config: dict[str, Any]
-    hf_layer_ids: HfIndices
-    encoder: ChatEncoder
-    inputs: InputRows
-    num_rows: int
-    num_units: int
-    eval_ids: frozenset[int] | None
-
-
-def prepare(cfg: ProducerConfig) -> Prepared:
-    """Resolve the target, layer ids, tokenizer/template and data sources of ``cfg``."""
-    from transformers import AutoTokenizer
-
-    model_dir = resolve_model_dir(cfg.engine)
-    target_config = read_target_config(model_dir).text
-    num_layers = target_config["num_hidden_layers"]
-    try:
-        feature_ids = (
-            strided_feature_ids(num_layers, cfg.layer_stride, start=cfg.layer_start)
-            if cfg.layer_stride is not None else check_feature_ids(
-                cfg.layer_ids or default_feature_ids(num_layers, cfg.num_feature_layers),
-                num_layers))
-    except LayerIdError as exc:
-        raise ConfigError(f"--layer_ids / --layer_stride / --num_feature_layers for a "
-                          f"{num_layers}-layer target: {exc}") from exc
-    encoder = chat_encoder(cfg, model_dir, AutoTokenizer.from_pretrained(str(model_dir)))
-    inputs = open_inputs(cfg)
-    return Prepared(
-        model_dir=model_dir, target_config=target_config,
-        hf_layer_ids=feature_to_hf(feature_ids), encoder=encoder, inputs=inputs,
-        num_rows=inputs.num_rows, num_units=num_units(inputs.num_rows, cfg.rows_per_unit),
-        eval_ids=load_eval_ids(cfg.eval_ids, cfg.storage_options) if cfg.eval_ids else None,
-    )
-
-
-def chat_encoder(cfg: ProducerConfig, model_dir: Path, tokenizer: Any) -> ChatEncoder:
-    """The run's row encoder: with images for a VL target on the HF backend (whose processor
-    runs here), else text only (image parts skip as ``image_content``)."""
-    kwargs: dict[str, Any] = {"chat_template": cfg.chat_template, "reasoning": cfg.reasoning,
-                              "max_seq_len": cfg.longest_sample, "overlong": cfg.overlong,
-                              "template_row_seconds": cfg.template_row_seconds,
-                              "chat_template_kwargs": cfg.chat_template_kwargs}
-    images = (target_images(model_dir, read_target_config(model_dir).raw)
-              if cfg.backend == "hf" else None)
-    if images is None:
-        return ChatEncoder(tokenizer, **kwargs)
-    return ImageChatEncoder(tokenizer, images=images, max_image_pixels=cfg.max_image_pixels,
-                            image_reader=image_reader(cfg), **kwargs)
-
-
-def image_reader(cfg: ProducerConfig) -> ImageReader:
-    """How the run reads image sources: its allow-list, storage options and limits."""
-    return ImageReader.from_options(cfg.image_sources, storage_options=cfg.storage_options,
-                                    max_bytes=cfg.max_image_bytes,
-                                    timeout_s=cfg.image_read_timeout_s)
-
-
-def make_source(
-    cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int], *, backend: str | None = None
-) -> HiddenStateSource:
-    """Start a capture backend (``cfg.backend`` unless ``backend`` is given)."""
-    source: HiddenStateSource
-    if (backend or cfg.backend) == "vllm":
-        from sparkforge.producer.vllm_source import VllmSource
-
-        Path(cfg.scratch_dir).mkdir(parents=True, exist_ok=True)
-        source = VllmSource(dataclasses.replace(cfg.engine, model=str(model_dir)),
-                            layer_ids=tuple(hf_layer_ids), topk=cfg.topk,
-                            scratch_dir=cfg.scratch_dir, window=cfg.window,
-                            max_retries=cfg.max_retries)
-        return source
-    return _hf_source(cfg, model_dir, hf_layer_ids, dtype=None)
-
-
-def _hf_source(
-    cfg: ProducerConfig, model_dir: Path, hf_layer_ids: Sequence[int], *, dtype: str | None,
-    one_row: bool = False,
-) -> HiddenStateSource:
-    from sparkforge.producer.hf_source import HfSource
-
-    device = cfg.hf_device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype is None:
-        config = read_target_config(model_dir).text
-        auto = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
-        dtype = cfg.engine.dtype if cfg.engine.dtype != "auto" else str(auto)
-    source: HiddenStateSource = HfSource(str(model_dir), layer_ids=tuple(hf_layer_ids),
-                                         dtype=dtype, topk=cfg.topk, device=device,
-                                         one_row=one_row)
-    return source
 
 
 def _open_writer(cfg: ProducerConfig, prep: Prepared) -> CacheWriter:
@@ -277,8 +144,8 @@ def _run(cfg: ProducerConfig, share: WorkerShare, source: HiddenStateSource | No
         active = make_source(cfg, prep.model_dir, prep.hf_layer_ids) if source is None else source
         try:
             if cfg.parity_samples:
-                _check_parity(cfg, prep, active, writer)
-            _capture_units(cfg, prep, writer, active, todo, summary, stop)
+                check_parity(cfg, prep, active, writer)
+            capture_units(cfg, prep, writer, active, todo, summary, stop)
         finally:
             if source is None:
                 active.close()
@@ -307,135 +174,3 @@ def _stopped(cfg: ProducerConfig, stop: SignalStop, signum: int) -> Interrupted:
         f"stopped by {name}: {len(done)} of this worker's {len(stop.todo)} units to do are "
         f"committed in {cfg.output}; {abandoned}; re-run the same command to capture the other "
         f"{len(stop.todo) - len(done)} (committed units are kept)", signum=signum)
-
-
-def _capture_units(
-    cfg: ProducerConfig, prep: Prepared, writer: CacheWriter, source: HiddenStateSource,
-    todo: list[int], summary: RunSummary, stop: SignalStop,
-) -> None:
-    """Capture the units in ``todo``; ``writer_threads`` threads write and commit them, one unit
-    each, while the engine captures the next ones (``writer_queue_units`` bounds the units
-    waiting)."""
-    capturer = UnitCapturer(prep.encoder, SplitRule(cfg.eval_fraction, prep.eval_ids,
-                                                    cfg.split_seed),
-                            len(prep.hf_layer_ids), cfg.hidden_dtype, cfg.topk,
-                            FailureRun(cfg.max_consecutive_failures), aux_codec=cfg.aux_codec,
-                            non_finite=cfg.non_finite)
-    todo_set = set(todo)
-    rows = prep.inputs.rows(wanted=lambda i: i // cfg.rows_per_unit in todo_set,
-                            batch_rows=cfg.read_batch_rows, storage_options=cfg.storage_options)
-    start = time.monotonic()
-    with tqdm(total=len(todo), unit="unit", disable=not cfg.progress) as bar, \
-            UnitWriteQueue(writer, queue_units=cfg.writer_queue_units,
-                           num_threads=writer_threads(cfg)) as writes:
-
-        def count(done: list[CapturedUnit]) -> None:
-            for item in done:
-                if item.taken_over:
-                    _taken_over(summary, item.unit)
-                else:
-                    summary.add_unit(item.records, item.accounting)
-                bar.update(1)
-            summary.seconds = time.monotonic() - start
-            bar.set_postfix_str(summary.progress(summary.seconds), refresh=False)
-
-        # A duplicate or restarted worker may commit one of these units first: such a unit is
-        # skipped (before capture, or when its commit loses the race) and the run carries on.
-        for unit, unit_rows in rows_by_unit(rows, cfg.rows_per_unit):
-            with storage_errors("output", cfg.output):
-                committed = writer.is_committed(unit)
-            if committed:
-                _taken_over(summary, unit)
-                bar.update(1)
-                continue
-            stop.unit_in_flight = unit
-            records, accounting = capturer.capture(source, unit_rows)
-            with stop.deferred(), storage_errors("output", cfg.output):
-                count(writes.submit(CapturedUnit(unit, records, accounting)))
-                stop.unit_in_flight = None
-        with stop.deferred(), storage_errors("output", cfg.output):
-            count(writes.close())
-
-
-def _taken_over(summary: RunSummary, unit: int) -> None:
-    logger.warning("unit %d was committed by another process meanwhile; skipping it", unit)
-    summary.units_taken_over += 1
-
-
-def writer_threads(cfg: ProducerConfig) -> int:
-    """``cfg.writer_threads``, or the CPUs this process may use minus the engine's."""
-    if cfg.writer_threads:
-        return cfg.writer_threads
-    engine = cfg.engine
-    processes = (engine.tensor_parallel_size * engine.data_parallel_size + 1
-                 if cfg.backend == "vllm" else 0)
-    return default_writer_threads(cpus=len(os.sched_getaffinity(0)), engine_processes=processes)
-
-
-def _parity_requests(prep: Prepared, num_samples: int, cfg: ProducerConfig) -> list[CaptureRequest]:
-    """The first ``num_samples`` usable rows; with images, half of them image rows where the
-    first ``PARITY_SCAN_FACTOR * num_samples`` rows hold that many."""
-    text: list[CaptureRequest] = []
-    image: list[CaptureRequest] = []
-    want_images = isinstance(prep.encoder, ImageChatEncoder)
-    for n, raw in enumerate(prep.inputs.rows(batch_rows=cfg.read_batch_rows,
-                                             storage_options=cfg.storage_options)):
-        encoded = (unreadable_reason(raw.error) if raw.row is None
-                   else prep.encoder.encode(raw.row, folder=raw.folder))
-        if not isinstance(encoded, SkipReason):
-            (text if encoded.model_inputs is None else image).append(CaptureRequest(
-                sample_id=raw.index, input_ids=encoded.input_ids,
-                model_inputs=encoded.model_inputs))
-        found = len(text) + len(image)
-        enough_images = not want_images or len(image) >= num_samples // 2
-        if found >= num_samples and (enough_images or n + 1 >= PARITY_SCAN_FACTOR * num_samples):
-            break
-    num_image = min(len(image), max(num_samples // 2, num_samples - len(text)))
-    return sorted([*image[:num_image], *text[:num_samples - num_image]],
-                  key=lambda r: r.sample_id)
-
-
-def _parity_report(
-    cfg: ProducerConfig, prep: Prepared, source: HiddenStateSource, num_samples: int
-) -> ParityReport:
-    from sparkforge.producer.parity import run_parity
-
-    # One row per forward: the reference is what each row alone gives, so an HF backend that
-    # batches a padding-sensitive family wrongly fails here too.
-    reference = _hf_source(cfg, prep.model_dir, prep.hf_layer_ids, dtype="float32", one_row=True)
-    engine_dtype = str(source.engine_info()["dtype"])
-    # The same reference in the engine's reduced dtype measures that dtype's own rounding noise.
-    in_dtype = (None if engine_dtype == "float32" else
-                _hf_source(cfg, prep.model_dir, prep.hf_layer_ids, dtype=engine_dtype,
-                           one_row=True))
-    try:
-        return run_parity(source, reference,  # type: ignore[arg-type]
-                          _parity_requests(prep, num_samples, cfg),
-                          dtype_reference=in_dtype)  # type: ignore[arg-type]
-    finally:
-        reference.close()
-        if in_dtype is not None:
-            in_dtype.close()
-
-
-def _check_parity(
-    cfg: ProducerConfig, prep: Prepared, source: HiddenStateSource, writer: CacheWriter
-) -> None:
-    report = _parity_report(cfg, prep, source, cfg.parity_samples)
-    logger.info("parity check:\n%s", report.table())
-    writer.write_target_files({PARITY_FILE: json.dumps(report.to_dict(), indent=1).encode()})
-    if not report.passed:
-        raise ParityFailed(f"the {cfg.backend} capture disagrees with one-row transformers "
-                           f"forwards; nothing was captured:\n{report.table()}")
-
-
-def parity(cfg: ProducerConfig, *, source: HiddenStateSource | None = None) -> ParityReport:
-    """``sparkforge parity``: compare the ``cfg.backend`` capture with one-row fp32 transformers
-    forwards on ``parity_samples`` rows (8 if 0)."""
-    prep = prepare(cfg)
-    active = make_source(cfg, prep.model_dir, prep.hf_layer_ids) if source is None else source
-    try:
-        return _parity_report(cfg, prep, active, cfg.parity_samples or DEFAULT_PARITY_SAMPLES)
-    finally:
-        if source is None:
-            active.close()

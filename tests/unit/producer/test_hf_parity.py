@@ -12,7 +12,8 @@ from producer_helpers import chat_rows, producer_config, write_jsonl
 from sparkforge.producer import hf_source
 from sparkforge.producer.config import EngineOptions
 from sparkforge.producer.parity import MAX_NOISE_TOL, NOISE_FACTOR, REL_TOL, LayerParity
-from sparkforge.producer.run import ParityFailed, parity, run
+from sparkforge.producer.parity_check import ParityFailed, parity
+from sparkforge.producer.run import run
 from sparkforge.shared.target_families import family_of
 
 
