@@ -41,7 +41,7 @@ def test_the_old_qwen3_model_name_builds_the_qwen3_draft() -> None:
     """``DSparkDraftModel`` (served as ``DraftModel``) builds what ``Qwen3DraftModel`` builds:
     the same parameter names, shapes and seeded values."""
     with pytest.warns(FutureWarning):
-        from sparkforge.trainer.draft.model import DSparkDraftModel  # type: ignore[attr-defined]
+        from sparkforge.trainer.draft.model import DSparkDraftModel
     cfg = draft_tiny()
     torch.manual_seed(0)
     old = DSparkDraftModel(cfg).state_dict()
