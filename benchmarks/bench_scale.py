@@ -86,7 +86,7 @@ def synthesize(root: Path, num_units: int) -> dict[str, Any]:
     s = spec()
     writer = CacheWriter.open(str(root), spec=s, header=make_run_header(s, num_units=num_units + 1))
     writer.write_unit(0, *unit_samples(0))
-    record = json.loads((root / commit_key(0)).read_text())
+    record = json.loads((root / commit_key(s, 0)).read_text())
     keys = slot_keys(root)
     slots0 = [x["slot"] for x in record["slots"]]
     blobs = [{name: (root / key).read_bytes() for name, key in keys(slot).items()}
@@ -104,8 +104,8 @@ def synthesize(root: Path, num_units: int) -> dict[str, Any]:
                        slot=(first + slot_index).tolist(),
                        row_offset=(first * s.shard_rows + offsets).tolist(),
                        split=["eval" if r % 4 == 0 else "train" for r in ids])
-        _write(root / commit_key(unit), json.dumps(record, sort_keys=True).encode())
-        _write(root / attempt_key(unit, 0), b"")
+        _write(root / commit_key(s, unit), json.dumps(record, sort_keys=True).encode())
+        _write(root / attempt_key(s, unit, 0), b"")
         for k, blob in enumerate(blobs):
             for name, key in keys(first + k).items():
                 _write(root / key, blob[name])

@@ -40,7 +40,8 @@ def check_commits(loc: storage.Location, m: CacheManifest,
     for unit, record in read_commits(loc, m.storage.spec, listed,
                                      max_concurrency=max_concurrency):
         if isinstance(record, FileNotFoundError):
-            problems.append(f"unit {unit}: commit record {commit_key(unit)} is missing")
+            problems.append(f"unit {unit}: commit record {commit_key(m.storage.spec, unit)} is "
+                            "missing")
         elif not isinstance(record, CommitColumns):
             problems.append(f"unit {unit}: {record}")
         else:
@@ -51,7 +52,7 @@ def check_commits(loc: storage.Location, m: CacheManifest,
             collector.add(record)
             each(record)
             checked["units"] += 1
-    for unit in sorted(committed_units(loc) - set(listed)):
+    for unit in sorted(committed_units(loc, m.storage.spec) - set(listed)):
         problems.append(f"unit {unit}: has a commit record but the manifest does not list it "
                         "(re-run `sparkforge finalize`)")
     return collector

@@ -28,7 +28,7 @@ def read_commits(loc: storage.Location, spec: CacheSpec, units: Iterable[int], *
                  ) -> Iterator[tuple[int, CommitColumns | OSError | ValueError]]:
     """Each unit's parsed commit record, in the order of ``units``, or the error that reading
     or parsing it raised (``FileNotFoundError`` for a missing record)."""
-    keys = (commit_key(u) for u in units)
+    keys = (commit_key(spec, u) for u in units)
     for key, raw in storage.read_many(loc, keys, max_bytes=MAX_COMMIT_BYTES,
                                       max_concurrency=max_concurrency):
         unit = int(key.rsplit("_", 1)[1].split(".")[0])

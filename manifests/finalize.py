@@ -100,7 +100,7 @@ def finalize_cache(uri: str, *, expected_units: int,
     """
     loc = storage.open_location(uri, storage_options)
     spec, header = read_run_header(loc)
-    committed = committed_units(loc)
+    committed = committed_units(loc, spec)
     missing = sorted(set(range(expected_units)) - committed)
     if missing:
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")

@@ -151,9 +151,10 @@ def commit_check(manifest: CacheManifest,
     def check(unit: int, reader: CacheReader[CacheManifest]) -> None:
         where = f"unit {unit}"
         try:
-            raw = storage.read_bytes(reader.loc, commit_key(unit), max_bytes=MAX_COMMIT_BYTES)
+            raw = storage.read_bytes(reader.loc, commit_key(spec, unit),
+                                     max_bytes=MAX_COMMIT_BYTES)
         except FileNotFoundError as exc:
-            raise IndexMismatchError(f"{where}: commit record {commit_key(unit)} is "
+            raise IndexMismatchError(f"{where}: commit record {commit_key(spec, unit)} is "
                                      "missing") from exc
         problems = unit_differences(units, parse_commit_bytes(raw, unit=unit, spec=spec),
                                     reader.samples, reader.slots)

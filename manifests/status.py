@@ -24,6 +24,7 @@ from sparkforge.shared.commit_columns import parse_commit_bytes
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.header import RunHeader
 from sparkforge.shared.layout import (
+    ATTEMPTS_PREFIX,
     COMMITS_PREFIX,
     MANIFEST_KEY,
     CacheSpec,
@@ -55,7 +56,7 @@ class UnitDone:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One claimed write attempt of a unit (``_attempts/unit_U/A``)."""
+    """One claimed write attempt of a unit (``_attempts/{group}/unit_U/A``)."""
 
     unit: int
     attempt: int
@@ -94,7 +95,7 @@ class StatusReader:
         commit_times = {unit: t for k, t in object_times(self.loc, COMMITS_PREFIX).items()
                         if (unit := _unit_of(k)) is not None}
         self._read_new(commit_times, problems)
-        attempts = [a for k, t in object_times(self.loc, "_attempts").items()
+        attempts = [a for k, t in object_times(self.loc, ATTEMPTS_PREFIX).items()
                     if (a := _attempt_of(k, t)) is not None]
         committed = set(commit_times)
         open_attempts = _latest_open(attempts, committed)
@@ -124,7 +125,7 @@ class StatusReader:
     def _read_new(self, commit_times: Mapping[int, float | None], problems: list[str]) -> None:
         """Parse the commit records not seen before (all in one batched read, each capped)."""
         new = sorted(set(commit_times) - set(self.done))
-        paths = {self.loc.path(commit_key(u)): u for u in new}
+        paths = {self.loc.path(commit_key(self.spec, u)): u for u in new}
         # Ranged reads: an oversized record costs one byte past the cap, never its whole size.
         raw = (self.loc.fs.cat(list(paths), on_error="return", start=0, end=MAX_COMMIT_BYTES + 1)
                if paths else {})
@@ -191,17 +192,18 @@ def _num_units(loc: storage.Location, header: RunHeader) -> int:
 
 
 def _unit_of(key: str) -> int | None:
-    """The unit of a commit record key (``_commits/unit_00000012.json``), None for others."""
+    """The unit of a commit record key (``_commits/0/unit_00000012.json``), None for others."""
     return parse_commit_name(key.rsplit("/", 1)[-1])
 
 
 def _attempt_of(key: str, claimed_at: float | None) -> Attempt | None:
-    """The attempt claimed by ``_attempts/unit_U/A``, None for any other object."""
+    """The attempt claimed by ``_attempts/{group}/unit_U/A`` (formats 1-3:
+    ``_attempts/unit_U/A``), None for any other object."""
     parts = key.split("/")
-    if len(parts) != 3 or not parts[1].startswith("unit_") or not parts[1][5:].isdigit() \
-            or not parts[2].isdigit():
+    unit, attempt = parts[-2:] if len(parts) in (3, 4) else ("", "")
+    if not unit.startswith("unit_") or not unit[5:].isdigit() or not attempt.isdigit():
         return None
-    return Attempt(int(parts[1][5:]), int(parts[2]), claimed_at)
+    return Attempt(int(unit[5:]), int(attempt), claimed_at)
 
 
 def _latest_open(attempts: list[Attempt], committed: set[int]) -> dict[int, Attempt]:

@@ -179,9 +179,18 @@ def _manifest(loc: storage.Location, report: ValidationReport) -> CacheManifest 
     try:
         return read_manifest(loc)
     except ValueError as exc:
-        commits = len(committed_units(loc))
-        report.problems.append(f"manifest: {exc} ({commits} unit commit records present)")
+        report.problems.append(f"manifest: {exc} ({_commits_present(loc)})")
         return None
+
+
+def _commits_present(loc: storage.Location) -> str:
+    """How many commit records a cache without a readable manifest holds, found where its run
+    header's layout puts them."""
+    try:
+        spec, _ = read_run_header(loc)
+    except ValueError:
+        return "no readable run header to find its commit records by"
+    return f"{len(committed_units(loc, spec))} unit commit records present"
 
 
 def _check_header(loc: storage.Location, m: CacheManifest, report: ValidationReport) -> None:

@@ -40,7 +40,8 @@ def check_committed_images(
     done = set(units)
     stored: dict[int, str] = {}
     for unit in done:
-        raw = storage.read_bytes(writer.loc, commit_key(unit), max_bytes=MAX_COMMIT_BYTES)
+        raw = storage.read_bytes(writer.loc, commit_key(writer.spec, unit),
+                                 max_bytes=MAX_COMMIT_BYTES)
         info = parse_commit_bytes(raw, unit=unit, spec=writer.spec)
         stored.update((s.sample_id, s.source_hash) for s in info.samples)
     checked, changed = 0, []

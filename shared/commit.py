@@ -23,6 +23,7 @@ from sparkforge.shared.layout import (
     FORMAT_VERSION,
     CacheSpec,
     array_layouts,
+    commit_key,
     first_slot,
     parse_commit_name,
     slots_per_attempt,
@@ -33,10 +34,14 @@ SAMPLE_COLUMNS = ("sample_id", "slot", "row_offset", "length", "num_loss_tokens"
                   "source_hash", "split")
 
 
-def committed_units(loc: storage.Location) -> set[int]:
-    """Units whose commit record exists (listed fresh from the store)."""
-    units = (parse_commit_name(n) for n in storage.list_names(loc, COMMITS_PREFIX))
-    return {u for u in units if u is not None}
+def committed_units(loc: storage.Location, spec: CacheSpec) -> set[int]:
+    """Units whose commit record exists at its key (listed fresh from the store, one group
+    folder at a time from format 4; a record in another unit's group is not counted)."""
+    folders = [COMMITS_PREFIX] if spec.format_version < 4 else [
+        f"{COMMITS_PREFIX}/{g}" for g in storage.list_names(loc, COMMITS_PREFIX) if g.isdigit()]
+    return {unit for folder in folders for name in storage.list_names(loc, folder)
+            if (unit := parse_commit_name(name)) is not None
+            and commit_key(spec, unit) == f"{folder}/{name}"}
 
 
 def checksum(values: npt.NDArray[Any]) -> int:

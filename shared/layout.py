@@ -17,19 +17,28 @@ from sparkforge.shared import fields as f
 from sparkforge.shared.dtypes import STORAGE_DTYPES, HiddenDtype
 from sparkforge.shared.errors import SparkforgeError
 
-FORMAT_VERSION: Final = 3
+FORMAT_VERSION: Final = 4
 """The layout new caches get. 1: ``aux_hidden`` (and fp8 ``aux_scale``) hold every captured layer
 of a row in one array, so any read decodes all layers. 2: one array per captured layer
 (``aux_hidden.0``, ``aux_hidden.1``, ...), so a run reads only the layers it trains on. 3: as 2,
 with a leading slot-group axis on every array (the slots of :data:`UNITS_PER_GROUP` units per
 group), so slot objects nest as ``c/{group}/{slot in group}`` instead of one folder holding
-every slot, and the manifest keeps its unit and slot rows in Parquet tables beside it."""
-READABLE_VERSIONS: Final = (1, 2, 3)
-"""Formats 1 (``_layered``) and 2 (flat slot keys: ``_flat``) are still read; format 1's reader is
-dropped in sparkforge 0.3.0, format 2's in 0.4.0."""
+every slot, and the manifest keeps its unit and slot rows in Parquet tables beside it. 4: as 3,
+with commit records and attempt claims nested under their unit's group too
+(``_commits/{group}/unit_U.json``, ``_attempts/{group}/unit_U/A``), and groups of
+:func:`units_per_group` units, so no folder holds one entry per unit or more slots than
+:data:`GROUP_SLOTS`."""
+READABLE_VERSIONS: Final = (1, 2, 3, 4)
+"""Formats 1 (``_layered``), 2 (flat slot keys: ``_flat``) and 3 (flat ``_commits/`` and
+``_attempts/``: ``_flat_bookkeeping``) are still read; format 1's reader is dropped in sparkforge
+0.3.0, format 2's in 0.4.0, format 3's in 0.5.0."""
 UNITS_PER_GROUP: Final = 1000
-"""Format 3: units whose slots share a group; a group folder holds their slots (about 17k at 256
-rows per unit), the ``c/`` folder one group per 1,000 units (400 at 400k units)."""
+"""The most units of a group (format 3: every group's); ``c/`` holds one group folder per group
+(400 at 400k units of 1,000)."""
+GROUP_SLOTS: Final = 100_000
+"""Format 4: a group holds as many units as keep its slot folder within this many entries when
+every attempt uses all of :func:`slots_per_attempt` (a slot folder of 1,000 units passed it at
+more than 100 slots per unit); each abandoned attempt's slots come on top."""
 _IntOrArray = TypeVar("_IntOrArray", int, "npt.NDArray[np.int64]")
 AuxCodec = Literal["lossless", "fp8"]
 """How aux hidden states are stored: as ``hidden_dtype``, or fp8 with a per-row scale."""
@@ -53,12 +62,25 @@ PARITY_FILE: Final = "parity.json"
 
 
 COMMITS_PREFIX: Final = "_commits"
+ATTEMPTS_PREFIX: Final = "_attempts"
 _COMMIT_NAME: Final = re.compile(r"unit_(\d{8})\.json")
 
 
-def commit_key(unit: int) -> str:
+def _flat_bookkeeping(spec: CacheSpec) -> bool:
+    """Whether ``_commits/`` and ``_attempts/`` hold one entry per unit (formats 1-3; read until
+    sparkforge 0.5.0)."""
+    return spec.format_version < 4
+
+
+def bookkeeping_folder(spec: CacheSpec, prefix: str, unit: int) -> str:
+    """The folder under ``prefix`` (``_commits`` or ``_attempts``) holding ``unit``'s objects:
+    its group's from format 4, else ``prefix`` itself."""
+    return prefix if _flat_bookkeeping(spec) else f"{prefix}/{unit_group(spec, unit)}"
+
+
+def commit_key(spec: CacheSpec, unit: int) -> str:
     """Key of a unit's commit record."""
-    return f"{COMMITS_PREFIX}/unit_{unit:08d}.json"
+    return f"{bookkeeping_folder(spec, COMMITS_PREFIX, unit)}/unit_{unit:08d}.json"
 
 
 def parse_commit_name(name: str) -> int | None:
@@ -67,9 +89,9 @@ def parse_commit_name(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def attempt_key(unit: int, attempt: int) -> str:
+def attempt_key(spec: CacheSpec, unit: int, attempt: int) -> str:
     """Key claimed (exclusive create) by one write attempt of a unit."""
-    return f"_attempts/unit_{unit:08d}/{attempt:04d}"
+    return f"{bookkeeping_folder(spec, ATTEMPTS_PREFIX, unit)}/unit_{unit:08d}/{attempt:04d}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,9 +226,22 @@ def _flat(spec: CacheSpec) -> bool:
     return spec.format_version < 3
 
 
+def units_per_group(spec: CacheSpec) -> int:
+    """Units of one group (formats 3-4): :data:`UNITS_PER_GROUP`, fewer from format 4 where
+    their slots could pass :data:`GROUP_SLOTS` (390 at 256 slots per attempt), at least 1."""
+    if spec.format_version < 4:
+        return UNITS_PER_GROUP
+    return max(1, min(UNITS_PER_GROUP, GROUP_SLOTS // slots_per_attempt(spec)))
+
+
+def unit_group(spec: CacheSpec, unit: int) -> int:
+    """The group whose folders hold a unit's slots (formats 3-4) and bookkeeping (format 4)."""
+    return unit // units_per_group(spec)
+
+
 def slots_per_group(spec: CacheSpec) -> int:
-    """Format 3: slot ids in one group (every attempt of :data:`UNITS_PER_GROUP` units)."""
-    return UNITS_PER_GROUP * MAX_ATTEMPTS * slots_per_attempt(spec)
+    """Formats 3-4: slot ids in one group (every attempt of :func:`units_per_group` units)."""
+    return units_per_group(spec) * MAX_ATTEMPTS * slots_per_attempt(spec)
 
 
 def row_selection(spec: CacheSpec, start: int, stop: int) -> tuple[int | slice, ...]:
@@ -232,7 +267,8 @@ def array_shape(spec: CacheSpec, a: ArrayLayout) -> tuple[int, ...]:
     """The full shape of one array (unwritten slots cost nothing)."""
     if _flat(spec):
         return (capacity_rows(spec), *a.row_shape)
-    return (MAX_UNITS // UNITS_PER_GROUP, slots_per_group(spec) * spec.shard_rows, *a.row_shape)
+    groups = -(-MAX_UNITS // units_per_group(spec))
+    return (groups, slots_per_group(spec) * spec.shard_rows, *a.row_shape)
 
 
 def slot_block(spec: CacheSpec, a: ArrayLayout, rows: int | None = None) -> tuple[int, ...]:

@@ -116,11 +116,11 @@ class CacheWriter:
 
     def committed_units(self) -> set[int]:
         """Units whose commit record exists (read fresh from the store)."""
-        return committed_units(self.loc)
+        return committed_units(self.loc, self.spec)
 
     def is_committed(self, unit: int) -> bool:
         """Whether ``unit``'s commit record exists (read fresh from the store)."""
-        return storage.exists(self.loc, commit_key(unit))
+        return storage.exists(self.loc, commit_key(self.spec, unit))
 
     def write_target_files(self, files: Mapping[str, bytes]) -> None:
         """Store the target pieces the trainer needs (config, tokenizer, weights); idempotent."""
@@ -143,7 +143,7 @@ class CacheWriter:
         info = UnitInfo(unit=unit, attempt=attempt, slots=tuple(slots), samples=tuple(rows),
                         accounting=accounting)
         try:
-            storage.exclusive_create(self.loc, commit_key(unit),
+            storage.exclusive_create(self.loc, commit_key(self.spec, unit),
                                      info.to_bytes(self.spec.format_version))
         except FileExistsError as exc:
             raise UnitAlreadyCommitted(f"unit {unit} was committed by another attempt while "
@@ -160,7 +160,7 @@ class CacheWriter:
         """
         for attempt in range(MAX_ATTEMPTS):
             try:
-                storage.exclusive_create(self.loc, attempt_key(unit, attempt), b"")
+                storage.exclusive_create(self.loc, attempt_key(self.spec, unit, attempt), b"")
                 return attempt
             except FileExistsError:
                 continue

@@ -15,7 +15,7 @@ from zarr.storage import WrapperStore
 
 from sparkforge.shared import storage
 from sparkforge.shared.header import RunHeader
-from sparkforge.shared.layout import CacheSpec
+from sparkforge.shared.layout import CacheSpec, commit_key
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import float_to_storage
 
@@ -298,7 +298,7 @@ def forge_rows(cache: Path, name: str, row: int, values: np.ndarray) -> None:
         used = row_selection(spec, start, start + int(slots.num_rows[k]))
         crc = checksum(np.asarray(arr[used]))
         slots.crc32c[k, slots.arrays.index(name)] = crc
-        path = cache / f"_commits/unit_{int(slots.unit[k]):08d}.json"
+        path = cache / commit_key(spec, int(slots.unit[k]))
         record = json.loads(path.read_text())
         next(s for s in record["slots"] if s["slot"] == slot)["crc32c"][name] = crc
         path.write_text(json.dumps(record))

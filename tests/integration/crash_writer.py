@@ -42,7 +42,7 @@ def main() -> None:
     real_create = storage.exclusive_create
 
     def stalling_create(loc: storage.Location, key: str, data: bytes) -> None:
-        if key == commit_key(args.stall_before_commit):
+        if key == commit_key(spec, args.stall_before_commit):
             print(f"stalled {args.stall_before_commit}", flush=True)
             time.sleep(600)
         real_create(loc, key, data)

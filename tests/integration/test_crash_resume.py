@@ -180,7 +180,7 @@ def test_sigterm_stops_produce_saying_what_it_kept(tiny_target: Path, tmp_path: 
                              "--output", str(cache)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(proc, lambda: len(list((cache / "_commits").glob("unit_*.json"))) >= 2,
+        wait_until(proc, lambda: len(list((cache / "_commits").glob("*/unit_*.json"))) >= 2,
                    "its second commit", poll_s=0.02)
         os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
@@ -193,7 +193,7 @@ def test_sigterm_stops_produce_saying_what_it_kept(tiny_target: Path, tmp_path: 
     done = int(last.split("stopped by SIGTERM: ")[1].split(" of ")[0])
     assert f"{done} of this worker's 12 units to do are committed" in last
     assert ("was being captured and is abandoned" in last) or ("no unit was abandoned" in last)
-    committed = len(list((cache / "_commits").glob("unit_*.json")))
+    committed = len(list((cache / "_commits").glob("*/unit_*.json")))
     assert 2 <= committed == done < 12, (committed, last)
     assert not (cache / "manifest.json").exists()
     assert main([*args, "--output", str(cache)]) == 0

@@ -120,7 +120,7 @@ def test_vllm_cache_on_s3_equals_transformers_cache(tiny_target: Path, moto_serv
 
 
 def commits(cache: Path) -> list[Path]:
-    return list((cache / "_commits").glob("unit_*.json")) if (cache / "_commits").exists() else []
+    return list((cache / "_commits").glob("*/unit_*.json")) if (cache / "_commits").exists() else []
 
 
 def test_sigkill_resume_with_the_real_engine(tiny_target: Path, tmp_path: Path) -> None:

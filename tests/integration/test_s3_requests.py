@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import boto3
 import pytest
@@ -18,6 +19,7 @@ from s3_proxy import S3Proxy
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.validate import validate_cache
+from sparkforge.shared.layout import attempt_key, commit_key
 from sparkforge.shared.writer import CacheWriter
 from sparkforge.trainer.datamodule import CacheDataModule
 
@@ -68,19 +70,27 @@ def _commit(writer: CacheWriter, unit: int,
 def test_a_commit_sends_the_same_requests_after_a_thousand_earlier_units(
         moto_server: dict[str, Any], proxy: S3Proxy) -> None:
     """Claiming an attempt lists nothing, so 1,001 earlier units' claims (more than one LIST
-    page) and commit records do not change what a commit sends."""
+    page; a full group folder and part of the unit's own) and commit records do not change
+    what a commit sends, and no request lists a folder."""
     root = uuid.uuid4().hex
     uri = f"s3://{moto_server['bucket']}/{root}"
     writer = CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC, num_units=2000),
                               storage_options=_options(moto_server, proxy))
     first, _ = _commit(writer, 1500, proxy)
-    _put_directly(moto_server, [f"{root}/{prefix}" for u in range(1001)
-                                for prefix in (f"_attempts/unit_{u:08d}/0000",
-                                               f"_commits/unit_{u:08d}.json")])
+    _put_directly(moto_server, [f"{root}/{key}" for u in range(1001)
+                                for key in (attempt_key(SPEC, u, 0), commit_key(SPEC, u))])
     later, log = _commit(writer, 1501, proxy)
     assert later == first
     assert first["PUT"] == 2 + 5  # the attempt claim, the commit record, one object per array
-    assert not [path for kind, path in log if kind == "LIST" and "_attempts" in path]
+    # No request lists a folder: a LIST is s3fs asking whether the key it just HEADed is a
+    # "directory" (prefix = that key + "/", one key at most), never its group or _commits/.
+    heads = {_key(path) for kind, path in log if kind == "HEAD"}
+    prefixes = [parse_qs(urlsplit(path).query)["prefix"][0] for kind, path in log
+                if kind == "LIST"]
+    assert prefixes
+    assert all(p.endswith("/") and p[:-1].split("/", 1)[1] in heads for p in prefixes), prefixes
+    assert commit_key(SPEC, 1501) in heads  # in its group's folder, _commits/1/
+    assert ("PUT", f"/{moto_server['bucket']}/{root}/{attempt_key(SPEC, 1501, 0)}") in log
 
 
 @pytest.fixture(scope="module")

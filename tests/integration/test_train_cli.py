@@ -311,7 +311,7 @@ def test_a_unit_dropped_from_manifest_index_and_commits_is_refused(
     from sparkforge.manifests.finalize import finalize_cache
 
     cache = _copy(tiny_cache, tmp_path)
-    commits = sorted((cache / "_commits").glob("unit_*.json"))
+    commits = sorted((cache / "_commits").glob("*/unit_*.json"))
     commits[-1].unlink()
     (cache / "manifest.json").unlink()
     finalize_cache(str(cache), expected_units=len(commits) - 1)

@@ -80,7 +80,7 @@ def test_duplicate_sample_ids_across_units_are_named(tmp_path: Path) -> None:
 def test_tampered_commit_record_is_rejected(tmp_path: Path, edit: object, match: str) -> None:
     """A commit record inconsistent with its unit or slots stops finalize, naming the field."""
     _cache(tmp_path / "c", [0])
-    path = tmp_path / "c/_commits/unit_00000000.json"
+    path = tmp_path / "c/_commits/0/unit_00000000.json"
     record = json.loads(path.read_text())
     edit(record)  # type: ignore[operator]
     path.write_text(json.dumps(record))
@@ -147,17 +147,17 @@ def _copied_units(path: Path, num_units: int) -> None:
                      shard_rows=128, rows_per_unit=256)
     w = CacheWriter.open(str(path), spec=spec, header=make_run_header(spec))
     w.write_unit(0, *make_unit(spec, 0, skip_every=1 << 20))
-    record = json.loads((path / commit_key(0)).read_text())
+    record = json.loads((path / commit_key(spec, 0)).read_text())
     base = np.asarray(record["samples"]["row_offset"]) - first_slot(spec, 0, 0) * 128
     for unit in range(1, num_units):
         first, ids = first_slot(spec, unit, 0), list(range(unit * 256, (unit + 1) * 256))
         record.update(unit=unit, slots=[dict(s, slot=first + k)
                                         for k, s in enumerate(json.loads(
-                                            (path / commit_key(0)).read_text())["slots"])])
+                                            (path / commit_key(spec, 0)).read_text())["slots"])])
         record["samples"].update(
             sample_id=ids, source_row=ids, slot=[first + o // 128 for o in base.tolist()],
             row_offset=(first * 128 + base).tolist())
-        (path / commit_key(unit)).write_text(json.dumps(record))
+        (path / commit_key(spec, unit)).write_text(json.dumps(record))
 
 
 def test_finalize_memory_does_not_grow_with_the_samples(tmp_path: Path,

@@ -31,7 +31,7 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The manifest, commit record 1 and run header of one valid cache."""
     cache = build_cache(tmp_path_factory.mktemp("fuzz") / "c")
     return {"manifest": json.loads((cache / "manifest.json").read_text()),
-            "commit": json.loads((cache / "_commits/unit_00000001.json").read_text()),
+            "commit": json.loads((cache / "_commits/0/unit_00000001.json").read_text()),
             "header": json.loads((cache / "_meta/header.json").read_text())["header"]}
 
 

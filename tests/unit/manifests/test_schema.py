@@ -69,7 +69,7 @@ def _set(path: str, value: Any) -> Any:
 _DELETE = object()
 
 INVALID = [
-    ("format_version", 4, UnknownFormatVersionError, r"reads versions \[1, 2, 3\], got 4"),
+    ("format_version", 5, UnknownFormatVersionError, r"reads versions \[1, 2, 3, 4\], got 5"),
     ("format_version", "1", ManifestError, "'format_version': expected an integer"),
     ("complete", "yes", ManifestError, "'complete': expected true or false"),
     ("created_at", "yesterday", ManifestError, "'created_at': expected an ISO 8601"),

@@ -47,15 +47,16 @@ def running(tmp_path: Path) -> Path:
     on its second attempt, unit 2 claimed but not committed (a worker is writing it or died)."""
     root = tmp_path / "cache"
     writer = CacheWriter.open(str(root), spec=SMALL_SPEC, header=run_header(SMALL_SPEC, NUM_UNITS))
-    storage.exclusive_create(writer.loc, attempt_key(1, 0), b"")  # abandoned by a killed worker
+    # abandoned by a killed worker
+    storage.exclusive_create(writer.loc, attempt_key(SMALL_SPEC, 1, 0), b"")
     for unit in (0, 1, 3):
         writer.write_unit(unit, *make_unit(SMALL_SPEC, unit))
-    storage.exclusive_create(writer.loc, attempt_key(2, 0), b"")
+    storage.exclusive_create(writer.loc, attempt_key(SMALL_SPEC, 2, 0), b"")
     for path in (root / "_attempts").rglob("*"):
         if path.is_file():
             set_time(path, 1000.0)
     for unit, t in ((0, 1100.0), (1, 1200.0), (3, 1300.0)):
-        set_time(root / commit_key(unit), t)
+        set_time(root / commit_key(SMALL_SPEC, unit), t)
     return root
 
 
@@ -125,7 +126,7 @@ def test_unreadable_commit_record_is_a_problem_not_a_crash(running: Path,
                                                            capsys: pytest.CaptureFixture[str]
                                                            ) -> None:
     """A corrupt commit record is reported by unit (exit 1); the other units still count."""
-    (running / commit_key(3)).write_bytes(b"{not json")
+    (running / commit_key(SMALL_SPEC, 3)).write_bytes(b"{not json")
     assert main(["status", str(running), "--json"]) == 1
     status = json.loads(capsys.readouterr().out)
     assert status["units"]["committed"] == 3
@@ -139,8 +140,8 @@ def test_oversized_commit_record_is_a_problem(running: Path,
     """A commit record over the size cap is a problem naming its unit; the others still count."""
     import sparkforge.manifests.status as status_module
 
-    path = running / commit_key(3)
-    cap = max(len((running / commit_key(u)).read_bytes()) for u in (0, 1, 3))
+    path = running / commit_key(SMALL_SPEC, 3)
+    cap = max(len((running / commit_key(SMALL_SPEC, u)).read_bytes()) for u in (0, 1, 3))
     monkeypatch.setattr(status_module, "MAX_COMMIT_BYTES", cap)
     path.write_bytes(path.read_bytes() + b" " * 10_000)  # still valid JSON, over the cap
     status = StatusReader.open(str(running), num_workers=2).read()

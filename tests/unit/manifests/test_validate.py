@@ -64,7 +64,7 @@ def _rewrite_index(cache: Path, edit: Callable[[list[dict]], list[dict]]) -> Non
 
 
 def _delete_commit(c: Path) -> None:
-    (c / "_commits/unit_00000001.json").unlink()
+    (c / "_commits/0/unit_00000001.json").unlink()
 
 
 def _delete_shard(c: Path) -> None:
@@ -84,12 +84,12 @@ def _wrong_dtype(c: Path) -> None:
 
 
 def _tampered_crc(c: Path) -> None:
-    _edit_json(c / "_commits/unit_00000000.json",
+    _edit_json(c / "_commits/0/unit_00000000.json",
                lambda r: r["slots"][0]["crc32c"].__setitem__("loss_mask", 7))
 
 
 def _tampered_accounting(c: Path) -> None:
-    _edit_json(c / "_commits/unit_00000002.json",
+    _edit_json(c / "_commits/0/unit_00000002.json",
                lambda r: r["accounting"].__setitem__("skipped", {"empty": 1}))
 
 
@@ -114,7 +114,7 @@ def _index_tampered(c: Path) -> None:
 
 
 def _extra_commit(c: Path) -> None:
-    (c / "_commits/unit_00000009.json").write_bytes(b"{}")
+    (c / "_commits/0/unit_00000009.json").write_bytes(b"{}")
 
 
 def _no_manifest(c: Path) -> None:
@@ -143,13 +143,13 @@ def _refinalize(c: Path, units: int) -> None:
 
 
 def _unit_dropped(c: Path) -> None:
-    (c / "_commits/unit_00000002.json").unlink()
+    (c / "_commits/0/unit_00000002.json").unlink()
     _refinalize(c, 2)
 
 
 def _no_train_samples(c: Path) -> None:
     for u in range(3):
-        _edit_json(c / f"_commits/unit_{u:08d}.json", lambda r: r["samples"].__setitem__(
+        _edit_json(c / f"_commits/0/unit_{u:08d}.json", lambda r: r["samples"].__setitem__(
             "split", ["eval"] * len(r["samples"]["split"])))
     _refinalize(c, 3)
 
@@ -194,7 +194,7 @@ def _moderately_deep_manifest(c: Path) -> None:
 
 
 def _deep_commit(c: Path) -> None:
-    _nest(c / "_commits/unit_00000001.json", lambda r, v: r.__setitem__("samples", v), 200_000)
+    _nest(c / "_commits/0/unit_00000001.json", lambda r, v: r.__setitem__("samples", v), 200_000)
 
 
 def _deep_header(c: Path) -> None:
@@ -203,9 +203,9 @@ def _deep_header(c: Path) -> None:
 
 def _commit_links_out(c: Path) -> None:
     outside = c.parent / "elsewhere.json"
-    outside.write_bytes((c / "_commits/unit_00000001.json").read_bytes())
-    (c / "_commits/unit_00000001.json").unlink()
-    (c / "_commits/unit_00000001.json").symlink_to(outside)
+    outside.write_bytes((c / "_commits/0/unit_00000001.json").read_bytes())
+    (c / "_commits/0/unit_00000001.json").unlink()
+    (c / "_commits/0/unit_00000001.json").symlink_to(outside)
 
 
 def _shard_links_out(c: Path) -> None:
@@ -221,8 +221,8 @@ def _fifo_shard(c: Path) -> None:
 
 
 def _fifo_commit(c: Path) -> None:
-    (c / "_commits/unit_00000001.json").unlink()
-    os.mkfifo(c / "_commits/unit_00000001.json")
+    (c / "_commits/0/unit_00000001.json").unlink()
+    os.mkfifo(c / "_commits/0/unit_00000001.json")
 
 
 def _fifo_array_metadata(c: Path) -> None:
@@ -236,7 +236,7 @@ def _device_manifest(c: Path) -> None:
 
 
 CORRUPTIONS = [
-    (_delete_commit, r"^unit 1: commit record _commits/unit_00000001.json is missing$"),
+    (_delete_commit, r"^unit 1: commit record _commits/0/unit_00000001.json is missing$"),
     (_delete_shard, r"^unit 2, slot \d+: object aux_hidden.1/c/0/\d+/0 is missing \(it would read"),
     (_delete_chunk, r"^unit 0, slot \d+: object input_ids/c/0/\d+ is missing"),
     (_wrong_row_shape, r"^array aux_hidden.1: row shape is \(8,\) but the manifest implies "
@@ -275,16 +275,16 @@ CORRUPTIONS = [
     (_moderately_deep_manifest, r"^manifest: manifest.json: JSON nested deeper than 32 levels "),
     (_deep_commit, r"^unit 1: commit record of unit 1: JSON nested deeper than 32 levels$"),
     (_deep_header, r"^_meta/header.json: _meta/header.json: JSON nested deeper than 32 levels$"),
-    (_commit_links_out, r"^_commits/unit_00000001.json: a link to .*elsewhere.json, outside the "
+    (_commit_links_out, r"^_commits/0/unit_00000001.json: a link to .*elsewhere.json, outside the "
                         r"cache root \(a cache holds its own objects; nothing behind it is "
                         r"read\)$"),
-    (_commit_links_out, r"^unit 1: _commits/unit_00000001.json: a link to .*elsewhere.json, "
+    (_commit_links_out, r"^unit 1: _commits/0/unit_00000001.json: a link to .*elsewhere.json, "
                         r"outside the cache root .*; refusing to read it$"),
     (_shard_links_out, r"^aux_hidden.1/c/0/\d+/0: a link to /etc/passwd, outside the cache root"),
     # special files: named, never opened (open() on a FIFO blocks forever)
     (_fifo_shard, r"^aux_hidden.1/c/0/\d+/0: a FIFO \(named pipe\), not a regular file \(never "
                   r"opened; replace it with the real file\)$"),
-    (_fifo_commit, r"^_commits/unit_00000001.json: a FIFO \(named pipe\), not a regular file"),
+    (_fifo_commit, r"^_commits/0/unit_00000001.json: a FIFO \(named pipe\), not a regular file"),
     (_fifo_array_metadata, r"^final_hidden/zarr.json: a FIFO \(named pipe\), not a regular"),
     (_device_manifest, r"^manifest.json: a character device, not a regular file"),
 ]
@@ -413,7 +413,7 @@ def test_json_output_shape(cache: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["validate", str(cache), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["valid"] is False
-    assert "unit 1: commit record _commits/unit_00000001.json is missing" in out["problems"]
+    assert "unit 1: commit record _commits/0/unit_00000001.json is missing" in out["problems"]
 
 
 def test_links_out_of_the_root_are_never_read(cache: Path,

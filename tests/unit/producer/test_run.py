@@ -147,7 +147,7 @@ def test_consecutive_failures_abort_and_keep_committed_units(tiny_target: Path,
     with pytest.raises(CaptureAborted, match="3 consecutive"):
         run(cfg, source=source)
     assert source.calls == 7  # unit 0 (4 rows) and 3 failures in unit 1
-    commits = sorted(p.name for p in (Path(cfg.output) / "_commits").iterdir())
+    commits = sorted(p.name for p in (Path(cfg.output) / "_commits" / "0").iterdir())
     assert commits == ["unit_00000000.json"]
 
 

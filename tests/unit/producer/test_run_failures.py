@@ -64,7 +64,8 @@ def test_non_finite_fail_policy_stops_before_the_unit_commits(tiny_target: Path,
     cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), non_finite="fail")
     with pytest.raises(NonFiniteActivations, match="sample 5: aux_hidden holds 1 non-finite"):
         run(cfg, source=nan_source)
-    assert [p.name for p in (tmp_path / "cache" / "_commits").iterdir()] == ["unit_00000000.json"]
+    commits = tmp_path / "cache" / "_commits" / "0"
+    assert [p.name for p in commits.iterdir()] == ["unit_00000000.json"]
 
 
 def test_empty_input_is_refused_before_anything_is_written(tiny_target: Path,

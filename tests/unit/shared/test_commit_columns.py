@@ -23,7 +23,7 @@ def record(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, UnitInfo]:
     path = tmp_path_factory.mktemp("commit") / "c"
     writer = CacheWriter.open(str(path), spec=SMALL_SPEC, header=make_run_header(SMALL_SPEC))
     writer.write_unit(1, *make_unit(SMALL_SPEC, 1))
-    raw = (path / commit_key(1)).read_bytes()
+    raw = (path / commit_key(SMALL_SPEC, 1)).read_bytes()
     return raw, parse_commit_bytes(raw, unit=1, spec=SMALL_SPEC)
 
 

@@ -128,7 +128,7 @@ def test_a_wrong_loss_count_of_a_spanning_sample_is_caught_by_deep(caches: tuple
 def test_a_commit_record_missing_a_spanned_slot_is_refused(caches: tuple[Path, Path]) -> None:
     """A record that lists a spanning sample's first slot but not the next is refused, naming
     the sample."""
-    data = json.loads((caches[0] / commit_key(0)).read_bytes())
+    data = json.loads((caches[0] / commit_key(SPEC, 0)).read_bytes())
     del data["slots"][1]
     with pytest.raises(ManifestError, match=r"'samples.length\[0\]': expected rows inside the "
                                             r"unit's slots"):

@@ -245,7 +245,7 @@ def test_index_boundaries_must_match_the_commit_record(cache: Path) -> None:
 
 
 @pytest.mark.parametrize("key", ["zarr.json", "input_ids/zarr.json", "manifest.json",
-                                 "_commits/unit_00000000.json"])
+                                 "_commits/0/unit_00000000.json"])
 def test_special_file_as_a_cache_document_is_named_not_opened(cache: Path, key: str) -> None:
     """A FIFO as a metadata file, the manifest or a commit record: one line naming it (opening
     it would hang the reader)."""

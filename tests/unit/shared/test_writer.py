@@ -27,11 +27,11 @@ def test_unit_committed_twice_is_refused(tmp_path: Path) -> None:
     """A second write of a committed unit raises UnitAlreadyCommitted and changes nothing."""
     w = _writer(tmp_path / "c")
     w.write_unit(0, *make_unit(SPEC, 0))
-    before = (tmp_path / "c/_commits/unit_00000000.json").read_bytes()
+    before = (tmp_path / "c/_commits/0/unit_00000000.json").read_bytes()
     with pytest.raises(UnitAlreadyCommitted, match="unit 0"):
         w.write_unit(0, *make_unit(SPEC, 0, seed=1))
     assert w.committed_units() == {0}
-    assert (tmp_path / "c/_commits/unit_00000000.json").read_bytes() == before
+    assert (tmp_path / "c/_commits/0/unit_00000000.json").read_bytes() == before
 
 
 def test_zombie_attempt_cannot_clobber_committed_slots(tmp_path: Path) -> None:
