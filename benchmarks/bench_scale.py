@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +226,9 @@ def job_inspect(p: Phase) -> dict[str, Any]:
 
 
 def job_copy(p: Phase) -> dict[str, Any]:
-    """The baseline of --deep: one GET per committed slot object, ``max_concurrency`` at once."""
+    """The baseline of --deep: the objects it reads (every committed slot's object of each
+    array ``open_arrays`` opens, slot by slot), through the same client and ``read_bytes``, with
+    ``max_concurrency`` threads, and nothing else: no commit record, no decoding."""
     from concurrent.futures import ThreadPoolExecutor
 
     import zarr
@@ -232,18 +236,19 @@ def job_copy(p: Phase) -> dict[str, Any]:
     from sparkforge.manifests.open import read_manifest
     from sparkforge.manifests.tables import read_slot_table
     from sparkforge.shared import storage
-    from sparkforge.shared.layout import slot_key
+    from sparkforge.shared.layout import open_arrays, slot_key
 
     loc = storage.open_location(p.uri, p.options)
     manifest = read_manifest(loc)
-    group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
-    slots = read_slot_table(loc, manifest).slot.tolist()
-    paths = [loc.path(slot_key(name, group[name], slot, manifest.storage.spec))
-             for name in group.array_keys() for slot in slots]
+    spec = manifest.storage.spec
+    # Opened once: opening an array per key sent a metadata GET per object before the copy.
+    arrays = open_arrays(zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r"), spec)
+    keys = [slot_key(name, arr, slot, spec) for slot in read_slot_table(loc, manifest).slot.tolist()
+            for name, arr in arrays.items()]
     p.start()
     with ThreadPoolExecutor(p.max_concurrency) as pool:
-        total = sum(map(len, pool.map(lambda path: loc.fs.cat_file(path, start=0), paths)))
-    return {"objects": len(paths), "bytes": total}
+        total = sum(map(len, pool.map(lambda key: storage.read_bytes(loc, key), keys)))
+    return {"objects": len(keys), "bytes": total}
 
 
 JOBS: dict[str, Callable[[Phase], dict[str, Any]]] = {
@@ -289,20 +294,33 @@ def serve_moto(folder: Path) -> None:
     server.stop()
 
 
+@dataclass
+class Served:
+    """The S3 side of a job: the counting proxy (in this process) and the server's pid."""
+
+    proxy: Any
+    server_pid: int
+
+
 def run_in_process(job: str, uri: str, units: int, options: dict[str, Any],
-                   args: argparse.Namespace, proxy: Any) -> dict[str, Any]:
-    """Run one job in its own process; the requests it sends after its set-up, by kind."""
+                   args: argparse.Namespace, served: Served | None) -> dict[str, Any]:
+    """Run one job in its own process; on S3 also the requests it sends after its set-up, by
+    kind, the most in flight, and the CPU the server and the proxy (this process's threads: its
+    main thread only waits) spent on them."""
     cmd = [sys.executable, "-P", __file__, "--job", job, "--uri", uri, "--units", str(units),
            "--storage_options", json.dumps(options), "--max_concurrency",
            str(args.max_concurrency)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None
     assert proc.stdout is not None
-    last = ""
+    from bench_scale_read import cpu_seconds
+
+    last, server_cpu, proxy_cpu = "", 0.0, 0.0
     for line in proc.stdout:
         if line.strip() == "ready":
-            if proxy is not None:
-                proxy.reset()
+            if served is not None:
+                served.proxy.reset()
+                server_cpu, proxy_cpu = cpu_seconds(served.server_pid), time.process_time()
             proc.stdin.write("go\n")
             proc.stdin.flush()
         else:
@@ -310,15 +328,18 @@ def run_in_process(job: str, uri: str, units: int, options: dict[str, Any],
     if proc.wait():
         raise SystemExit(f"{job} failed at {units} units (exit {proc.returncode})")
     out: dict[str, Any] = json.loads(last)
-    if proxy is not None:
-        counts = proxy.reset()
+    if served is not None:
+        out["server_cpu_s"] = cpu_seconds(served.server_pid) - server_cpu
+        out["proxy_cpu_s"] = time.process_time() - proxy_cpu
+        out["max_in_flight"] = served.proxy.max_in_flight
+        counts = served.proxy.reset()
         out["requests"] = sum(counts.values())
         out["requests_by_kind"] = dict(counts)
     return out
 
 
 @contextmanager
-def s3_cache(root: Path, latency_s: float) -> Iterator[tuple[str, dict[str, Any], Any]]:
+def s3_cache(root: Path) -> Iterator[tuple[str, dict[str, Any], Served]]:
     """The synthesized cache served by moto behind a latency-adding, counting proxy."""
     from s3_proxy import S3Proxy
 
@@ -328,11 +349,11 @@ def s3_cache(root: Path, latency_s: float) -> Iterator[tuple[str, dict[str, Any]
     assert moto.stdin is not None
     port = int(moto.stdout.readline())
     shutil.rmtree(root)
-    proxy = S3Proxy(f"http://127.0.0.1:{port}", latency_s=latency_s)
+    proxy = S3Proxy(f"http://127.0.0.1:{port}")
     options = {"key": "testing", "secret": "testing", "endpoint_url": proxy.endpoint,
                "client_kwargs": {"region_name": "us-east-1"}}
     try:
-        yield f"s3://{BUCKET}/cache", options, proxy
+        yield f"s3://{BUCKET}/cache", options, Served(proxy, moto.pid)
     finally:
         proxy.close()
         moto.stdin.close()
@@ -354,8 +375,13 @@ def measure(samples: int, mode: str, args: argparse.Namespace, workdir: Path) ->
         out["largest_folder"] = largest_folder(root)
         shutil.rmtree(root)
     else:
-        with s3_cache(root, args.latency_ms / 1000) as (uri, options, proxy):
-            out["jobs"] = {j: run_in_process(j, uri, units, options, args, proxy) for j in jobs}
+        with s3_cache(root) as (uri, options, served):
+            out["jobs"] = {}
+            for j in jobs:  # each latency in turn, job by job (a job may need the one before)
+                for latency in args.latency_ms[-1:] if j in WRITES else args.latency_ms:
+                    served.proxy.latency_s = latency / 1000
+                    out["jobs"][at(j, latency)] = run_in_process(j, uri, units, options, args,
+                                                                 served)
     return out
 
 
@@ -366,37 +392,73 @@ def exponent(sizes: list[int], values: list[float]) -> str:
     return f"{np.polyfit(np.log(sizes), np.log(values), 1)[0]:.2f}"
 
 
+def at(job: str, latency_ms: float) -> str:
+    """The key of a job's result at one injected latency."""
+    return f"{job}@{latency_ms:g}"
+
+
+WRITES = ("commit", "finalize")
+"""Jobs that change the cache: on S3 they run once, at the last latency given."""
+LABEL_WIDTH = 56
+
+
 def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
           args: argparse.Namespace) -> str:
     """One mode's rows: sizes across, the growth exponent last."""
-    where = ("local disk" if mode == "local" else
-             f"S3 (moto) behind a proxy adding {args.latency_ms:g} ms per request")
+    where = ("local disk" if mode == "local" else "S3 (moto) behind a proxy adding "
+             f"{' / '.join(f'{x:g}' for x in args.latency_ms)} ms per request")
     lines = [f"{where}; max_concurrency {args.max_concurrency}",
-             f"{'':<44}" + "".join(f"{n:>14,}" for n in sizes) + f"{'exponent':>10}"]
+             f"{'':<{LABEL_WIDTH}}" + "".join(f"{n:>14,}" for n in sizes) + f"{'exponent':>10}"]
 
     def row(label: str, values: list[float], fmt: str) -> None:
-        lines.append(f"{label:<44}" + "".join(f"{v:>14{fmt}}" for v in values)
+        lines.append(f"{label:<{LABEL_WIDTH}}" + "".join(f"{v:>14{fmt}}" for v in values)
                      + f"{exponent(sizes, values):>10}")
 
     row("units", [r["units"] for r in results], ",")
     row("slots", [r["slots"] for r in results], ",")
     row("slot objects", [r["objects"] for r in results], ",")
-    if "manifest" in results[0]["jobs"]:
-        row("manifest.json bytes", [r["jobs"]["manifest"]["manifest_bytes"] for r in results],
+    manifest = next((k for k in results[0]["jobs"] if k.split("@")[0] == "manifest"), None)
+    if manifest:
+        row("manifest.json bytes", [r["jobs"][manifest]["manifest_bytes"] for r in results],
             ",")
     if mode == "local":
         row("largest folder (entries)", [r["largest_folder"][0] for r in results], ",")
-    for job in results[0]["jobs"]:
-        got = [r["jobs"][job] for r in results]
-        row(f"{LABELS[job]}: wall s", [g["wall_s"] for g in got], ".3f")
-        row(f"{LABELS[job]}: CPU s", [g["cpu_s"] for g in got], ".3f")
-        row(f"{LABELS[job]}: peak RSS MB", [g["peak_rss_mb"] for g in got], ".0f")
-        if "requests" in got[0]:
-            row(f"{LABELS[job]}: requests", [g["requests"] for g in got], ",")
-    if {"deep", "copy"} <= set(results[0]["jobs"]):
-        deep = [r["jobs"]["deep"]["wall_s"] / r["jobs"]["copy"]["wall_s"] for r in results]
-        row("validate --deep / plain copy (wall)", deep, ".2f")
+    for key in results[0]["jobs"]:
+        job, _, latency = key.partition("@")
+        label = LABELS[job] + (f" at {latency} ms" if latency else "")
+        got = [r["jobs"][key] for r in results]
+        for name, field, fmt in (("wall s", "wall_s", ".3f"), ("CPU s", "cpu_s", ".3f"),
+                                 ("peak RSS MB", "peak_rss_mb", ".0f"),
+                                 ("server CPU s", "server_cpu_s", ".3f"),
+                                 ("proxy CPU s", "proxy_cpu_s", ".3f"),
+                                 ("requests", "requests", ","),
+                                 ("most in flight", "max_in_flight", ",")):
+            if field in got[0]:
+                row(f"{label}: {name}", [g[field] for g in got], fmt)
+    if mode == "s3":
+        s3_ratios(results, args, row)
+    elif {"deep", "copy"} <= set(results[0]["jobs"]):
+        row("validate --deep / plain copy (wall)",
+            [r["jobs"]["deep"]["wall_s"] / r["jobs"]["copy"]["wall_s"] for r in results], ".2f")
     return "\n".join(lines)
+
+
+def s3_ratios(results: list[dict[str, Any]], args: argparse.Namespace,
+              row: Callable[[str, list[float], str], None]) -> None:
+    """Wall at the last latency / at the first for each read job, and --deep / plain copy at
+    each latency."""
+    jobs = results[0]["jobs"]
+    first, last = args.latency_ms[0], args.latency_ms[-1]
+    for job in JOBS:
+        if first != last and at(job, first) in jobs and at(job, last) in jobs:
+            row(f"{LABELS[job]}: wall at {last:g} / {first:g} ms",
+                [r["jobs"][at(job, last)]["wall_s"] / r["jobs"][at(job, first)]["wall_s"]
+                 for r in results], ".2f")
+    for latency in args.latency_ms:
+        if at("deep", latency) in jobs and at("copy", latency) in jobs:
+            row(f"validate --deep / plain copy at {latency:g} ms (wall)",
+                [r["jobs"][at("deep", latency)]["wall_s"] / r["jobs"][at("copy", latency)]["wall_s"]
+                 for r in results], ".2f")
 
 
 def parse_table(text: str) -> dict[str, dict[str, list[float]]]:
@@ -406,10 +468,9 @@ def parse_table(text: str) -> dict[str, dict[str, list[float]]]:
     for line in text.splitlines():
         if line.startswith(("local disk", "S3 (moto)")):
             rows = tables.setdefault(line.split(";")[0], {})
-        elif line[:44].strip() and len(line) > 44:
+        elif match := re.fullmatch(r"(\S.*?) {2,}([-\d.,]+(?: +[-\d.,]+)*)", line):
             try:
-                rows[line[:44].strip()] = [float(v.replace(",", ""))
-                                           for v in line[44:].split()[:-1]]
+                rows[match[1]] = [float(v.replace(",", "")) for v in match[2].split()[:-1]]
             except ValueError:
                 continue
     return tables
@@ -448,7 +509,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, nargs="+", default=[5_000, 20_000, 80_000])
     p.add_argument("--modes", nargs="+", choices=["local", "s3"], default=["local", "s3"])
-    p.add_argument("--latency_ms", type=float, default=30.0)
+    p.add_argument("--latency_ms", type=float, nargs="+", default=[30.0],
+                   help="on S3, run each read job at each of these latencies per request, in "
+                        "order (the ratio of the last to the first is printed)")
     p.add_argument("--max_concurrency", type=int, default=32)
     p.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS),
                    help="run only these jobs (each needs the ones before it in this list)")
@@ -471,7 +534,7 @@ def main() -> int:
         print(json.dumps(synthesize(Path(args.synthesize), args.units)))
         return 0
     flags = (["--samples", *map(str, args.samples), "--modes", *args.modes,
-              "--latency_ms", f"{args.latency_ms:g}", "--max_concurrency",
+              "--latency_ms", *(f"{x:g}" for x in args.latency_ms), "--max_concurrency",
               str(args.max_concurrency)] + ([] if args.jobs == list(JOBS) else
                                             ["--jobs", *args.jobs]))
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:

@@ -172,6 +172,12 @@ def private_bytes(pid: int) -> int:
     return sum(int(fields[k].split()[0]) * 1024 for k in ("Private_Clean", "Private_Dirty"))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def data_module(uri: str, **kw: Any) -> Any:
     """The training data module as ``sparkforge train`` builds it (``pack``, 2 workers)."""
     from sparkforge.trainer.datamodule import CacheDataModule
@@ -247,6 +253,7 @@ def phase_throughput(num_units: int) -> dict[str, Any]:
 
     server = moto_server.__wrapped__()
     moto = next(server)
+    (moto["pid"],) = map(int, Path(f"/proc/self/task/{os.getpid()}/children").read_text().split())
     try:
         uri = f"s3://{moto['bucket']}/{uuid.uuid4().hex}"
         real_cache(Path(), num_units, storage_options=moto["storage_options"], uri=uri)
@@ -254,6 +261,8 @@ def phase_throughput(num_units: int) -> dict[str, Any]:
         for lat in LATENCIES * 2:
             runs[str(lat)].append(_read_through_proxy(uri, moto, lat))
         return {lat: {"samples_per_s": float(np.mean([r["samples_per_s"] for r in rs])),
+                      "cpu_us": float(np.mean([r["cpu_us"] for r in rs])),
+                      "server_cpu_us": float(np.mean([r["server_cpu_us"] for r in rs])),
                       "requests": rs[-1]["requests"],
                       "max_in_flight": max(r["max_in_flight"] for r in rs)}
                 for lat, rs in runs.items()}
@@ -273,14 +282,16 @@ def _read_through_proxy(uri: str, moto: dict[str, Any], latency_s: float) -> dic
     batches = iter(dm.train_dataloader())
     next(batches)
     proxy.reset()
-    start, samples = time.perf_counter(), 0
+    start, samples = (time.perf_counter(), time.process_time(), cpu_seconds(moto["pid"])), 0
     for batch in batches:
         samples += batch["sample_ids"].numel()
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - start[0]
+    cpu, server = time.process_time() - start[1], cpu_seconds(moto["pid"]) - start[2]
     in_flight = proxy.max_in_flight
     counts = proxy.reset()
     proxy.close()
-    return {"samples_per_s": samples / wall, "requests": dict(counts),
+    return {"samples_per_s": samples / wall, "cpu_us": cpu / samples * 1e6,
+            "server_cpu_us": server / samples * 1e6, "requests": dict(counts),
             "max_in_flight": in_flight}
 
 
@@ -372,7 +383,9 @@ def table(name: str, res: dict[str, Any], sizes: list[int]) -> list[str]:
     rate = {lat: t["samples_per_s"] for lat, t in res["throughput"].items()}
     for lat, t in res["throughput"].items():
         lines.append(f"S3 at {float(lat) * 1000:.0f} ms/request: {t['samples_per_s']:,.0f} "
-                     f"samples/s ({t['samples_per_s'] / rate[str(LATENCIES[0])]:.2f}x of 0 ms), "
+                     f"samples/s ({t['samples_per_s'] / rate[str(LATENCIES[0])]:.2f}x of 0 ms; "
+                     f"CPU per sample: reader and proxy {t.get('cpu_us', 0):.0f} us, moto "
+                     f"{t.get('server_cpu_us', 0):.0f} us), "
                      f"requests {t['requests']}, at most {t['max_in_flight']} in flight")
     return lines
 

@@ -29,8 +29,8 @@ def capture_units(
     todo: list[int], summary: RunSummary, stop: SignalStop,
 ) -> None:
     """Capture the units in ``todo``; ``writer_threads`` threads write and commit them, one unit
-    each, a unit's samples streaming to its thread as they are captured (``writer_queue_units``
-    bounds the units waiting for a thread, ``FEED_BLOCKS`` the blocks of rows each holds)."""
+    each, while the engine captures the next ones (``writer_queue_units`` bounds the units
+    waiting)."""
     capturer = UnitCapturer(prep.encoder, SplitRule(cfg.eval_fraction, prep.eval_ids,
                                                     cfg.split_seed),
                             len(prep.hf_layer_ids), cfg.hidden_dtype, cfg.topk,
@@ -49,8 +49,7 @@ def capture_units(
                 if item.taken_over:
                     _taken_over(summary, item.unit)
                 else:
-                    assert item.tally is not None, "a committed unit is tallied"
-                    summary.add_unit(item.tally, item.accounting)
+                    summary.add_unit(item.records, item.accounting)
                 bar.update(1)
             summary.seconds = time.monotonic() - start
             bar.set_postfix_str(summary.progress(summary.seconds), refresh=False)
@@ -65,18 +64,9 @@ def capture_units(
                 bar.update(1)
                 continue
             stop.unit_in_flight = unit
-            with storage_errors("output", cfg.output):
-                feed = writes.open(unit)
-            try:  # the unit's samples stream to a writer thread as they are captured
-                # (whose write errors surface here, on the feed's calls)
-                with storage_errors("output", cfg.output):
-                    accounting = capturer.stream(source, unit_rows, feed)
-            except BaseException:
-                feed.cancel()  # nothing of this unit is committed
-                raise
+            records, accounting = capturer.capture(source, unit_rows)
             with stop.deferred(), storage_errors("output", cfg.output):
-                feed.commit(accounting)
-                count(writes.committed())
+                count(writes.submit(CapturedUnit(unit, records, accounting)))
                 stop.unit_in_flight = None
         with stop.deferred(), storage_errors("output", cfg.output):
             count(writes.close())
