@@ -1,17 +1,19 @@
 """Validate's check of index.parquet against the commit records, one batch of rows at a time.
 
-The stored index is read row group by row group (its sha256 over a streamed read first) and
+The stored index is read row group by row group (its sha256 over a streamed read first: on an
+object store that read also copies it into a temporary file the row groups are read from) and
 merged by sample id with the rows the records imply (:mod:`sparkforge.manifests.index_rows`), so
 neither index is ever held whole. At most :data:`MAX_LISTED` problems of one kind are listed.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import Final
 
 import numpy as np
 import pyarrow as pa
@@ -33,23 +35,22 @@ def stored_index(loc: storage.Location, m: CacheManifest,
     """index.parquet's batches, after its sha256, schema and row count are checked against the
     manifest (each difference appended to ``problems``); None when it cannot be read."""
     key, recorded = m.storage.index_key, m.storage
-    try:
-        with _open(loc, key) as f:
-            digest = storage.stream_sha256(f)
-    except FileNotFoundError:
-        problems.append(f"index {key}: missing")
-        yield None
-        return
-    except ValueError as exc:
-        problems.append(f"index {key}: {exc}")
-        yield None
-        return
-    if digest != recorded.index_sha256:
-        problems.append(f"index {key}: sha256 {digest} != manifest "
-                        f"storage.index_sha256 {recorded.index_sha256}")
-    with _open(loc, key) as f:
+    with ExitStack() as stack:
         try:
-            parquet = pq.ParquetFile(f)
+            path, digest = stack.enter_context(_read_once(loc, key))
+        except FileNotFoundError:
+            problems.append(f"index {key}: missing")
+            yield None
+            return
+        except ValueError as exc:
+            problems.append(f"index {key}: {exc}")
+            yield None
+            return
+        if digest != recorded.index_sha256:
+            problems.append(f"index {key}: sha256 {digest} != manifest "
+                            f"storage.index_sha256 {recorded.index_sha256}")
+        try:
+            parquet = pq.ParquetFile(stack.enter_context(path.open("rb")))
         except pa.ArrowException as exc:
             problems.append(f"index {key}: not a readable Parquet file ({exc})")
             yield None
@@ -65,12 +66,23 @@ def stored_index(loc: storage.Location, m: CacheManifest,
         yield parquet.iter_batches(batch_size=BATCH_ROWS)
 
 
-def _open(loc: storage.Location, key: str) -> BinaryIO:
+@contextmanager
+def _read_once(loc: storage.Location, key: str) -> Iterator[tuple[Path, str]]:
+    """A local file holding ``key`` and its sha256, the object read once: a local cache's own
+    file, or an object store's object streamed into a temporary file as it is hashed (its row
+    groups are then read from there, not asked of the store a second time)."""
     path = storage.inside_root(loc, key)
     if loc.is_local:
-        return Path(path).open("rb")
-    file: BinaryIO = loc.fs.open(path, "rb")
-    return file
+        with Path(path).open("rb") as f:
+            digest = storage.stream_sha256(f)
+        yield Path(path), digest
+        return
+    with tempfile.TemporaryDirectory(prefix="sparkforge-index.") as tmp:
+        copy = Path(tmp, "index.parquet")
+        with loc.fs.open(path, "rb", block_size=storage.HASH_BLOCK_BYTES) as f, \
+                copy.open("wb") as out:
+            digest = storage.stream_sha256(f, copy_to=out)
+        yield copy, digest
 
 
 class IndexComparison:

@@ -169,11 +169,14 @@ def staged_file(loc: Location, key: str) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def stream_sha256(f: BinaryIO) -> str:
-    """The sha256 of what is left to read in ``f``, read 8 MiB at a time."""
+def stream_sha256(f: BinaryIO, copy_to: BinaryIO | None = None) -> str:
+    """The sha256 of what is left to read in ``f``, read 8 MiB at a time (each block also
+    written to ``copy_to`` when given)."""
     digest = hashlib.sha256()
     while block := f.read(HASH_BLOCK_BYTES):
         digest.update(block)
+        if copy_to is not None:
+            copy_to.write(block)
     return digest.hexdigest()
 
 

@@ -161,7 +161,8 @@ def test_finalize_and_validate_read_each_object_once_a_few_at_a_time(
         moto_server: dict[str, Any], proxy: S3Proxy) -> None:
     """Each commit record is read with one GET (no HEAD first) by finalize and validate (two by
     --deep: its scan reads them again as it goes instead of holding every sample), and each slot
-    object with one GET by --deep, at most ``max_concurrency`` requests at once."""
+    object with one GET by --deep, at most ``max_concurrency`` requests at once; validate reads
+    index.parquet once (one HEAD and one GET)."""
     uri = f"s3://{moto_server['bucket']}/{uuid.uuid4().hex}"
     options = _options(moto_server, proxy)
     writer = CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC, num_units=12),
@@ -184,6 +185,8 @@ def test_finalize_and_validate_read_each_object_once_a_few_at_a_time(
         assert 2 <= proxy.max_in_flight <= 4, name
         if name != "finalize":
             assert result.problems == [], result.problems
+            # index.parquet is read once: hashed as it is copied, its rows read from the copy
+            assert (reads[("HEAD", "index.parquet")], reads[("GET", "index.parquet")]) == (1, 1)
     data = Counter(_key(path) for kind, path in proxy.log
                    if kind == "GET" and "/c/" in path and "zarr.json" not in path)
     assert len(data) == 12 * 5
