@@ -198,7 +198,7 @@ def _manifest_json(loc: storage.Location, spec: CacheSpec, header: RunHeader,
             "index_key": INDEX_KEY, "index_sha256": index_sha256,
             "totals": {"samples": int(units.num_samples.sum()), "tokens": tokens,
                        "logical_bytes": tokens * row_bytes,
-                       "stored_bytes": object_totals(loc)[1]},
+                       "stored_bytes": object_totals(loc, spec)[1]},
         },
         "parity": _parity_report(loc),
     }

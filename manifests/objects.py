@@ -151,22 +151,57 @@ def _local_files(root: str, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield entry.path[len(root) + 1:], {"size": info.st_size, "mtime": info.st_mtime}
 
 
-def object_totals(loc: storage.Location, prefix: str | None = None) -> tuple[int, int]:
+def object_totals(loc: storage.Location, spec: CacheSpec,
+                  prefix: str | None = None) -> tuple[int, int]:
     """Objects under ``prefix`` (None: the whole cache) and their bytes, as
-    :func:`stored_objects` lists them; on local disk one folder at a time (fsspec's ``find``
-    holds every object's details at once, ~1 KB each)."""
-    if not loc.is_local:
-        loc.fs.invalidate_cache(loc.root)
-        found: Iterator[tuple[str, dict[str, Any]]] = iter(
-            (loc.fs.find(loc.root, detail=True) if prefix is None
-             else _listing(loc, prefix)).items())
-    else:
-        found = _local_files(loc.root, loc.root if prefix is None else loc.path(prefix))
+    :func:`stored_objects` lists them, one folder at a time (fsspec's ``find`` of the root held
+    every object's details at once, ~1 KB each): on an object store, no listing goes past one
+    group folder (:func:`_remote_files`)."""
+    start = loc.root if prefix is None else loc.path(prefix)
+    found = (_local_files(loc.root, start) if loc.is_local
+             else _remote_files(loc, "" if prefix is None else prefix, spec))
     count = total = 0
     for _, info in found:
         count += 1
         total += int(info.get("size") or 0)
     return count, total
+
+
+def _listed_whole(key: str, spec: CacheSpec) -> bool:
+    """Whether the folder ``key`` is listed in one recursive listing: from the third level on
+    (a group folder: ``_commits/<g>``, ``_attempts/<g>``, ``<array>/c/<g>``), but an array's
+    ``c/`` of format 3 on, whose entries are the groups."""
+    parts = key.split("/") if key else []
+    return len(parts) >= 2 and not (len(parts) == 2 and parts[1] == "c"
+                                    and spec.format_version >= 3)
+
+
+def _remote_files(loc: storage.Location, prefix: str,
+                  spec: CacheSpec) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(key, details) of each object under ``prefix`` on an object store: the top folders are
+    listed one level at a time (S3's delimiter listing, a page per 1,000 entries) and each
+    folder below them (a group's, see :func:`_listed_whole`) in one recursive listing, so one
+    listing holds at most one group's objects."""
+    stack = [prefix]
+    while stack:
+        key = stack.pop()
+        path = loc.path(key) if key else loc.root
+        loc.fs.invalidate_cache(path)
+        try:
+            if _listed_whole(key, spec):
+                listing = list(loc.fs.find(path, detail=True).values())
+            else:
+                listing = loc.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            continue
+        finally:
+            loc.fs.invalidate_cache(path)  # s3fs keeps listings: drop this one's
+        for info in listing:
+            name = str(info["name"]).rstrip("/")[len(loc.root) + 1:]
+            if info.get("type") == "directory":
+                stack.append(name)
+            else:
+                yield name, info
 
 
 def _entries(folder: str) -> list[os.DirEntry[str]]:

@@ -53,7 +53,7 @@ def summarize_cache(uri: str, *,
     splits = _split_counts(index)
     spec = m.storage.spec
     arrays, unreferenced = _array_bytes(loc, m)
-    num_objects, on_disk = object_totals(loc)
+    num_objects, on_disk = object_totals(loc, spec)
     tokens, data_bytes = m.storage.totals.tokens, sum(a["stored_bytes"] for a in arrays.values())
     logical = sum(a["logical_bytes"] for a in arrays.values())
     t, c = m.target, m.capture
@@ -171,7 +171,7 @@ def _array_bytes(loc: storage.Location,
             objects = stored_objects(loc, group_folder(name, keys[0], spec))
             stored += sum(objects.get(k, 0) for k in keys)
             missing += sum(k not in objects for k in keys)
-        unreferenced += object_totals(loc, f"{name}/c")[1] - stored
+        unreferenced += object_totals(loc, m.storage.spec, f"{name}/c")[1] - stored
         logical = m.storage.totals.tokens * layout.dtype.itemsize * math.prod(layout.row_shape)
         arrays[name] = {"codec": m.storage.codecs[name], "logical_bytes": logical,
                         "stored_bytes": stored, "ratio": logical / stored if stored else None,

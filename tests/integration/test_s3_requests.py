@@ -18,7 +18,9 @@ from s3_proxy import S3Proxy
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
+from sparkforge.manifests.summary import summarize_cache
 from sparkforge.manifests.validate import validate_cache
+from sparkforge.shared import storage
 from sparkforge.shared.layout import array_layouts, attempt_key, commit_key
 from sparkforge.shared.writer import CacheWriter
 from sparkforge.trainer.datamodule import CacheDataModule
@@ -191,3 +193,35 @@ def test_finalize_and_validate_read_each_object_once_a_few_at_a_time(
                    if kind == "GET" and "/c/" in path and "zarr.json" not in path)
     assert len(data) == 12 * 5
     assert set(data.values()) == {1}
+
+
+def _recursive_lists(log: list[tuple[str, str]]) -> list[str]:
+    """The prefix of each LIST without a delimiter (all objects below it), relative to the root."""
+    queries = [parse_qs(urlsplit(path).query) for kind, path in log if kind == "LIST"]
+    return [q["prefix"][0].split("/", 1)[1] for q in queries if "delimiter" not in q]
+
+
+def test_finalize_and_inspect_count_objects_a_group_folder_at_a_time(
+        s3_cache: str, moto_server: dict[str, Any], proxy: S3Proxy) -> None:
+    """finalize's and inspect's object counts list no folder above a group's whole: the top
+    folders one level at a time, each group folder (``_commits/0``, ``<array>/c/0``) in one
+    listing, and they count every object."""
+    options = _options(moto_server, proxy)
+    loc = storage.open_location(s3_cache, options)
+    loc.fs.rm(loc.path("manifest.json"))  # finalize returns a complete cache's manifest as is
+    proxy.reset()
+    manifest = finalize_cache(s3_cache, expected_units=NUM_UNITS, storage_options=options)
+    finalize_lists = _recursive_lists(list(proxy.log))
+    proxy.reset()
+    summary = summarize_cache(s3_cache, storage_options=options)
+    inspect_lists = _recursive_lists(list(proxy.log))
+    for lists in (finalize_lists, inspect_lists):
+        assert lists
+        assert all(len(p.rstrip("/").split("/")) >= 2 and not p.rstrip("/").endswith("/c")
+                   for p in lists), lists
+    assert {"_commits/0/", "_attempts/0/", "input_ids/c/0/"} <= set(inspect_lists)
+    everything = loc.fs.find(loc.root, detail=True)
+    assert summary["objects"] == len(everything)
+    assert summary["bytes_on_disk"] == sum(int(i["size"]) for i in everything.values())
+    assert 0 < manifest.storage.totals.stored_bytes <= summary["bytes_on_disk"]
+
