@@ -35,7 +35,8 @@ def hf_source(
     one_row: bool = False,
 ) -> HiddenStateSource:
     """The transformers backend on ``cfg.hf_device``, in ``dtype`` (None: the engine's dtype,
-    or the target's when that is auto), one row per forward with ``one_row``."""
+    or the target's when that is auto), one row per forward with ``one_row`` (and then whole; else a
+    row longer than ``hf_batch_tokens`` goes in chunks)."""
     from sparkforge.producer.hf_source import HfSource
 
     device = cfg.hf_device
@@ -45,7 +46,9 @@ def hf_source(
         config = read_target_config(model_dir).text
         auto = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
         dtype = cfg.engine.dtype if cfg.engine.dtype != "auto" else str(auto)
+    # The parity reference (one_row) forwards each row whole, so it checks the chunked capture.
     source: HiddenStateSource = HfSource(str(model_dir), layer_ids=tuple(hf_layer_ids),
                                          dtype=dtype, topk=cfg.topk, device=device,
-                                         one_row=one_row)
+                                         max_batch_tokens=cfg.hf_batch_tokens,
+                                         one_row=one_row, chunked=not one_row)
     return source

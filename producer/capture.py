@@ -20,12 +20,19 @@ import torch
 from sparkforge.producer.chat import ChatEncoder, Encoded, unreadable_reason
 from sparkforge.producer.chat_rows import SkipReason
 from sparkforge.producer.fp8 import quantize_e4m3
+from sparkforge.producer.sample_order import InOrder, RecordCollector, SampleSink
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
 from sparkforge.producer.splits import SplitRule
 from sparkforge.shared.dataset import RawRow, row_hash
 from sparkforge.shared.dtypes import non_finite
 from sparkforge.shared.errors import SparkforgeError
-from sparkforge.shared.records import SampleRecord, Split, UnitAccounting
+from sparkforge.shared.records import (
+    SampleRecord,
+    SampleRows,
+    SampleStart,
+    Split,
+    UnitAccounting,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +63,13 @@ class _Pending:
     @property
     def loss_mask(self) -> np.ndarray:
         return self.encoded.loss_mask
+
+    @property
+    def start(self) -> SampleStart:
+        """The sample as the writer takes it before its captured rows."""
+        return SampleStart(sample_id=self.raw.index, source_row=self.raw.index,
+                           source_hash=self.source_hash, split=self.split,
+                           input_ids=self.input_ids, loss_mask=self.loss_mask)
 
     @property
     def source_hash(self) -> str:
@@ -138,27 +152,37 @@ def to_storage(
     return host_numpy(to_host(aux)), None, final
 
 
-def _check_result(
-    result: CaptureResult, pending: _Pending, num_layers: int, topk: int
-) -> str | None:
-    """Shape errors at the source boundary, as a failure message (None: fine)."""
+def _check_piece(result: CaptureResult, pending: _Pending, done: int, num_layers: int,
+                 topk: int) -> str | None:
+    """Shape errors at the source boundary, as a failure message (None: fine). ``done``: the
+    rows of the sample already received."""
     t = pending.input_ids.shape[0]
     aux, final = result.aux_hidden, result.final_hidden
-    if aux is None or final is None or aux.shape[:2] != (t, num_layers) or final.shape[0] != t:
+    n = t - done if aux is None else aux.shape[0]
+    if result.row_start != done or done + n > t or result.last != (done + n == t):
+        return (f"a chunk of rows [{result.row_start}, {result.row_start + n}) (last: "
+                f"{result.last}) after {done} of its {t} rows")
+    if aux is None or final is None or aux.shape[:2] != (n, num_layers) or final.shape[0] != n:
         shapes = [None if x is None else tuple(x.shape) for x in (aux, final)]
-        return f"expected aux [{t}, {num_layers}, H] and final [{t}, H], got {shapes}"
-    if topk and (result.topk_ids is None or tuple(result.topk_ids.shape) != (t, topk)):
-        return f"expected top-{topk} ids of shape [{t}, {topk}]"
+        return f"expected aux [{n}, {num_layers}, H] and final [{n}, H], got {shapes}"
+    if topk and (result.topk_ids is None or tuple(result.topk_ids.shape) != (n, topk)):
+        return f"expected top-{topk} ids of shape [{n}, {topk}]"
     return None
 
 
 def non_finite_problem(record: SampleRecord, hidden_dtype: str) -> str | None:
-    """Where a record's hidden states hold NaN or inf, as a message (None: all finite).
+    """Where a record's hidden states hold NaN or inf, as a message (None: all finite)."""
+    return _non_finite_rows(record.sample_id, record.rows(), hidden_dtype, row_start=0)
+
+
+def _non_finite_rows(sample_id: int, rows: SampleRows, hidden_dtype: str, *,
+                     row_start: int) -> str | None:
+    """Where a block of a sample's rows (from ``row_start``) holds NaN or inf, as a message.
 
     Scanned in row blocks, so the temporaries stay small whatever the sequence length.
     """
     for name in ("aux_hidden", "final_hidden"):
-        values = getattr(record, name)
+        values = getattr(rows, name)
         step = max(1, _SCAN_ELEMENTS // values[0].size)
         count, tokens = 0, []
         for start in range(0, values.shape[0], step):
@@ -168,25 +192,19 @@ def non_finite_problem(record: SampleRecord, hidden_dtype: str) -> str | None:
                 tokens.append(start + np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1)))
         if count:
             bad_tokens = np.concatenate(tokens)
-            return (f"sample {record.sample_id}: {name} holds {count} non-finite values in "
-                    f"{bad_tokens.size} of {values.shape[0]} tokens, first at token "
-                    f"{bad_tokens[0]}")
+            span = (f"{values.shape[0]} tokens" if not row_start else
+                    f"the {values.shape[0]} tokens from token {row_start}")
+            return (f"sample {sample_id}: {name} holds {count} non-finite values in "
+                    f"{bad_tokens.size} of {span}, first at token {row_start + bad_tokens[0]}")
     return None
 
 
-def _record(
-    result: CaptureResult, pending: _Pending, hidden_dtype: str, aux_codec: str, topk: int
-) -> SampleRecord:
+def _stored_rows(result: CaptureResult, hidden_dtype: str, aux_codec: str,
+                 topk: int) -> SampleRows:
     aux, aux_scale, final = to_storage(result, hidden_dtype, aux_codec)
     topk_ids = result.topk_ids if topk else None  # a source may return more than was asked
     topk_lp = result.topk_logprobs if topk else None
-    return SampleRecord(
-        sample_id=pending.raw.index,
-        source_row=pending.raw.index,
-        source_hash=pending.source_hash,
-        split=pending.split,
-        input_ids=pending.input_ids,
-        loss_mask=pending.loss_mask,
+    return SampleRows(
         aux_hidden=aux,
         aux_scale=aux_scale,
         final_hidden=final,
@@ -226,42 +244,79 @@ class UnitCapturer:
     def capture(
         self, source: HiddenStateSource, rows: Sequence[RawRow]
     ) -> tuple[list[SampleRecord], UnitAccounting]:
-        """Capture a unit's rows; results sorted by sample id, whatever the completion order."""
+        """Capture a unit's rows into whole records, sorted by sample id."""
+        collector = RecordCollector()
+        accounting = self.stream(source, rows, collector)
+        return collector.records, accounting
+
+    def stream(
+        self, source: HiddenStateSource, rows: Sequence[RawRow], sink: SampleSink
+    ) -> UnitAccounting:
+        """Capture a unit's rows into ``sink``: samples in sample-id order, whatever the
+        completion order, each chunk handed over as soon as it is its turn (``InOrder``)."""
         pending, skipped = self.encode(rows)
+        pending.sort(key=lambda p: p.raw.index)
         by_id = {p.raw.index: p for p in pending}
         image_ids = {p.raw.index for p in pending if p.encoded.model_inputs is not None}
+        order = InOrder(sink, [p.start for p in pending])
         requests = [CaptureRequest(sample_id=p.raw.index, input_ids=p.input_ids,
                                    model_inputs=p.encoded.model_inputs) for p in pending]
-        records, failed = [], 0
+        done: dict[int, int] = {}  # rows received of each sample still arriving
+        ignored: set[int] = set()  # samples dropped before their last chunk
+        failed = 0
         for result in source.capture(requests) if requests else ():
-            item = by_id.pop(result.sample_id, None)
+            sid = result.sample_id
+            if sid in ignored:  # the rest of a sample already dropped
+                if result.last:
+                    ignored.discard(sid)
+                continue
+            item = by_id.get(sid)
             if item is None:
-                raise RuntimeError(f"capture backend returned sample {result.sample_id}, which "
-                                   "was not requested or was already returned")
-            if result.skipped is not None:
-                skipped[result.skipped] += 1
+                raise RuntimeError(f"capture backend returned sample {sid}, which was not "
+                                   "requested or was already returned")
+            outcome = self._take(result, item, done.get(sid, 0), order)
+            if outcome == "rows":
+                done[sid] = done.get(sid, 0) + result.aux_hidden.shape[0]  # type: ignore[union-attr]
+                if result.last:
+                    del by_id[sid], done[sid]
                 continue
-            error = result.error or _check_result(result, item, self.num_layers, self.topk)
-            if error is not None:
+            del by_id[sid]
+            done.pop(sid, None)
+            if not result.last:
+                ignored.add(sid)
+            if outcome == "failed":
                 failed += 1
-                self.failures.failed(result.sample_id, error)
-                continue
-            self.failures.succeeded()
-            record = _record(result, item, self.hidden_dtype, self.aux_codec, self.topk)
-            problem = non_finite_problem(record, self.hidden_dtype)
-            if problem is None:
-                records.append(record)
-            elif self.non_finite == "fail":
-                raise NonFiniteActivations(f"{problem}; nothing of this unit was committed "
-                                           "(--non_finite fail; 'skip' counts such rows instead)")
             else:
-                logger.warning("skipping %s", problem)
-                skipped[SkipReason.NON_FINITE_ACTIVATIONS.value] += 1
-        for sample_id in by_id:  # requests the backend never answered
+                skipped[outcome] += 1
+        while order.head is not None:  # requests the backend never answered (whole)
             failed += 1
-            self.failures.failed(sample_id, "the capture backend returned no result")
-        records.sort(key=lambda r: r.sample_id)
-        accounting = UnitAccounting(input_rows=len(rows), written=len(records),
-                                    skipped=dict(sorted(skipped.items())), failed=failed,
-                                    image_rows=sum(r.sample_id in image_ids for r in records))
-        return records, accounting
+            self.failures.failed(order.head, "the capture backend returned no result")
+            order.drop(order.head)
+        return UnitAccounting(input_rows=len(rows), written=len(order.written),
+                              skipped=dict(sorted(skipped.items())), failed=failed,
+                              image_rows=sum(i in image_ids for i in order.written))
+
+    def _take(self, result: CaptureResult, item: _Pending, done: int, order: InOrder) -> str:
+        """Pass one result's rows on; ``"rows"`` if taken, else why the sample is dropped (a
+        skip reason or ``"failed"``)."""
+        sid = result.sample_id
+        if result.skipped is not None:
+            order.drop(sid)
+            return result.skipped
+        error = result.error or _check_piece(result, item, done, self.num_layers, self.topk)
+        if error is not None:
+            order.drop(sid)
+            self.failures.failed(sid, error)
+            return "failed"
+        self.failures.succeeded()
+        rows = _stored_rows(result, self.hidden_dtype, self.aux_codec, self.topk)
+        problem = _non_finite_rows(sid, rows, self.hidden_dtype, row_start=done)
+        if problem is None:
+            order.add(sid, rows, last=result.last)
+            return "rows"
+        if self.non_finite == "fail":
+            raise NonFiniteActivations(f"{problem}; nothing of this unit was committed "
+                                       "(--non_finite fail; 'skip' counts such rows instead)")
+        logger.warning("skipping %s", problem)
+        order.drop(sid)
+        return SkipReason.NON_FINITE_ACTIVATIONS.value

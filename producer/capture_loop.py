@@ -29,8 +29,8 @@ def capture_units(
     todo: list[int], summary: RunSummary, stop: SignalStop,
 ) -> None:
     """Capture the units in ``todo``; ``writer_threads`` threads write and commit them, one unit
-    each, while the engine captures the next ones (``writer_queue_units`` bounds the units
-    waiting)."""
+    each, a unit's samples streaming to its thread as they are captured (``writer_queue_units``
+    bounds the units waiting for a thread, ``FEED_BLOCKS`` the blocks of rows each holds)."""
     capturer = UnitCapturer(prep.encoder, SplitRule(cfg.eval_fraction, prep.eval_ids,
                                                     cfg.split_seed),
                             len(prep.hf_layer_ids), cfg.hidden_dtype, cfg.topk,
@@ -49,7 +49,8 @@ def capture_units(
                 if item.taken_over:
                     _taken_over(summary, item.unit)
                 else:
-                    summary.add_unit(item.records, item.accounting)
+                    assert item.tally is not None, "a committed unit is tallied"
+                    summary.add_unit(item.tally, item.accounting)
                 bar.update(1)
             summary.seconds = time.monotonic() - start
             bar.set_postfix_str(summary.progress(summary.seconds), refresh=False)
@@ -64,9 +65,18 @@ def capture_units(
                 bar.update(1)
                 continue
             stop.unit_in_flight = unit
-            records, accounting = capturer.capture(source, unit_rows)
+            with storage_errors("output", cfg.output):
+                feed = writes.open(unit)
+            try:  # the unit's samples stream to a writer thread as they are captured
+                # (whose write errors surface here, on the feed's calls)
+                with storage_errors("output", cfg.output):
+                    accounting = capturer.stream(source, unit_rows, feed)
+            except BaseException:
+                feed.cancel()  # nothing of this unit is committed
+                raise
             with stop.deferred(), storage_errors("output", cfg.output):
-                count(writes.submit(CapturedUnit(unit, records, accounting)))
+                feed.commit(accounting)
+                count(writes.committed())
                 stop.unit_in_flight = None
         with stop.deferred(), storage_errors("output", cfg.output):
             count(writes.close())

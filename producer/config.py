@@ -28,6 +28,7 @@ from sparkforge.shared.mix import MixSource
 RUN_LOCAL_FIELDS = frozenset({
     "storage_options", "output", "worker_index", "num_workers", "window", "max_retries",
     "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
+    "hf_batch_tokens",
     "finalize", "progress", "writer_queue_units", "writer_threads", "non_finite",
     "max_image_pixels",  # an image cache records it in producer_config.resolved.images
     "image_sources", "max_image_bytes", "image_read_timeout_s",  # where images may come from
@@ -113,15 +114,15 @@ class ProducerConfig:
     split_seed: int = 0
     """Seed of the eval-fraction hash."""
     rows_per_unit: int = 64
-    """Input rows per commit unit (the resume and multi-worker granule). A unit is held in memory
-    until it commits: about rows_per_unit x mean tokens x (F + 1) x H x 2 bytes."""
+    """Input rows per commit unit (the resume and multi-worker granule). A unit's samples stream
+    to the writer as they are captured; the unit is committed all at once, when it is whole."""
     shard_rows: int = 8192
     """Token rows per shard, any size: a longer sample spans several. The writer holds one
     shard per array and writer thread: (F + 1) x shard_rows x H x 2 bytes in bf16."""
     writer_queue_units: int = 2
-    """Captured units waiting for the writer at most, while the engine captures the next one. At
-    most writer_queue_units + writer_threads + 1 units are in memory (queued, being written,
-    being captured)."""
+    """Units waiting for a writer thread at most, while the engine captures the next one. Each
+    holds at most 2 blocks of rows (a chunk of a long sample, or a sample) waiting, so at most
+    (writer_queue_units + writer_threads + 1) x 2 blocks wait to be written."""
     writer_threads: int = 0
     """Writer threads, each writing one unit at a time, and as many codec threads; 0: the CPUs
     left after the engine (available CPUs minus one per engine GPU process, one for vLLM's
@@ -148,6 +149,11 @@ class ProducerConfig:
     """Where the vLLM connector drops per-request files (RAM disk recommended)."""
     hf_device: str = "auto"
     """Device of the hf backend ("auto": cuda if available, else cpu)."""
+    hf_batch_tokens: int = 8192
+    """Tokens per forward of the hf backend: rows are right-padded into batches up to this many,
+    and a longer row goes through in chunks of this many tokens, a KV cache carried between
+    them, each chunk's features handed to the writer as it is computed (host memory holds
+    chunks of a long sample, never the sample)."""
     read_batch_rows: int = 1024
     """Parquet record-batch size while reading the dataset."""
     max_line_bytes: int = MAX_LINE_BYTES
@@ -166,8 +172,8 @@ class ProducerConfig:
             raise ConfigError("invalid producer config:\n  " + "\n  ".join(typed))
         problems = []
         positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
-                    "max_consecutive_failures", "read_batch_rows", "max_line_bytes",
-                    "writer_queue_units",
+                    "hf_batch_tokens", "max_consecutive_failures", "read_batch_rows",
+                    "max_line_bytes", "writer_queue_units",
                     "max_image_pixels", "max_image_bytes")
         for name in positive:
             if getattr(self, name) < 1:

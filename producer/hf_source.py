@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -45,8 +46,12 @@ class HfSource:
         dtype: Model dtype.
         topk: Top-k logprobs per row (0 = none).
         device: Torch device for the forward.
-        max_batch_tokens: Padded tokens per forward; requests are batched up to this budget.
+        max_batch_tokens: Padded tokens per forward; requests are batched up to this budget,
+            and a longer text row is forwarded in chunks of this many tokens.
         one_row: Forward every request alone (the parity reference), whatever the family.
+        chunked: Forward a text row longer than ``max_batch_tokens`` in chunks, a KV cache
+            carried between them, and yield each chunk's states as a result of its own
+            (``row_start``, ``last``); False: every row whole (the parity reference).
     """
 
     def __init__(
@@ -59,6 +64,7 @@ class HfSource:
         device: str = "cpu",
         max_batch_tokens: int = 8192,
         one_row: bool = False,
+        chunked: bool = True,
     ) -> None:
         model = _auto_class(model_path).from_pretrained(model_path, dtype=getattr(torch, dtype))
         self.model = model.to(device).eval()
@@ -70,6 +76,7 @@ class HfSource:
         self.layer_ids = check_hf_ids(layer_ids, self.num_hidden_layers)
         self.dtype = getattr(torch, dtype)
         self.topk, self.device, self.max_batch_tokens = topk, device, max_batch_tokens
+        self.chunked = chunked
 
     def engine_info(self) -> dict[str, Any]:
         """Engine name and version, captured ids and dtype for the manifest."""
@@ -91,13 +98,17 @@ class HfSource:
     def capture(
         self, requests: Sequence[CaptureRequest], *, topk: int | None = None
     ) -> Iterator[CaptureResult]:
-        """Run ``requests`` in right-padded batches; yield one result each, in request order.
+        """Run ``requests`` in right-padded batches; yield one result each, in request order (a
+        long text row: one per chunk, see ``chunked``).
 
         An image row whose forward raises is answered with the skip reason
         ``image_processing_failed`` (its images, not the engine, are at fault).
         """
         k = self.topk if topk is None else topk
         for batch in self._batches(requests):
+            if self._chunked(batch):
+                yield from self._forward_chunks(batch[0], k)
+                continue
             if batch[0].model_inputs is None:
                 yield from self._forward(batch, k)
                 continue
@@ -129,6 +140,13 @@ class HfSource:
         if batch:
             yield batch
 
+    def _chunked(self, batch: list[CaptureRequest]) -> bool:
+        """Whether ``batch`` is one text row longer than a forward's token budget, which goes
+        through the target in chunks (families whose chunked forward differs: whole)."""
+        return (self.chunked and len(batch) == 1 and batch[0].model_inputs is None
+                and batch[0].input_ids.shape[0] > self.max_batch_tokens
+                and not self.family.chunk_sensitive)
+
     @torch.no_grad()
     def _forward(self, batch: list[CaptureRequest], k: int) -> Iterator[CaptureResult]:
         lengths = [r.input_ids.shape[0] for r in batch]
@@ -139,34 +157,43 @@ class HfSource:
             mask_BT[i, : lengths[i]] = 1
         extra = {name: value.to(self.device) for name, value in
                  (batch[0].model_inputs or {}).items()} if len(batch) == 1 else {}
+        states, _ = self._states(ids_BT.to(self.device), k, attention_mask=mask_BT.to(self.device),
+                                 **extra)
+        for i, r in enumerate(batch):
+            yield _row(r.sample_id, states, i, lengths[i], k)
+
+    @torch.no_grad()
+    def _forward_chunks(self, request: CaptureRequest, k: int) -> Iterator[CaptureResult]:
+        """One long text row in chunks of ``max_batch_tokens`` tokens, the KV cache carried from
+        chunk to chunk; each chunk's states are yielded as soon as they are computed, so what
+        reaches the host is one chunk at a time (the device holds the cache and one chunk)."""
+        ids_T = torch.from_numpy(request.input_ids.astype("int64")).to(self.device)
+        total, step, cache = ids_T.shape[0], self.max_batch_tokens, None
+        for start in range(0, total, step):
+            states, cache = self._states(ids_T[None, start:start + step], k,
+                                         past_key_values=cache, use_cache=True)
+            n = min(step, total - start)
+            yield replace(_row(request.sample_id, states, 0, n, k), row_start=start,
+                          last=start + n == total)
+
+    def _states(self, ids_BT: torch.Tensor, k: int, **inputs: Any) -> tuple[_States, Any]:
+        """One forward: the captured features, the final state and the top-k of each row, left
+        on the device (the capturer converts, and quantises, there and copies to the host once);
+        and the model's KV cache (None unless ``use_cache``)."""
         with served_hidden_states(self.model) as served:
             out = self.model(
-                input_ids=ids_BT.to(self.device),
-                attention_mask=mask_BT.to(self.device),
-                output_hidden_states=True,
+                input_ids=ids_BT, output_hidden_states=True,
                 # Without top-k no logit is read: [B, T, V] fp32 logits would be the forward's
                 # largest tensor on long rows (32K x 152K vocab: 20 GB).
-                **({} if k else {"logits_to_keep": 1}),
-                **extra,
-            )
+                **({} if k else {"logits_to_keep": 1}), **inputs)
             states = served(out.hidden_states)
-        # Left on the device: the capturer converts (and quantises) there and copies each sample
-        # to the host once.
         aux_BTFH = torch.stack(
-            [layer_feature(states[k_], self.family) for k_ in self.layer_ids], dim=2
-        )
-        final_BTH = out.hidden_states[self.num_hidden_layers]
-        if k:
-            topk_lps, topk_ids = torch.log_softmax(out.logits.float(), dim=-1).topk(k, dim=-1)
-        for i, r in enumerate(batch):
-            t = lengths[i]
-            yield CaptureResult(
-                sample_id=r.sample_id,
-                aux_hidden=aux_BTFH[i, :t],
-                final_hidden=final_BTH[i, :t],
-                topk_ids=topk_ids[i, :t].int().cpu() if k else None,
-                topk_logprobs=topk_lps[i, :t].cpu() if k else None,
-            )
+            [layer_feature(states[k_], self.family) for k_ in self.layer_ids], dim=2)
+        topk = (torch.log_softmax(out.logits.float(), dim=-1).topk(k, dim=-1) if k else None)
+        return (_States(aux_BTFH, out.hidden_states[self.num_hidden_layers],
+                        None if topk is None else topk.indices,
+                        None if topk is None else topk.values),
+                out.past_key_values if inputs.get("use_cache") else None)
 
     def target_head(self) -> TargetHead:
         """The model's lm_head (fp32, CPU) and logit softcap, to recompute logits from the final
@@ -191,3 +218,25 @@ def _auto_class(model_path: str) -> type[Any]:
     if loads_as_image_text(read_target_config(model_path).model_type):
         return AutoModelForImageTextToText
     return AutoModelForCausalLM
+
+
+@dataclass(frozen=True)
+class _States:
+    """What one forward captured, ``[B, T, ...]`` on the capture device."""
+
+    aux_BTFH: torch.Tensor
+    final_BTH: torch.Tensor
+    topk_ids_BTK: torch.Tensor | None
+    topk_logprobs_BTK: torch.Tensor | None
+
+
+def _row(sample_id: int, states: _States, i: int, length: int, k: int) -> CaptureResult:
+    """Row ``i`` of a forward's states, its first ``length`` positions, as a capture result."""
+    ids, lps = states.topk_ids_BTK, states.topk_logprobs_BTK
+    return CaptureResult(
+        sample_id=sample_id,
+        aux_hidden=states.aux_BTFH[i, :length],
+        final_hidden=states.final_BTH[i, :length],
+        topk_ids=ids[i, :length].int().cpu() if k and ids is not None else None,
+        topk_logprobs=lps[i, :length].cpu() if k and lps is not None else None,
+    )

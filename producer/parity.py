@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from sparkforge.producer.source import CaptureRequest, CaptureResult
+from sparkforge.producer.source import CaptureRequest, CaptureResult, whole_results
 from sparkforge.producer.target_head import TargetHead
 from sparkforge.shared.errors import SparkforgeError
 
@@ -138,7 +138,7 @@ def run_parity(
         raise SparkforgeError(f"parity: layer_ids differ, {source.engine_info()['engine']} "
                               f"{source.layer_ids} vs reference {reference.layer_ids}")
     head = reference.target_head()
-    ours = _by_sample(source.capture(requests, topk=PARITY_TOPK))
+    ours = _by_sample(whole_results(source.capture(requests, topk=PARITY_TOPK)))
     ref = _by_sample(reference.capture(requests, topk=0))
     names = [f"hidden_states[{k}]" for k in source.layer_ids] + ["final"]
     diffs = _pairs(names, requests, ours, ref)

@@ -1,10 +1,11 @@
 """Run one producer worker: read its uncommitted units, capture them, commit them, finalize.
 
-Each unit is all-or-nothing: its rows are tokenized, captured and handed to the cache writer in one
-``write_unit`` call, which commits atomically; the write runs on a background thread while the
-engine captures the next unit. A crash anywhere loses at most the units in flight;
-re-running the same command skips committed units, and samples are written in sample-id order, so a
-resumed cache has the same bytes as an uninterrupted one.
+Each unit is all-or-nothing: its rows are tokenized and captured, and its samples stream, block of
+rows by block as they are captured, to a writer thread that writes them into the unit's fresh
+slots and commits the unit atomically once it is whole, while the engine captures the next unit.
+A crash anywhere loses at most the units in flight (nothing of a unit is visible before its
+commit); re-running the same command skips committed units, and samples are written in sample-id
+order, so a resumed cache has the same bytes as an uninterrupted one.
 
 The steps live apart: ``prepare`` (what the config resolves to), ``backend`` (the engine),
 ``parity_check`` (``--parity_samples``) and ``capture_loop`` (the units captured and written).

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,6 +39,11 @@ class CaptureResult:
     """[T, k] int32: top-k of the distribution computed from row t (it predicts token t+1)."""
     topk_logprobs: torch.Tensor | None = None
     """[T, k] float32 log-probabilities matching ``topk_ids``."""
+    row_start: int = 0
+    """The sample's row at which ``aux_hidden`` and the rest begin: a source that forwards a long
+    sample in chunks returns it as consecutive results, one per chunk, in row order."""
+    last: bool = True
+    """This result holds the sample's last rows (always true for a whole-sample result)."""
     error: str | None = None
     skipped: str | None = None
     """Set when the row's own input made the forward fail (an image row whose vision forward
@@ -52,7 +57,8 @@ class HiddenStateSource(Protocol):
     """Captured layers as HF ``hidden_states`` indices (= vLLM aux ids), sorted and unique."""
 
     def capture(self, requests: Sequence[CaptureRequest]) -> Iterator[CaptureResult]:
-        """Run ``requests``; yield exactly one result per request, in completion order."""
+        """Run ``requests``; yield one result per request (or its chunks, consecutive and in row
+        order, the last one ``last``), requests in completion order."""
         ...
 
     def engine_info(self) -> dict[str, Any]:
@@ -62,3 +68,25 @@ class HiddenStateSource(Protocol):
     def close(self) -> None:
         """Release the engine and any scratch space."""
         ...
+
+
+def whole_results(results: Iterable[CaptureResult]) -> Iterator[CaptureResult]:
+    """The results of a capture with each sample's chunks joined into one whole-sample result."""
+    parts: list[CaptureResult] = []
+    for result in results:
+        parts.append(result)
+        if not result.last:
+            continue
+        yield parts[0] if len(parts) == 1 else _joined(parts)
+        parts = []
+    assert not parts, f"sample {parts[0].sample_id if parts else None}: its last chunk is missing"
+
+
+def _joined(parts: list[CaptureResult]) -> CaptureResult:
+    def cat(name: str) -> torch.Tensor | None:
+        values = [getattr(p, name) for p in parts]
+        return None if values[0] is None else torch.cat(values)
+
+    return replace(parts[-1], row_start=0, aux_hidden=cat("aux_hidden"),
+                   final_hidden=cat("final_hidden"), topk_ids=cat("topk_ids"),
+                   topk_logprobs=cat("topk_logprobs"))

@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from sparkforge.producer.units import WorkerShare
 from sparkforge.shared.header import MixInfo
 from sparkforge.shared.records import SampleRecord, UnitAccounting
@@ -18,10 +20,27 @@ def format_table(rows: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _nbytes(record: SampleRecord) -> int:
-    arrays = (record.input_ids, record.loss_mask, record.aux_hidden, record.aux_scale,
-              record.final_hidden, record.topk_ids, record.topk_logprobs)
+def nbytes(*arrays: np.ndarray | None) -> int:
+    """Bytes of the arrays given (None: none)."""
     return sum(a.nbytes for a in arrays if a is not None)
+
+
+@dataclass
+class UnitTally:
+    """What a committed unit's samples hold, counted as they went to the writer."""
+
+    sample_ids: list[int] = field(default_factory=list)
+    tokens: int = 0
+    loss_tokens: int = 0
+    bytes_raw: int = 0
+
+    @classmethod
+    def of(cls, records: Sequence[SampleRecord]) -> UnitTally:
+        """The tally of whole records."""
+        return cls([r.sample_id for r in records], sum(r.num_tokens for r in records),
+                   sum(int(r.loss_mask.sum()) for r in records),
+                   sum(nbytes(r.input_ids, r.loss_mask, r.aux_hidden, r.aux_scale,
+                              r.final_hidden, r.topk_ids, r.topk_logprobs) for r in records))
 
 
 @dataclass
@@ -54,7 +73,7 @@ class RunSummary:
     mix_written: Counter[str] = field(default_factory=Counter)
     """Samples written by this run per mix entry."""
 
-    def add_unit(self, records: Sequence[SampleRecord], accounting: UnitAccounting) -> None:
+    def add_unit(self, tally: UnitTally, accounting: UnitAccounting) -> None:
         """Count one committed unit."""
         self.units_done += 1
         self.input_rows += accounting.input_rows
@@ -62,13 +81,13 @@ class RunSummary:
         self.skipped.update(accounting.skipped)
         self.failed += accounting.failed
         self.image_rows += accounting.image_rows or 0
-        self.tokens += sum(r.num_tokens for r in records)
-        self.loss_tokens += sum(int(r.loss_mask.sum()) for r in records)
-        self.bytes_raw += sum(_nbytes(r) for r in records)
+        self.tokens += tally.tokens
+        self.loss_tokens += tally.loss_tokens
+        self.bytes_raw += tally.bytes_raw
         if self.mix:
             starts = [e.first_sample for e in self.mix]
-            self.mix_written.update(self.mix[bisect.bisect_right(starts, r.sample_id) - 1].name
-                                    for r in records)
+            self.mix_written.update(self.mix[bisect.bisect_right(starts, i) - 1].name
+                                    for i in tally.sample_ids)
 
     def accounting(self) -> UnitAccounting:
         """This run's rows: written (image rows among them), skipped by reason, failed."""

@@ -46,6 +46,52 @@ class SampleRecord:
         """Sequence length T."""
         return int(self.input_ids.shape[0])
 
+    def start(self) -> SampleStart:
+        """What the writer needs before the sample's rows: its identity, ids and mask."""
+        return SampleStart(sample_id=self.sample_id, source_row=self.source_row,
+                           source_hash=self.source_hash, split=self.split,
+                           input_ids=self.input_ids, loss_mask=self.loss_mask)
+
+    def rows(self) -> SampleRows:
+        """All the sample's captured rows as one block."""
+        return SampleRows(aux_hidden=self.aux_hidden, final_hidden=self.final_hidden,
+                          aux_scale=self.aux_scale, topk_ids=self.topk_ids,
+                          topk_logprobs=self.topk_logprobs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleStart:
+    """A sample as the writer takes it before its captured rows: fields as in SampleRecord."""
+
+    sample_id: int
+    source_row: int
+    source_hash: str
+    split: Split
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+
+    @property
+    def num_tokens(self) -> int:
+        """Sequence length T."""
+        return int(self.input_ids.shape[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleRows:
+    """A block of consecutive captured rows of one sample, in the cache's storage dtypes (the
+    fields of SampleRecord, with n rows instead of T)."""
+
+    aux_hidden: np.ndarray
+    final_hidden: np.ndarray
+    aux_scale: np.ndarray | None = None
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
+
+    @property
+    def num_rows(self) -> int:
+        """Rows n in the block."""
+        return int(self.final_hidden.shape[0])
+
 
 @dataclass(frozen=True, kw_only=True)
 class UnitAccounting:

@@ -71,6 +71,11 @@ class TargetFamily:
     backend forwards such rows one at a time. GLM-5's sparse-attention indexer keeps the top-k
     keys by a ReLU-clipped score: exact ties at 0 are common, and which tied key ``topk`` keeps
     depends on the length of the (padded) key axis; measured rel. error 0.2 over 4 tiny layers."""
+    chunk_sensitive: bool = False
+    """transformers gives a row forwarded in chunks over a KV cache other states than the row
+    forwarded whole, so the HF backend forwards long rows of this family whole. GLM-5's
+    sparse-attention indexer: measured rel. error 1.0 over 4 tiny layers (200 tokens in chunks
+    of 48; every other family of the table within 1.1e-5)."""
     image_text_top_levels: tuple[str, ...] = ()
     """Multimodal top-level model types that transformers loads only as image-text models (no
     causal-LM class); their forward on text ids gives the text model's hidden states."""
@@ -134,7 +139,8 @@ FAMILIES: tuple[TargetFamily, ...] = (
                  rope_section="main"),
     TargetFamily(name="kimi_k3", model_types=("kimi_k3", "kimi_linear"),
                  final_state="lm_head_input"),
-    TargetFamily(name="glm_dsa", model_types=("glm_moe_dsa",), padding_sensitive=True),
+    TargetFamily(name="glm_dsa", model_types=("glm_moe_dsa",), padding_sensitive=True,
+                 chunk_sensitive=True),
     # MiniMax-M3's final norm scales by (1 + w): not the plain RMSNorm the vLLM backend applies.
     TargetFamily(name="minimax_m3", model_types=("minimax_m3_vl", "minimax_m3_vl_text"),
                  final_state="lm_head_input", image_text_top_levels=("minimax_m3_vl",)),

@@ -39,13 +39,36 @@ def test_padded_batches_equal_single_forwards(tiny_target) -> None:
     batched = list(
         HfSource(str(tiny_target), layer_ids=(1, 3), max_batch_tokens=4096).capture(_requests())
     )
-    single = list(
-        HfSource(str(tiny_target), layer_ids=(1, 3), max_batch_tokens=1).capture(_requests())
-    )
+    single = list(HfSource(str(tiny_target), layer_ids=(1, 3), one_row=True).capture(_requests()))
     for a, b in zip(batched, single, strict=True):
         assert a.sample_id == b.sample_id
         torch.testing.assert_close(a.aux_hidden, b.aux_hidden, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(a.final_hidden, b.final_hidden, atol=1e-5, rtol=1e-5)
+
+
+def test_a_long_row_is_captured_chunk_by_chunk_as_one_forward_computes_it(tiny_target) -> None:
+    """A row longer than the forward budget goes through in chunks of that many tokens (a KV
+    cache carried between them), each chunk its own result as soon as it is computed; joined,
+    they equal one plain transformers forward of the whole row within fp32 noise (layers, the
+    raw last layer, the lm_head input, the top-k). Shorter rows are still one result each."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+    long = CaptureRequest(sample_id=7, input_ids=np.random.default_rng(5).integers(
+        4, 1000, 100).astype(np.int32))
+    source = HfSource(str(tiny_target), layer_ids=(1, 4), topk=3, max_batch_tokens=16)
+    results = list(source.capture([_requests()[1], long]))
+    assert [(r.sample_id, r.row_start, r.last) for r in results] == [
+        (1, 0, True), *((7, start, start == 96) for start in range(0, 100, 16))]
+    chunks = results[1:]
+    ids = torch.from_numpy(long.input_ids.astype(np.int64))[None]
+    raw, out = _last_layer_output(model, ids)
+    joined = {name: torch.cat([getattr(r, name) for r in chunks])
+              for name in ("aux_hidden", "final_hidden", "topk_ids")}
+    torch.testing.assert_close(joined["aux_hidden"][:, 0], out.hidden_states[1][0],
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(joined["aux_hidden"][:, 1], raw[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(joined["final_hidden"], out.hidden_states[4][0],
+                               atol=1e-5, rtol=1e-5)
+    assert torch.equal(joined["topk_ids"].long(), out.logits[0].topk(3, dim=-1).indices)
 
 
 def _last_layer_output(model, ids: torch.Tensor) -> tuple[torch.Tensor, object]:

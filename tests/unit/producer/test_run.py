@@ -22,7 +22,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from sparkforge.app.cli import main
 from sparkforge.manifests.open import open_cache
 from sparkforge.producer.run import CaptureAborted, run
-from sparkforge.shared.writer import CacheMismatchError
+from sparkforge.shared.io_errors import StorageError
+from sparkforge.shared.records import SampleRows
+from sparkforge.shared.writer import CacheMismatchError, UnitStream
 
 HF_IDS = (1, 2, 3)  # DSpark ids 0, 1, 2 of the 4-layer tiny target
 
@@ -44,7 +46,12 @@ def test_cache_holds_the_forward_of_each_chat(tiny_target: Path, source, tmp_pat
     spans = (index.row_offset + index.length - 1) // 16 - index.slot + 1
     assert int(spans.min()) >= 2, spans
     assert int(spans.max()) >= 3, spans
-    samples = cache_samples(cfg.output)
+    _assert_forward_of_each_chat(cfg.output, rows, tiny_target)
+
+
+def _assert_forward_of_each_chat(uri: str, rows: list[dict], tiny_target: Path) -> None:
+    """Every sample of the cache at ``uri`` equals a plain tokenize + whole forward of its row."""
+    samples = cache_samples(uri)
     tok = AutoTokenizer.from_pretrained(tiny_target)
     model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32)
     for i, row in enumerate(rows):
@@ -53,13 +60,48 @@ def test_cache_holds_the_forward_of_each_chat(tiny_target: Path, source, tmp_pat
         np.testing.assert_array_equal(samples[i]["input_ids"], enc["input_ids"])
         np.testing.assert_array_equal(samples[i]["loss_mask"], enc["assistant_masks"])
         with torch.no_grad():
-            hs = model(torch.tensor([enc["input_ids"]]), output_hidden_states=True).hidden_states
+            out = model(torch.tensor([enc["input_ids"]]), output_hidden_states=True)
+        hs = out.hidden_states
         for slot, k in enumerate(HF_IDS):
             torch.testing.assert_close(torch.from_numpy(samples[i]["aux_hidden"][:, slot]),
                                        hs[k][0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(samples[i]["final_hidden"]), hs[-1][0],
                                    rtol=1e-5, atol=1e-5)
-        assert samples[i]["topk_ids"].shape == (len(enc["input_ids"]), 3)
+        np.testing.assert_array_equal(samples[i]["topk_ids"],
+                                      out.logits[0].topk(3, dim=-1).indices.numpy())
+
+
+def test_hf_backend_streams_chunks_and_a_crash_inside_a_sample_commits_nothing(
+        tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --hf_batch_tokens 16 the real HF backend forwards every chat (26-60 tokens) in
+    chunks of 16 tokens, a KV cache carried between them, and each chunk reaches the writer as
+    it is computed, so 16-row slots are written while their sample still arrives. The writer
+    dies inside a sample: the unit is not committed although slots of it were written; the
+    same command then completes a cache equal to one plain whole forward per chat."""
+    rows = chat_rows(6)
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), topk=3, shard_rows=16,
+                          hf_batch_tokens=16)
+    real_add, blocks = UnitStream.add, []
+
+    def dying_add(self: UnitStream, rows_: SampleRows) -> None:
+        if len(blocks) == 6:
+            raise OSError("disk gone")
+        assert self._open is not None
+        blocks.append((self._open.start.sample_id, rows_.num_rows))
+        real_add(self, rows_)
+
+    monkeypatch.setattr(UnitStream, "add", dying_add)
+    with pytest.raises(StorageError, match="disk gone"):
+        run(cfg)
+    monkeypatch.undo()
+    assert not list((tmp_path / "cache" / "_commits").glob("*.json"))
+    assert list((tmp_path / "cache").glob("aux_hidden*/c/**/*")), "slots were written"
+    per_sample = {i: [n for j, n in blocks if j == i] for i, _ in blocks}
+    assert max(len(b) for b in per_sample.values()) >= 3, per_sample
+    assert all(n <= 16 for b in per_sample.values() for n in b)
+    assert run(cfg).finalized
+    _assert_forward_of_each_chat(cfg.output, rows, tiny_target)
 
 
 def test_target_files_and_header(tiny_target: Path, source, tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from sparkforge.shared.commit_columns import parse_commit_columns
 from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.layout import CacheSpec, commit_key, row_selection
 from sparkforge.shared.reader import CacheReader, ChecksumError
-from sparkforge.shared.records import SampleRecord
-from sparkforge.shared.writer import CacheWriter
+from sparkforge.shared.records import SampleRecord, SampleRows
+from sparkforge.shared.writer import CacheWriter, UnitStream
 
 SPEC = CacheSpec(hidden_size=16, num_aux_layers=2, hidden_dtype="bfloat16", max_seq_len=80,
                  shard_rows=32, rows_per_unit=5)
@@ -135,22 +135,60 @@ def test_a_commit_record_missing_a_spanned_slot_is_refused(caches: tuple[Path, P
         parse_commit_columns(json.dumps(data).encode(), unit=0, spec=SPEC)
 
 
+def _stored(root: Path) -> dict[str, bytes]:
+    """Every array object and commit record of a cache, by path."""
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*"))
+            if f.is_file() and ("/c/" in str(f) or "_commits" in str(f))}
+
+
+def test_samples_streamed_in_blocks_store_what_whole_samples_store(
+        caches: tuple[Path, Path], tmp_path: Path) -> None:
+    """A unit streamed sample by sample in blocks of 7 rows (as a chunked capture hands them
+    over), with a 70-row sample abandoned after 50 rows on its way (it filled a slot, written at
+    once), stores the same array objects and commit records, byte for byte, as whole samples."""
+    path = tmp_path / "streamed"
+    w = CacheWriter.open(str(path), spec=SPEC, header=make_run_header(SPEC, num_units=2))
+    for unit in LENGTHS:
+        records, accounting = make_unit(SPEC, unit, lengths=LENGTHS[unit])
+        stream = w.open_unit(unit)
+        for i, record in enumerate(records):
+            if (unit, i) == (0, 3):
+                doomed = make_unit(SPEC, 0, lengths=[70] * 5, seed=9)[0][i]
+                stream.begin(doomed.start())
+                for lo in range(0, 50, 25):
+                    stream.add(_rows(doomed, lo, lo + 25))
+                stream.abandon()
+            stream.begin(record.start())
+            for lo in range(0, record.num_tokens, 7):
+                stream.add(_rows(record, lo, lo + 7))
+            stream.end()
+        stream.commit(accounting)
+    finalize_cache(str(path), expected_units=2)
+    assert _stored(path) == _stored(caches[0])
+    assert validate_cache(str(path), deep=True).problems == []
+
+
+def _rows(record: SampleRecord, lo: int, hi: int) -> SampleRows:
+    whole = record.rows()
+    return SampleRows(aux_hidden=whole.aux_hidden[lo:hi], final_hidden=whole.final_hidden[lo:hi])
+
+
 def test_a_crash_in_the_middle_of_a_sample_resumes_exactly_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer dies after two of the three slots of a sample landed: the unit stays
     uncommitted, a rerun writes it once in a fresh attempt, and the cache reads and validates
     as if the crash never happened."""
-    real, written = CacheWriter._write_slot, []
+    real, written = UnitStream._write_slot, []
 
-    def dying(self: CacheWriter, slot: int, *args: Any) -> Any:
+    def dying(self: UnitStream) -> Any:
         if len(written) == 2:
             raise OSError("killed")
-        written.append(slot)
-        return real(self, slot, *args)
+        written.append(self._slot)
+        return real(self)
 
     path = tmp_path / "c"
     w = CacheWriter.open(str(path), spec=SPEC, header=make_run_header(SPEC, num_units=2))
-    monkeypatch.setattr(CacheWriter, "_write_slot", dying)
+    monkeypatch.setattr(UnitStream, "_write_slot", dying)
     with pytest.raises(OSError, match="killed"):
         w.write_unit(0, *make_unit(SPEC, 0, lengths=LENGTHS[0]))
     monkeypatch.undo()

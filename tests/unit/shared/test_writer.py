@@ -37,11 +37,16 @@ def test_unit_committed_twice_is_refused(tmp_path: Path) -> None:
 def test_zombie_attempt_cannot_clobber_committed_slots(tmp_path: Path) -> None:
     """A stale writer that started before the commit writes only its own slots and loses."""
     winner, zombie = _writer(tmp_path / "c"), _writer(tmp_path / "c")
-    zombie_attempt = zombie._claim_attempt(0)  # the zombie claimed first, then stalled
+    stream = zombie.open_unit(0)  # the zombie claimed first, then stalled
     winner.write_unit(0, *make_unit(SPEC, 0))
-    other, _ = make_unit(SPEC, 0, seed=7)
-    zombie_slot = first_slot(SPEC, 0, zombie_attempt)
-    zombie._write_samples(zombie_slot, other[:2])  # it wakes up and writes its slot
+    other, accounting = make_unit(SPEC, 0, seed=7)
+    zombie_slot = first_slot(SPEC, 0, stream.attempt)
+    for sample in other:  # it wakes up and writes its slots
+        stream.begin(sample.start())
+        stream.add(sample.rows())
+        stream.end()
+    with pytest.raises(UnitAlreadyCommitted):
+        stream.commit(accounting)
     with pytest.raises(UnitAlreadyCommitted):
         zombie.write_unit(0, *make_unit(SPEC, 0, seed=7))
     finalize_cache(str(tmp_path / "c"), expected_units=1)
