@@ -302,11 +302,22 @@ class Served:
     server_pid: int
 
 
+def lone_requests(spans: list[tuple[str, float, float]]) -> int:
+    """How many requests overlapped no other (each waited out a whole latency alone)."""
+    ordered = sorted((start, end) for _, start, end in spans)
+    lone, reach = 0, float("-inf")  # reach: the latest end of the requests started before
+    for i, (start, end) in enumerate(ordered):
+        after = ordered[i + 1][0] if i + 1 < len(ordered) else float("inf")
+        lone += start >= reach and end <= after
+        reach = max(reach, end)
+    return lone
+
+
 def run_in_process(job: str, uri: str, units: int, options: dict[str, Any],
                    args: argparse.Namespace, served: Served | None) -> dict[str, Any]:
     """Run one job in its own process; on S3 also the requests it sends after its set-up, by
-    kind, the most in flight, and the CPU the server and the proxy (this process's threads: its
-    main thread only waits) spent on them."""
+    kind, the most in flight, how many were alone in flight, and the CPU the server and the
+    proxy (this process's threads: its main thread only waits) spent on them."""
     cmd = [sys.executable, "-P", __file__, "--job", job, "--uri", uri, "--units", str(units),
            "--storage_options", json.dumps(options), "--max_concurrency",
            str(args.max_concurrency)]
@@ -332,6 +343,7 @@ def run_in_process(job: str, uri: str, units: int, options: dict[str, Any],
         out["server_cpu_s"] = cpu_seconds(served.server_pid) - server_cpu
         out["proxy_cpu_s"] = time.process_time() - proxy_cpu
         out["max_in_flight"] = served.proxy.max_in_flight
+        out["lone_requests"] = lone_requests(served.proxy.spans)
         counts = served.proxy.reset()
         out["requests"] = sum(counts.values())
         out["requests_by_kind"] = dict(counts)
@@ -432,7 +444,8 @@ def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
                                  ("server CPU s", "server_cpu_s", ".3f"),
                                  ("proxy CPU s", "proxy_cpu_s", ".3f"),
                                  ("requests", "requests", ","),
-                                 ("most in flight", "max_in_flight", ",")):
+                                 ("most in flight", "max_in_flight", ","),
+                                 ("requests alone in flight", "lone_requests", ",")):
             if field in got[0]:
                 row(f"{label}: {name}", [g[field] for g in got], fmt)
     if mode == "s3":
