@@ -97,6 +97,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval_fraction", type=float, default=0.25,
                    help="the studies' eval split (enough held-out prompts for an interval)")
     p.add_argument("--converge_steps", type=int, default=1200)
+    p.add_argument("--recipes", nargs="+", choices=CONVERGED, default=list(CONVERGED),
+                   help="with --study converged: train and tabulate only these")
     p.add_argument("--collect", action="store_true",
                    help="with --study temperature: run nothing, tabulate what is in --out_dir")
     p.add_argument("--sweep", nargs="*", type=int, default=None,
@@ -308,11 +310,13 @@ def _converged_study(out: Path, ns: argparse.Namespace, results: Path) -> int:
     cache = _regen_cache(out, ns, "1.0", timings)
     records = {name: _train_and_eval(out, ns, f"converged_{name}", cache, RECIPE_ARGS[name],
                                      timings, eval_cache=cache, steps=ns.converge_steps)
-               for name in CONVERGED}
+               for name in CONVERGED if name in ns.recipes}
     by = {name: _converged_row(rec, ns) for name, rec in records.items()}
     ratio = {}
     for a, b in (("dspark", "dflash"), ("dspark", "dflash2"), ("dflash2", "dflash"),
                  ("dflash2_top64", "dflash"), ("dflash2_top64", "dflash2")):
+        if a not in by or b not in by:
+            continue
         ratio |= {f"{a}/{b} {k}": by[a][k]["tau"] / by[b][k]["tau"] for k in ("T0", "T1")}
         ratio[f"{a}/{b} teacher_forced"] = by[a]["teacher_forced_tau"] / by[b]["teacher_forced_tau"]
         for key in ("val_tau_at_short_run", "val_tau_at_end"):
