@@ -13,7 +13,10 @@ teacher-forced tau without either being wrong. For each converged-study draft (`
   token this one starts from;
 - speculative (``sparkforge eval``'s reference decoder, its prompts, seed and eos): the accepted
   fraction, and its expectation ``sum(min(p, q))`` along the same path (read from each verified
-  slot's target and draft laws), which is free of the accept draws' noise.
+  slot's target and draft laws), which is free of the accept draws' noise; and that expectation
+  once more with each rejection's token (the next anchor) drawn from ``p`` instead of the
+  residual ``max(p - q, 0)`` (not lossless), which tells the anchor token's part in the gap from
+  the block start's.
 
 Reproduce (under a CPU minute per draft):
     OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -P benchmarks/block_starts.py \
@@ -87,9 +90,12 @@ def forced_first_slot(draft: Any, loss: Any, reader: Any, window: int) -> dict[s
 
 
 @contextmanager
-def _expected_acceptance(into: list[list[float]]) -> Iterator[None]:
+def _expected_acceptance(into: list[list[float]], anchor_from_p: bool) -> Iterator[None]:
     """While open, each verified round of the reference decoder appends its slots' expected
-    acceptance ``sum(min(p, q))`` (through the slot it stopped at) to ``into``."""
+    acceptance ``sum(min(p, q))`` (through the slot it stopped at) to ``into``; with
+    ``anchor_from_p``, a rejection's token (the next anchor) is drawn from ``p`` instead of the
+    residual (not lossless: it tells the anchor token's part from the block start's)."""
+    from sparkforge.trainer.draft.sampling import sample_from_probs
     from sparkforge.trainer.eval import speculative
 
     verify = speculative.verify_draft
@@ -98,6 +104,8 @@ def _expected_acceptance(into: list[list[float]]) -> Iterator[None]:
                   generator: torch.Generator | None = None) -> tuple[int, int]:
         n, nxt = verify(draft_m, q_mV, p_m1V, generator)
         into.append(torch.minimum(p_m1V[: q_mV.shape[0]], q_mV).sum(-1)[: n + 1].tolist())
+        if anchor_from_p and n < draft_m.shape[0]:
+            nxt = int(sample_from_probs(p_m1V[n], generator))
         return n, nxt
 
     speculative.verify_draft = recording
@@ -107,14 +115,14 @@ def _expected_acceptance(into: list[list[float]]) -> Iterator[None]:
         speculative.verify_draft = verify
 
 
-def speculative_first_slot(draft: Any, target: Any, prompts: list[Any],
-                           max_new_tokens: int) -> dict[str, float]:
+def speculative_first_slot(draft: Any, target: Any, prompts: list[Any], max_new_tokens: int,
+                           anchor_from_p: bool = False) -> dict[str, float]:
     """T=1 reference decoding as ``sparkforge eval`` runs it (seed 0, eos): tau, the first slot's
     accepted fraction and its expectation along the same path."""
     from sparkforge.trainer.eval.speculative import speculative_generate
 
     gen, expected, runs = torch.Generator().manual_seed(0), [], []
-    with _expected_acceptance(expected):
+    with _expected_acceptance(expected, anchor_from_p):
         for prompt in prompts:
             runs.append(speculative_generate(
                 target, draft, torch.from_numpy(prompt.input_ids), max_new_tokens=max_new_tokens,
@@ -138,7 +146,9 @@ def _measure(out: Path, name: str, ns: argparse.Namespace, target: Any) -> dict[
                         features=draft.config.target_layer_ids)
     prompts = _held_out_prompts(reader, ns.num_prompts, None)
     return {"teacher_forced": forced_first_slot(draft, loss, reader, ns.max_new_tokens),
-            "speculative": speculative_first_slot(draft, target, prompts, ns.max_new_tokens)}
+            "speculative": speculative_first_slot(draft, target, prompts, ns.max_new_tokens),
+            "anchor_from_p": speculative_first_slot(draft, target, prompts, ns.max_new_tokens,
+                                                    anchor_from_p=True)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             ("teacher-forced, after a rejection", "teacher_forced", "after_rejection"),
             ("teacher-forced, after an acceptance", "teacher_forced", "after_acceptance"),
             ("speculative, expected along the path", "speculative", "expected"),
-            ("speculative, accepted", "speculative", "accepted")):
+            ("speculative, accepted", "speculative", "accepted"),
+            ("the same, a rejection's token drawn from p, expected", "anchor_from_p", "expected")):
         print(f"| {label} | " + " | ".join(f"{r[side][key]:.3f}" for r in rows.values()) + " |")
     return 0
 
