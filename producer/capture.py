@@ -20,7 +20,7 @@ import torch
 from sparkforge.producer.chat import ChatEncoder, Encoded, unreadable_reason
 from sparkforge.producer.chat_rows import SkipReason
 from sparkforge.producer.fp8 import quantize_e4m3
-from sparkforge.producer.sample_order import InOrder, RecordCollector, SampleSink
+from sparkforge.producer.sample_order import InOrder, SampleSink
 from sparkforge.producer.source import CaptureRequest, CaptureResult, HiddenStateSource
 from sparkforge.producer.splits import SplitRule
 from sparkforge.shared.dataset import RawRow, row_hash
@@ -215,7 +215,7 @@ def _stored_rows(result: CaptureResult, hidden_dtype: str, aux_codec: str,
 
 @dataclass
 class UnitCapturer:
-    """Turns one unit's rows into sample records and its accounting, through a source."""
+    """Streams one unit's rows through a source into a sink (``stream``), and accounts for them."""
 
     encoder: ChatEncoder
     split_rule: SplitRule
@@ -240,14 +240,6 @@ class UnitCapturer:
             split = self.split_rule.split_of(index=raw.index, content_hash=raw.content_hash)
             pending.append(_Pending(raw, split, encoded))
         return pending, skipped
-
-    def capture(
-        self, source: HiddenStateSource, rows: Sequence[RawRow]
-    ) -> tuple[list[SampleRecord], UnitAccounting]:
-        """Capture a unit's rows into whole records, sorted by sample id."""
-        collector = RecordCollector()
-        accounting = self.stream(source, rows, collector)
-        return collector.records, accounting
 
     def stream(
         self, source: HiddenStateSource, rows: Sequence[RawRow], sink: SampleSink

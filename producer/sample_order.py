@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-import numpy as np
-
-from sparkforge.shared.records import SampleRecord, SampleRows, SampleStart
+from sparkforge.shared.records import SampleRows, SampleStart
 
 
 class SampleSink(Protocol):
@@ -113,47 +111,3 @@ class InOrder:
                 return  # its other rows go straight to the sink as they arrive
             self._complete.discard(sample_id)
             self._end_head()
-
-
-class RecordCollector:
-    """A sink that keeps each sample whole, as a ``SampleRecord`` (for callers that want the
-    records themselves, not a cache)."""
-
-    def __init__(self) -> None:
-        self.records: list[SampleRecord] = []
-        self._start: SampleStart | None = None
-        self._rows: list[SampleRows] = []
-
-    def begin(self, start: SampleStart) -> None:
-        """Start a sample."""
-        self._start, self._rows = start, []
-
-    def add(self, rows: SampleRows) -> None:
-        """Keep the sample's next rows."""
-        self._rows.append(rows)
-
-    def end(self) -> None:
-        """Join the sample's rows into its record."""
-        assert self._start is not None
-        s, rows = self._start, self._rows
-
-        def joined(name: str) -> np.ndarray | None:
-            values: list[np.ndarray | None] = [getattr(r, name) for r in rows]
-            if values[0] is None:
-                return None
-            return values[0] if len(values) == 1 else np.concatenate(
-                [v for v in values if v is not None])
-
-        aux, final = joined("aux_hidden"), joined("final_hidden")
-        assert aux is not None
-        assert final is not None
-        self.records.append(SampleRecord(
-            sample_id=s.sample_id, source_row=s.source_row, source_hash=s.source_hash,
-            split=s.split, input_ids=s.input_ids, loss_mask=s.loss_mask, aux_hidden=aux,
-            final_hidden=final, aux_scale=joined("aux_scale"), topk_ids=joined("topk_ids"),
-            topk_logprobs=joined("topk_logprobs")))
-        self._start, self._rows = None, []
-
-    def abandon(self) -> None:
-        """Forget the started sample."""
-        self._start, self._rows = None, []

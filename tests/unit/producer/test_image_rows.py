@@ -26,6 +26,7 @@ from sparkforge.producer.image_rows import ImageChatEncoder
 from sparkforge.producer.source import CaptureRequest
 from sparkforge.shared.image_inputs import target_images
 from sparkforge.shared.image_sources import ImageReader
+from sparkforge.shared.records import SampleRows, SampleStart
 from sparkforge.shared.target_config import read_target_config
 
 LAYER_IDS = (1, 2, 3)
@@ -333,6 +334,27 @@ def test_an_image_of_exactly_max_image_pixels_is_refused_from_its_header(vl_targ
     assert got == SkipReason.IMAGE_SHAPE_UNSUPPORTED
 
 
+class _SampleIds:
+    """A sink keeping only the ids of the samples it was handed whole."""
+
+    def __init__(self) -> None:
+        self.ended: list[int] = []
+        self._current: int | None = None
+
+    def begin(self, start: SampleStart) -> None:
+        self._current = start.sample_id
+
+    def add(self, rows: SampleRows) -> None:
+        assert self._current is not None
+
+    def end(self) -> None:
+        assert self._current is not None
+        self.ended.append(self._current)
+
+    def abandon(self) -> None:
+        self._current = None
+
+
 def test_a_vision_forward_that_raises_skips_its_row_only(
         vl_targets: dict[str, Path], vl_sources: dict[str, HfSource]) -> None:
     """An image row whose forward raises is counted as image_processing_failed, not as a failed
@@ -362,8 +384,9 @@ def test_a_vision_forward_that_raises_skips_its_row_only(
                             FailureRun(1))
     rows = [RawRow(index=i, row=row, content_hash=str(i))
             for i, row in enumerate([good, {**good, "poison": True}, good])]
-    records, accounting = capturer.capture(vl_sources["gemma4"], rows)
-    assert [r.sample_id for r in records] == [0, 2]
+    written = _SampleIds()
+    accounting = capturer.stream(vl_sources["gemma4"], rows, written)
+    assert written.ended == [0, 2]
     assert accounting.skipped == {"image_processing_failed": 1}
     assert accounting.failed == 0
 
