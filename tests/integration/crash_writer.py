@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,16 @@ from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue  # noqa
 from sparkforge.shared import storage  # noqa: E402
 from sparkforge.shared.layout import CacheSpec, commit_key  # noqa: E402
 from sparkforge.shared.writer import CacheWriter  # noqa: E402
+
+_STDOUT = threading.Lock()
+
+
+def say(line: str) -> None:
+    """Print one whole line. The writer threads and the main thread print concurrently, and
+    ``print`` writes the text and its newline in two calls, so lines could interleave."""
+    with _STDOUT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def main() -> None:
@@ -43,7 +54,7 @@ def main() -> None:
 
     def stalling_create(loc: storage.Location, key: str, data: bytes) -> None:
         if key == commit_key(spec, args.stall_before_commit):
-            print(f"stalled {args.stall_before_commit}", flush=True)
+            say(f"stalled {args.stall_before_commit}")
             time.sleep(600)
         real_create(loc, key, data)
 
@@ -56,19 +67,19 @@ def main() -> None:
         return
     for unit in todo:
         writer.write_unit(unit, *make_unit(spec, unit))
-        print(f"committed {unit}", flush=True)
+        say(f"committed {unit}")
 
 
 def _write_queued(writer: CacheWriter, spec: CacheSpec, todo: list[int], queue_units: int,
                   threads: int) -> None:
     def report(done: list[CapturedUnit]) -> None:
         for item in done:
-            print(f"committed {item.unit}", flush=True)
+            say(f"committed {item.unit}")
 
     with UnitWriteQueue(writer, queue_units=queue_units, num_threads=threads) as writes:
         for unit in todo:
             report(writes.submit(CapturedUnit(unit, *make_unit(spec, unit))))
-            print(f"queued {unit}", flush=True)
+            say(f"queued {unit}")
         report(writes.close())
 
 
