@@ -20,14 +20,14 @@ import time
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.qwen3.tiny import draft_qwen3_small
 from sparkforge.trainer.loss import chunked_row_terms, compute_dspark_loss, l1_distance
 from sparkforge.trainer.run_config import LossSpec
 
 
-def _throughput(cfg: DSparkDraftConfig, seq_len: int, steps: int, device: str = "cpu",
+def _throughput(cfg: DraftConfig, seq_len: int, steps: int, device: str = "cpu",
                 attn: str = "sdpa", loss: LossSpec = LossSpec()) -> float:  # noqa: B008
     torch.manual_seed(0)
     model = Qwen3DraftModel(cfg, attn_implementation=attn).to(device)

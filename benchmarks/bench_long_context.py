@@ -40,7 +40,7 @@ def _case(seq_len: int, attention: str) -> dict[str, float]:
 
     import torch
 
-    from sparkforge.trainer.architectures.config import DSparkDraftConfig
+    from sparkforge.trainer.architectures.config import DraftConfig
     from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
     from sparkforge.trainer.draft import anchor_chunks
     from sparkforge.trainer.loss import compute_dspark_loss
@@ -48,7 +48,7 @@ def _case(seq_len: int, attention: str) -> dict[str, float]:
 
     if attention == "dense":
         anchor_chunks.DENSE_GRID_LIMIT = 1 << 62
-    cfg = DSparkDraftConfig(
+    cfg = DraftConfig(
         hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         intermediate_size=256, vocab_size=1024, num_hidden_layers=1, num_target_layers=8,
         target_layer_ids=(1, 3, 5), block_size=7, num_anchors=512, markov_rank=32,

@@ -42,7 +42,7 @@ from sparkforge.shared.dtypes import float_to_storage
 from sparkforge.shared.reader import CachedSample
 from sparkforge.trainer.anchor_budget import chat_like_index
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.data import collate
 from sparkforge.trainer.data_plan import Batching, SplitIndex, plan_epoch
@@ -50,7 +50,7 @@ from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 
 
-def draft(scale: int) -> DSparkDraftConfig:
+def draft(scale: int) -> DraftConfig:
     """A narrow draft (H=64) with the Qwen3-8B recipe's per-slot cost mix, scaled by 1/scale.
 
     A block query's cost is about H * (layers * (4H + 3I + 2P) + V) for P attended keys, MLP
@@ -64,7 +64,7 @@ def draft(scale: int) -> DSparkDraftConfig:
         markov_rank=256 // scale)
 
 
-def sample(sample_id: int, length: int, cfg: DSparkDraftConfig,
+def sample(sample_id: int, length: int, cfg: DraftConfig,
            rng: np.random.Generator) -> CachedSample:
     """A cached sample: the first half prompt (loss 0), the second half supervised."""
     mask = np.zeros(length, dtype=np.uint8)
@@ -79,7 +79,7 @@ def sample(sample_id: int, length: int, cfg: DSparkDraftConfig,
 
 
 def batches(index: SplitIndex, batching: Batching, *, batch_size: int, row_tokens: int,
-            count: int, cfg: DSparkDraftConfig) -> list[dict[str, torch.Tensor]]:
+            count: int, cfg: DraftConfig) -> list[dict[str, torch.Tensor]]:
     """The first ``count`` micro-batches of epoch 0, collated."""
     plan = plan_epoch(index, seed=0, epoch=0, num_shares=1, share=0, batch_size=batch_size,
                       batching=batching, shuffle_buffer=512, row_tokens=row_tokens)

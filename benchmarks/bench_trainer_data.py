@@ -148,7 +148,7 @@ def phase_step(uri: str, batch_size: int, steps: int, device: str) -> dict[str, 
     """Draft training steps (fwd + bwd + AdamW) on real batches: tokens/s the step consumes."""
     import torch
 
-    from sparkforge.trainer.architectures.config import DSparkDraftConfig
+    from sparkforge.trainer.architectures.config import DraftConfig
     from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
     from sparkforge.trainer.datamodule import CacheDataModule
     from sparkforge.trainer.loss import compute_dspark_loss
@@ -156,7 +156,7 @@ def phase_step(uri: str, batch_size: int, steps: int, device: str) -> dict[str, 
 
     dm = CacheDataModule(uri, batch_size=batch_size, num_workers=0, shuffle_buffer=64)
     spec = dm.reader.manifest.storage.spec
-    cfg = DSparkDraftConfig(
+    cfg = DraftConfig(
         hidden_size=spec.hidden_size, num_attention_heads=8, num_key_value_heads=4,
         head_dim=spec.hidden_size // 8, intermediate_size=3 * spec.hidden_size,
         vocab_size=32_000, num_hidden_layers=2, num_target_layers=8,

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.run_config import RECIPES, LossSpec
 
 
-def recipe_loss(cfg: DSparkDraftConfig) -> LossSpec:
+def recipe_loss(cfg: DraftConfig) -> LossSpec:
     """The loss of the recipe that trains ``cfg``'s block layout (DSpark's three terms, DFlash's
     CE), so a table-driven test trains each tiny draft with its own objective."""
     (objective,) = {r.objective for r in RECIPES.values()

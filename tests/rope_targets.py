@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.export import export_draft
 from sparkforge.trainer.run_config import DraftSpec
@@ -37,7 +37,7 @@ def target_json(name: str) -> dict[str, Any]:
             "rope_theta": 50_000.0, "max_position_embeddings": MAX_POSITIONS, **extra}
 
 
-def draft_config(target: dict[str, Any]) -> DSparkDraftConfig:
+def draft_config(target: dict[str, Any]) -> DraftConfig:
     """The draft config the trainer builds from the cache's target config."""
     spec = DraftSpec(mask_token_id=3, hidden_size=64, vocab_size=300, num_target_layers=4,
                      target_layer_ids=(0, 2), num_hidden_layers=1, block_size=4, num_anchors=8,
@@ -45,7 +45,7 @@ def draft_config(target: dict[str, Any]) -> DSparkDraftConfig:
     return spec.draft_config(target)
 
 
-def export(cfg: DSparkDraftConfig, out: Path) -> Path:
+def export(cfg: DraftConfig, out: Path) -> Path:
     """The seeded draft of ``cfg`` exported to ``out``."""
     torch.manual_seed(0)
     return export_draft(cfg, Qwen3DraftModel(cfg).state_dict(), out)

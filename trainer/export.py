@@ -32,7 +32,7 @@ from sparkforge.trainer.architectures import (
     build_draft,
     serving_format,
 )
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.checkpoint import load_checkpoint
 from sparkforge.trainer.draft.rope import served_rope_problems
 from sparkforge.trainer.eval.head_calibration import calibration_contents
@@ -51,7 +51,7 @@ class ExportError(SparkforgeError):
     """Raised when a checkpoint cannot be exported as a servable draft; lists every reason."""
 
 
-def key_problems(cfg: DSparkDraftConfig, tensors: Mapping[str, torch.Tensor]) -> list[str]:
+def key_problems(cfg: DraftConfig, tensors: Mapping[str, torch.Tensor]) -> list[str]:
     """Exact key-set and shape check: vLLM never reports a missing tensor, so we must."""
     required = architecture_of(cfg).expected_shapes(cfg)
     want = {k: (cfg.vocab_size, cfg.hidden_size) for k in OPTIONAL_KEYS} | required
@@ -82,7 +82,7 @@ def _versions() -> dict[str, str]:
 
 
 def export_draft(
-    cfg: DSparkDraftConfig,
+    cfg: DraftConfig,
     tensors: Mapping[str, torch.Tensor],
     out_dir: str | Path,
     *,
@@ -140,7 +140,7 @@ def _out_dir_problems(out: Path, *, overwrite: bool) -> list[str]:
     return []
 
 
-def _write_draft(tmp: Path, bf16: dict[str, torch.Tensor], cfg: DSparkDraftConfig, fmt: Any,
+def _write_draft(tmp: Path, bf16: dict[str, torch.Tensor], cfg: DraftConfig, fmt: Any,
                  engine: Engine, provenance: Mapping[str, Any] | None, *, out: Path,
                  eval_report: Mapping[str, Any] | None,
                  calibration: Mapping[str, Any] | None) -> None:
@@ -160,7 +160,7 @@ def _write_draft(tmp: Path, bf16: dict[str, torch.Tensor], cfg: DSparkDraftConfi
         (tmp / CALIBRATION_FILE).write_text(json.dumps(calibration, indent=2) + "\n")
 
 
-def _calibration(cfg: DSparkDraftConfig, eval_report: Mapping[str, Any] | None,
+def _calibration(cfg: DraftConfig, eval_report: Mapping[str, Any] | None,
                  problems: list[str]) -> dict[str, Any] | None:
     """The calibration file of an eval report's STS fit (a problem when it does not fit)."""
     fit = (eval_report or {}).get("confidence_calibration")
@@ -175,7 +175,7 @@ def _calibration(cfg: DSparkDraftConfig, eval_report: Mapping[str, Any] | None,
 
 def read_checkpoint(
     ckpt_path: str | Path,
-) -> tuple[DSparkDraftConfig, dict[str, torch.Tensor], dict[str, Any]]:
+) -> tuple[DraftConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """The draft config, bare draft tensors and provenance of a ``sparkforge train`` checkpoint."""
     ckpt = load_checkpoint(ckpt_path)
     provenance = {"checkpoint": str(ckpt_path), "global_step": ckpt.get("global_step"),
@@ -186,7 +186,7 @@ def read_checkpoint(
         provenance["loss"] = dict(loss)
     provenance["training"] = {k: hparams[k] for k in ("recipe", "optimizer", "scheduler", "seed")
                               if k in hparams}
-    cfg = DSparkDraftConfig.from_dict(ckpt["draft_config"])
+    cfg = DraftConfig.from_dict(ckpt["draft_config"])
     return cfg, draft_tensors(ckpt["state_dict"]), provenance
 
 
@@ -205,7 +205,7 @@ def export_from_config(cfg: ExportConfig) -> Path:
                              eval_report=report)
 
 
-def config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+def config_from_hf(config: Mapping[str, Any]) -> DraftConfig:
     """Read an exported ``config.json`` (ours, DeepSpec's or NeMo's) with its format's reader.
 
     The format is the one whose served class names match ``architectures`` (``DFlashDraftModel``

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
 from sparkforge.trainer.draft.model import DraftModel, DraftOutput
 from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
@@ -143,7 +143,7 @@ class DraftLitModule(L.LightningModule):
         self._provenance: dict[str, Any] = {}
 
     # ---- model ---------------------------------------------------------------------------------
-    def build(self, cfg: DSparkDraftConfig, weights: dict[str, torch.Tensor] | None = None) -> None:
+    def build(self, cfg: DraftConfig, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Create the draft (frozen target pieces copied from ``weights`` when given)."""
         impl = self.attn_implementation
         if impl == "auto":

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from sparkforge.trainer.architectures import serving_format
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
 from sparkforge.trainer.eval.sts import CALIBRATION_FILE
 
@@ -32,17 +32,17 @@ LIBRARY = "vllm"
 """What serves the draft (the Hub's library list has no entry for DSpark drafts themselves)."""
 
 
-def serving_method(cfg: DSparkDraftConfig) -> str:
+def serving_method(cfg: DraftConfig) -> str:
     """vLLM's ``speculative_config.method`` for this draft (its serving format's)."""
     return serving_format(cfg).method
 
 
-def num_speculative_tokens(cfg: DSparkDraftConfig) -> int:
+def num_speculative_tokens(cfg: DraftConfig) -> int:
     """Tokens drafted per step: the block for DSpark; the block less its anchor for DFlash."""
     return BLOCK_LAYOUTS[cfg.layout].num_drafts(cfg.block_size)
 
 
-def serve_command(cfg: DSparkDraftConfig, target: str, draft_dir: str) -> str:
+def serve_command(cfg: DraftConfig, target: str, draft_dir: str) -> str:
     """The ``vllm serve`` command line that serves ``draft_dir`` as ``target``'s draft (each
     argument quoted for a POSIX shell)."""
     spec = {"method": serving_method(cfg), "model": draft_dir,
@@ -81,7 +81,7 @@ def _longest_backtick_run(text: str) -> int:
     return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
-def card_metadata(cfg: DSparkDraftConfig, target: str) -> dict[str, Any]:
+def card_metadata(cfg: DraftConfig, target: str) -> dict[str, Any]:
     """The card's YAML header."""
     return {"base_model": target, "library_name": LIBRARY, "pipeline_tag": "text-generation",
             "tags": ["speculative-decoding", "draft-model", serving_method(cfg),
@@ -93,7 +93,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return lines + ["| " + " | ".join(markdown_text(v) for v in row) + " |" for row in rows]
 
 
-def _draft_section(cfg: DSparkDraftConfig, sizes: Mapping[str, int]) -> list[str]:
+def _draft_section(cfg: DraftConfig, sizes: Mapping[str, int]) -> list[str]:
     rows: list[tuple[str, Any]] = [(name, f"{count:,}") for name, count in sizes.items()]
     rows += [(name, getattr(cfg, name)) for name in (
         "architecture", "layout", "num_hidden_layers", "hidden_size", "intermediate_size",
@@ -176,7 +176,7 @@ def _calibration_section(cal: Mapping[str, Any]) -> list[str]:
             "- vLLM (0.32) reads no calibration file."]
 
 
-def model_card(cfg: DSparkDraftConfig, provenance: Mapping[str, Any], *, draft_dir: str,
+def model_card(cfg: DraftConfig, provenance: Mapping[str, Any], *, draft_dir: str,
                sizes: Mapping[str, int] | None = None,
                eval_report: Mapping[str, Any] | None = None) -> str:
     """The card's text: YAML header, then the sections of the module docstring (``sizes``:

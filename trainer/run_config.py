@@ -24,7 +24,7 @@ from sparkforge.shared.target_families import (
 )
 from sparkforge.trainer.architectures.config import (
     Architecture,
-    DSparkDraftConfig,
+    DraftConfig,
     LegacyArchitecture,
     from_target_config,
 )
@@ -52,18 +52,18 @@ RECIPES: dict[RecipeName, Recipe] = {
     # The paper's DSpark draft: Markov head and confidence head (the draft config's defaults,
     # so the two cannot drift apart); any draft architecture.
     "dspark": Recipe(objective="dspark", draft_defaults={
-        "architecture": DSparkDraftConfig.architecture, "layout": DSparkDraftConfig.layout,
-        "markov_rank": DSparkDraftConfig.markov_rank,
-        "enable_confidence_head": DSparkDraftConfig.enable_confidence_head,
-        "confidence_head_with_markov": DSparkDraftConfig.confidence_head_with_markov}),
+        "architecture": DraftConfig.architecture, "layout": DraftConfig.layout,
+        "markov_rank": DraftConfig.markov_rank,
+        "enable_confidence_head": DraftConfig.enable_confidence_head,
+        "confidence_head_with_markov": DraftConfig.confidence_head_with_markov}),
     # DFlash: the DFlash block layout, no Markov or confidence head, on the architecture the
     # run names (qwen3 by default: served as a DFlash draft).
     "dflash": Recipe(objective="dflash", draft_defaults={
-        "architecture": DSparkDraftConfig.architecture, "layout": "dflash", **NO_HEADS},
+        "architecture": DraftConfig.architecture, "layout": "dflash", **NO_HEADS},
         fixed=frozenset({"layout", *NO_HEADS})),
     # DFlash2: DFlash's block with the block convolutions and the candidate selector head.
     "dflash2": Recipe(objective="dflash2", draft_defaults={
-        "architecture": DSparkDraftConfig.architecture, "layout": "dflash2", **NO_HEADS},
+        "architecture": DraftConfig.architecture, "layout": "dflash2", **NO_HEADS},
         fixed=frozenset({"layout", *NO_HEADS})),
 }
 
@@ -87,11 +87,11 @@ class DraftSpec:
     target_layer_ids: tuple[int, ...] | None = None
     """0-based DSpark feature ids (id l = HF hidden_states[l+1]); the cache must hold exactly
     these. None: the DFlash spacing rule for the draft depth."""
-    num_hidden_layers: int = DSparkDraftConfig.num_hidden_layers
+    num_hidden_layers: int = DraftConfig.num_hidden_layers
     """Draft depth."""
-    block_size: int = DSparkDraftConfig.block_size
+    block_size: int = DraftConfig.block_size
     """K: tokens drafted per pass."""
-    num_anchors: int = DSparkDraftConfig.num_anchors
+    num_anchors: int = DraftConfig.num_anchors
     """A: blocks sampled per sequence per step."""
     architecture: Architecture | LegacyArchitecture | None = None
     """The draft's backbone: ``qwen3`` (every engine loads it, any target), ``deepseek_v4`` (a
@@ -99,12 +99,12 @@ class DraftSpec:
     drafts vLLM's Gemma4 / Kimi-K3 DSpark classes load); None: qwen3. The old ``dflash`` reads
     as qwen3 with layout dflash (deprecated, dropped in 0.3.0)."""
     layout: Layout | None = None
-    """The block layout: ``dspark``, ``dflash`` or ``dflash2`` (``DSparkDraftConfig.layout``);
+    """The block layout: ``dspark``, ``dflash`` or ``dflash2`` (``DraftConfig.layout``);
     None: the recipe's (the dflash and dflash2 recipes need their own)."""
     markov_rank: int | None = None
     """r: rank of the Markov bigram bias; 0 disables the head. None: the recipe's (dspark 256,
     dflash 0)."""
-    markov_head_type: MarkovHeadType = DSparkDraftConfig.markov_head_type
+    markov_head_type: MarkovHeadType = DraftConfig.markov_head_type
     """vanilla (the only type serving engines build), gated or rnn."""
     enable_confidence_head: bool | None = None
     """Train the per-slot acceptance predictor (needs loss.confidence_head_alpha > 0). None:
@@ -119,7 +119,7 @@ class DraftSpec:
     target_final: FinalSemantics | None = None
     """What the final state is (``post_norm`` or ``lm_head_input``); None: the target family's."""
     overrides: dict[str, Any] = field(default_factory=dict)
-    """Other DSparkDraftConfig fields to change (e.g. {"intermediate_size": 2048})."""
+    """Other DraftConfig fields to change (e.g. {"intermediate_size": 2048})."""
 
     def for_recipe(self, recipe: RecipeName) -> DraftSpec:
         """This spec with the recipe's values in its unset fields.
@@ -174,7 +174,7 @@ class DraftSpec:
             need_eval_split=need_eval_split,
         )
 
-    def draft_config(self, target_config: Mapping[str, Any]) -> DSparkDraftConfig:
+    def draft_config(self, target_config: Mapping[str, Any]) -> DraftConfig:
         """The full draft config: backbone sizes from the target's HF config, the rest from here."""
         from transformers import AutoConfig
 

@@ -13,7 +13,7 @@ import torch
 from draft_helpers import fixed_anchor_steps, recipe_loss
 
 from sparkforge.trainer.architectures import ARCHITECTURES, build_draft
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
@@ -24,7 +24,7 @@ pytestmark = [
 ]
 
 
-def _batch(cfg: DSparkDraftConfig, b: int = 2, s: int = 64) -> dict[str, torch.Tensor]:
+def _batch(cfg: DraftConfig, b: int = 2, s: int = 64) -> dict[str, torch.Tensor]:
     return {
         "input_ids": torch.randint(0, cfg.vocab_size, (b, s), device="cuda"),
         "loss_mask": torch.ones(b, s, device="cuda"),

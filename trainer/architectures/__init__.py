@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from sparkforge.shared.errors import SparkforgeError
-from sparkforge.trainer.architectures.config import Architecture, DSparkDraftConfig
+from sparkforge.trainer.architectures.config import Architecture, DraftConfig
 from sparkforge.trainer.architectures.deepseek_v4 import config as deepseek_v4_config
 from sparkforge.trainer.architectures.deepseek_v4 import export as deepseek_v4_export
 from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 Engine = Literal["vllm", "sglang", "any"]
 
 
-def _no_problems(cfg: DSparkDraftConfig) -> list[str]:
+def _no_problems(cfg: DraftConfig) -> list[str]:
     return []
 
 
@@ -60,11 +60,11 @@ class ServingFormat:
     (empty: no engine serves it, and ``serving_problems`` says why)."""
     method: str
     """vLLM's ``speculative_config.method`` for it."""
-    hf_config: Callable[[DSparkDraftConfig], dict[str, Any]]
+    hf_config: Callable[[DraftConfig], dict[str, Any]]
     """The exported ``config.json`` contents."""
-    serving_problems: Callable[[DSparkDraftConfig, Engine], list[str]]
+    serving_problems: Callable[[DraftConfig, Engine], list[str]]
     """Reasons an engine could not serve this draft correctly (empty when it can)."""
-    config_from_hf: Callable[[Mapping[str, Any]], DSparkDraftConfig]
+    config_from_hf: Callable[[Mapping[str, Any]], DraftConfig]
     """Read an exported ``config.json`` back into a draft config."""
     serving_note: str = ""
     """What a user of this format must know to serve it (export logs it, the model card shows
@@ -80,18 +80,18 @@ class DraftArchitecture:
     """``module:attribute`` of the model class (or function) built as
     ``model(cfg, *, embed_weight=None, lm_head_weight=None, attn_implementation="sdpa")``; it
     runs the config's block layout."""
-    expected_shapes: Callable[[DSparkDraftConfig], dict[str, tuple[int, ...]]]
+    expected_shapes: Callable[[DraftConfig], dict[str, tuple[int, ...]]]
     """Every required exported tensor and its shape (the config's heads included);
     ``embed_tokens``/``lm_head`` are optional unless listed here."""
     formats: Mapping[Layout, ServingFormat]
     """The serving format of each layout an export exists for; another layout trains only."""
     fields: type | None = None
     """The dataclass of the config fields only this architecture reads (None: none)."""
-    problems: Callable[[DSparkDraftConfig], list[str]] = _no_problems
-    """This architecture's own config checks (run by ``DSparkDraftConfig``)."""
+    problems: Callable[[DraftConfig], list[str]] = _no_problems
+    """This architecture's own config checks (run by ``DraftConfig``)."""
     target_fields: Callable[[Any, str], dict[str, Any]] = _no_target_fields
     """Its own fields copied from a target's text config (and its ``model_type``)."""
-    tiny: Callable[[], DSparkDraftConfig]
+    tiny: Callable[[], DraftConfig]
     """A small ``dspark`` config of this architecture for CPU tests (``tiny_draft`` gives it
     in every layout; the shared tests build each one)."""
 
@@ -159,12 +159,12 @@ SERVED_PAIRS: tuple[tuple[str, str], ...] = tuple(
 """The pairs an engine serves (an export exists and loads)."""
 
 
-def architecture_of(cfg: DSparkDraftConfig) -> DraftArchitecture:
+def architecture_of(cfg: DraftConfig) -> DraftArchitecture:
     """The architecture entry a draft config names."""
     return ARCHITECTURES[cfg.architecture]
 
 
-def serving_format(cfg: DSparkDraftConfig) -> ServingFormat:
+def serving_format(cfg: DraftConfig) -> ServingFormat:
     """The serving format of the config's (architecture, layout) pair.
 
     Raises:
@@ -179,21 +179,21 @@ def serving_format(cfg: DSparkDraftConfig) -> ServingFormat:
     return fmt
 
 
-def tiny_draft(architecture: str, layout: str = "dspark") -> DSparkDraftConfig:
+def tiny_draft(architecture: str, layout: str = "dspark") -> DraftConfig:
     """The architecture's tiny CPU-test config in ``layout`` (headless when the layout is)."""
     cfg = ARCHITECTURES[architecture].tiny()  # type: ignore[index]
     heads = {} if BLOCK_LAYOUTS[layout].heads else dict(NO_HEADS)
     return dataclasses.replace(cfg, **{"layout": layout, **heads})
 
 
-def draft_class(cfg: DSparkDraftConfig) -> Callable[..., DraftModel]:
+def draft_class(cfg: DraftConfig) -> Callable[..., DraftModel]:
     """The model class (or builder) of the config's architecture, imported now."""
     module, _, name = architecture_of(cfg).model.partition(":")
     built: Callable[..., DraftModel] = getattr(importlib.import_module(module), name)
     return built
 
 
-def build_draft(cfg: DSparkDraftConfig, **kwargs: Any) -> DraftModel:
+def build_draft(cfg: DraftConfig, **kwargs: Any) -> DraftModel:
     """A freshly initialised draft of the config's architecture (see ``DraftArchitecture.model``).
 
     Every architecture's model is a ``DraftModel``: it takes the same batch and returns

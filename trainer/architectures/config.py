@@ -1,10 +1,11 @@
 """The draft config of every architecture: the shared fields plus each architecture's own.
 
-``DSparkDraftConfig`` is ``DraftConfig`` (``sparkforge.trainer.draft.config``, which holds the
-block ``layout``) with the ``architecture`` name (the backbone) and the fields each architecture
-folder declares; it runs the named architecture's checks on top of the generic ones, and refuses
-another architecture's fields when they are set. Checkpoints and exports store it as one flat
-JSON object. It is also where a dropped architecture name is read (``LEGACY_ARCHITECTURES``), so
+``DraftConfig`` (once ``DSparkDraftConfig``: it configures every recipe's draft) is
+``SharedDraftConfig`` (``sparkforge.trainer.draft.config``, which holds the block ``layout``)
+with the ``architecture`` name (the backbone) and the fields each architecture folder declares;
+it runs the named architecture's checks on top of the generic ones, and refuses another
+architecture's fields when they are set. Checkpoints and exports store it as one flat JSON
+object. It is also where a dropped architecture name is read (``LEGACY_ARCHITECTURES``), so
 YAML, checkpoints and exported configs all go through the one rewrite.
 """
 
@@ -16,11 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
+from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.trainer.architectures.deepseek_v4.config import DeepseekV4Fields
 from sparkforge.trainer.architectures.kimi_k3.config import KimiK3Fields
 from sparkforge.trainer.draft.block_layout import Layout
 from sparkforge.trainer.draft.config import (
-    DraftConfig,
+    SharedDraftConfig,
     target_fields,
     target_model_type,
     text_config,
@@ -68,7 +70,7 @@ class _Named:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DSparkDraftConfig(KimiK3Fields, DeepseekV4Fields, _Named, DraftConfig):
+class DraftConfig(KimiK3Fields, DeepseekV4Fields, _Named, SharedDraftConfig):
     """A draft config of any architecture: the shared fields, its name and its own fields."""
 
     def __post_init__(self) -> None:
@@ -94,10 +96,11 @@ class DSparkDraftConfig(KimiK3Fields, DeepseekV4Fields, _Named, DraftConfig):
         return problems
 
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DSparkDraftConfig)}
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DraftConfig)}
 _ARCHITECTURE_FIELDS = tuple(name for name in _DEFAULTS
                              if name not in {f.name for f in dataclasses.fields(_Named)}
-                             and name not in {f.name for f in dataclasses.fields(DraftConfig)})
+                             and name not in {f.name for f in
+                                              dataclasses.fields(SharedDraftConfig)})
 """The fields some architecture declares: every other architecture must leave them unset."""
 
 
@@ -107,7 +110,7 @@ def from_target_config(
     mask_token_id: int,
     target_layer_ids: Sequence[int] | None = None,
     **overrides: Any,
-) -> DSparkDraftConfig:
+) -> DraftConfig:
     """Derive a draft config from a target HF config (nested ``text_config`` handled).
 
     The generic sizes come from ``target_fields``; the named architecture copies its own
@@ -128,4 +131,13 @@ def from_target_config(
         base |= arch.target_fields(text_config(target_config), target_model_type(target_config))
     if target_layer_ids is not None:
         base["target_layer_ids"] = tuple(target_layer_ids)
-    return DSparkDraftConfig(**{**base, **overrides}, mask_token_id=mask_token_id)
+    return DraftConfig(**{**base, **overrides}, mask_token_id=mask_token_id)
+
+
+RENAMED = {"DSparkDraftConfig": "DraftConfig"}
+"""Old names this module still serves, each as its new name (``renamed_attribute``)."""
+
+
+def __getattr__(name: str) -> Any:
+    """An old name of ``RENAMED``, with a FutureWarning naming its replacement."""
+    return renamed_attribute(__name__, name, RENAMED)

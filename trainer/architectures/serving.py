@@ -8,18 +8,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sparkforge.shared.layer_ids import every_engine_feature_range
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 
 if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine
 
 
-def dspark_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+def dspark_problems(cfg: DraftConfig, engine: Engine) -> list[str]:
     """Serving problems of the DSpark parts every DSpark format shares (ids, mask, heads)."""
     return id_problems(cfg, engine) + head_problems(cfg, engine)
 
 
-def id_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+def id_problems(cfg: DraftConfig, engine: Engine) -> list[str]:
     """Feature ids and mask id ``engine`` can serve as trained."""
     problems = []
     lo, hi = every_engine_feature_range(cfg.num_target_layers)
@@ -35,7 +35,7 @@ def id_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     return problems
 
 
-def head_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+def head_problems(cfg: DraftConfig, engine: Engine) -> list[str]:
     """Markov and confidence heads an engine would build differently from the trained ones."""
     problems = []
     if engine in ("vllm", "any"):

@@ -25,7 +25,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
-from sparkforge.trainer.draft.config import DraftConfig
+from sparkforge.trainer.draft.config import SharedDraftConfig
 
 
 def block_causal_conv(x_BQH: torch.Tensor, delta_BQTG: torch.Tensor, base_TH: torch.Tensor,
@@ -87,7 +87,7 @@ class BlockConv(nn.Module):
         return block_causal_conv(y_BQH, delta_BQTG, self.base_kernel[1], self.block_size)
 
 
-def block_convs(cfg: DraftConfig) -> tuple[BlockConv | None, BlockConv | None]:
+def block_convs(cfg: SharedDraftConfig) -> tuple[BlockConv | None, BlockConv | None]:
     """A layer's ``attention_conv`` and ``mlp_conv`` (both None unless the layout has them)."""
     if not BLOCK_LAYOUTS[cfg.layout].block_convs:
         return None, None

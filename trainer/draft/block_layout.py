@@ -1,7 +1,7 @@
 """The block layouts, DSpark's, DFlash's and DFlash2's: which slots draft, which anchors train,
 which heads and block modules the draft has.
 
-Torch-free: the draft config names its layout (``DraftConfig.layout``) and checks it here; the
+Torch-free: the draft config names its layout (``SharedDraftConfig.layout``) and checks it here; the
 passes read the ``BlockLayout`` it names. Every architecture's backbone runs every layout.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
-    from sparkforge.trainer.draft.config import DraftConfig
+    from sparkforge.trainer.draft.config import SharedDraftConfig
 
 Layout = Literal["dspark", "dflash", "dflash2"]
 """The block layouts: ``dspark`` (the default), ``dflash`` and ``dflash2``."""
@@ -70,7 +70,7 @@ SELECTOR_FIELDS: tuple[str, ...] = ("selector_rank", "selector_top_k")
 """The draft config fields of the candidate selector (a layout with ``candidate_selector``)."""
 
 
-def layout_problems(cfg: DraftConfig) -> list[str]:
+def layout_problems(cfg: SharedDraftConfig) -> list[str]:
     """The config's layout is known; a headless layout has no head, and a block drafts >= 1;
     the block convolutions and the candidate selector fit the draft, and only a layout that
     has them sets their fields."""
@@ -91,14 +91,14 @@ def layout_problems(cfg: DraftConfig) -> list[str]:
     return out + _conv_problems(cfg, layout) + _selector_problems(cfg, layout)
 
 
-def _unread(cfg: DraftConfig, names: tuple[str, ...]) -> list[str]:
+def _unread(cfg: SharedDraftConfig, names: tuple[str, ...]) -> list[str]:
     defaults = {f.name: f.default for f in fields(cfg) if f.name in names}
     return [f"{name}={getattr(cfg, name)!r}: layout {cfg.layout!r} does not read it (only "
             f"'dflash2' does; leave it unset)" for name in names
             if getattr(cfg, name) != defaults[name]]
 
 
-def _conv_problems(cfg: DraftConfig, layout: BlockLayout) -> list[str]:
+def _conv_problems(cfg: SharedDraftConfig, layout: BlockLayout) -> list[str]:
     if not layout.block_convs:
         return _unread(cfg, CONV_FIELDS)
     out = []
@@ -111,7 +111,7 @@ def _conv_problems(cfg: DraftConfig, layout: BlockLayout) -> list[str]:
     return out
 
 
-def _selector_problems(cfg: DraftConfig, layout: BlockLayout) -> list[str]:
+def _selector_problems(cfg: SharedDraftConfig, layout: BlockLayout) -> list[str]:
     if not layout.candidate_selector:
         return _unread(cfg, SELECTOR_FIELDS)
     out = []

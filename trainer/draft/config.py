@@ -1,7 +1,8 @@
 """The draft config every architecture shares: generic fields and checks, saved as JSON.
 
-An architecture adds its own fields and checks by subclassing ``DraftConfig`` (see
-``sparkforge.trainer.architectures.config``); nothing here names an architecture. The block
+An architecture adds its own fields and checks by subclassing ``SharedDraftConfig`` (see
+``sparkforge.trainer.architectures.config``, whose subclass is the draft config, ``DraftConfig``;
+this base was once ``DraftConfig``); nothing here names an architecture. The block
 layout is a generic field (``block_layout``).
 """
 
@@ -22,6 +23,7 @@ from sparkforge.shared.layer_ids import (
     portable_feature_range,
     range_problems,
 )
+from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.shared.target_config import TargetConfig
 from sparkforge.shared.target_families import family_of
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS, Layout, layout_problems
@@ -33,7 +35,7 @@ MARKOV_HEAD_TYPES: tuple[str, ...] = get_args(MarkovHeadType)
 
 
 @dataclass(frozen=True, kw_only=True)
-class DraftConfig:
+class SharedDraftConfig:
     """Everything needed to build the draft: sizes from the target, DSpark fields from the run."""
     mask_token_id: int
     """Unused in-vocabulary id filling the non-anchor block slots; the same id must serve."""
@@ -143,7 +145,7 @@ class DraftConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def _generic_problems(cfg: DraftConfig) -> list[str]:
+def _generic_problems(cfg: SharedDraftConfig) -> list[str]:
     problems = []
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         problems.append(
@@ -248,7 +250,7 @@ def target_model_type(target_config: Any) -> str:
     return str(getattr(tc, "model_type", "") or getattr(target_config, "model_type", ""))
 
 
-def dspark_fields(cfg: DraftConfig) -> dict[str, Any]:
+def dspark_fields(cfg: SharedDraftConfig) -> dict[str, Any]:
     """The DSpark fields every served ``config.json`` carries, whatever its backbone."""
     out: dict[str, Any] = {
         "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
@@ -270,7 +272,7 @@ DSPARK_KEYS: tuple[str, ...] = (
 """The DSpark fields a served ``config.json`` is read back with (see ``dspark_fields``)."""
 
 
-def layout_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+def layout_shapes(cfg: SharedDraftConfig) -> dict[str, tuple[int, ...]]:
     """The exported tensors the block layout adds to a backbone's, and their shapes: the Markov
     and confidence heads (DSpark), every layer's two block convolutions and the candidate
     selector (DFlash2)."""
@@ -295,3 +297,13 @@ def layout_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
                    "candidate_selector.successor_codebook": (v, rank),
                    "candidate_selector.hidden_projection.weight": (rank, h)}
     return shapes
+
+
+RENAMED = {"DraftConfig": "SharedDraftConfig"}
+"""Old names this module still serves, each as its new name (``renamed_attribute``): the full
+draft config took the name ``DraftConfig`` in ``sparkforge.trainer.architectures.config``."""
+
+
+def __getattr__(name: str) -> Any:
+    """An old name of ``RENAMED``, with a FutureWarning naming its replacement."""
+    return renamed_attribute(__name__, name, RENAMED)

@@ -14,7 +14,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from sparkforge.trainer.draft.block_conv import around, block_convs
-from sparkforge.trainer.draft.config import DraftConfig
+from sparkforge.trainer.draft.config import SharedDraftConfig
 from sparkforge.trainer.draft.passes import DraftLayer
 from sparkforge.trainer.draft.rope import apply_rotary
 
@@ -105,7 +105,7 @@ class DSparkAttention(nn.Module):
         norm: The q/k/v norms' class (Gemma4: ``GemmaRMSNorm``).
     """
 
-    def __init__(self, cfg: DraftConfig, *, k_eq_v: bool = False,
+    def __init__(self, cfg: SharedDraftConfig, *, k_eq_v: bool = False,
                  softmax_scale: float | None = None, norm: type[RMSNorm] = RMSNorm) -> None:
         super().__init__()
         n, g, d, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
@@ -182,7 +182,7 @@ class DSparkLayer(nn.Module):
     pre_feedforward_layernorm: nn.Module
     post_feedforward_layernorm: nn.Module
 
-    def __init__(self, cfg: DraftConfig,
+    def __init__(self, cfg: SharedDraftConfig,
                  attention: Callable[..., nn.Module] = DSparkAttention, *,
                  norm: type[RMSNorm] = RMSNorm,
                  act: Callable[[torch.Tensor], torch.Tensor] = F.silu,

@@ -26,7 +26,7 @@ from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.trainer.draft import passes
 from sparkforge.trainer.draft.block_conv import BlockConv
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
-from sparkforge.trainer.draft.config import DraftConfig
+from sparkforge.trainer.draft.config import SharedDraftConfig
 from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm
 from sparkforge.trainer.draft.passes import (
@@ -102,7 +102,7 @@ class DraftModel(nn.Module):
 
     def __init__(
         self,
-        config: DraftConfig,
+        config: SharedDraftConfig,
         *,
         embed_weight: torch.Tensor | None = None,
         lm_head_weight: torch.Tensor | None = None,

@@ -27,7 +27,7 @@ from sparkforge.trainer.draft.anchors import (
 )
 from sparkforge.trainer.draft.attention_mask import dense_allowed, flex_block_mask
 from sparkforge.trainer.draft.block_layout import BlockLayout
-from sparkforge.trainer.draft.config import DraftConfig
+from sparkforge.trainer.draft.config import SharedDraftConfig
 from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 from sparkforge.trainer.draft.selector import CandidateSelector, candidate_scores
@@ -98,7 +98,7 @@ class DraftStack(Protocol):
     """What an architecture's model provides to the shared passes (read-only)."""
 
     @property
-    def config(self) -> DraftConfig:
+    def config(self) -> SharedDraftConfig:
         """The draft config."""
 
     @property
@@ -145,7 +145,7 @@ class DraftStack(Protocol):
         """The draft's context rows [B, S, H] from the concatenated target features."""
 
 
-def dspark_heads(cfg: DraftConfig) -> tuple[MarkovHead | None, ConfidenceHead | None]:
+def dspark_heads(cfg: SharedDraftConfig) -> tuple[MarkovHead | None, ConfidenceHead | None]:
     """The Markov head (None for rank 0) and the confidence head (None when disabled)."""
     h = cfg.hidden_size
     markov = MarkovHead(cfg.vocab_size, cfg.markov_rank, h, cfg.markov_head_type) \
@@ -156,7 +156,7 @@ def dspark_heads(cfg: DraftConfig) -> tuple[MarkovHead | None, ConfidenceHead | 
     return markov, conf
 
 
-def selector_head(cfg: DraftConfig, layout: BlockLayout) -> CandidateSelector | None:
+def selector_head(cfg: SharedDraftConfig, layout: BlockLayout) -> CandidateSelector | None:
     """The candidate selector of a layout that has one (DFlash2), else None."""
     if not layout.candidate_selector:
         return None

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from sparkforge.trainer.architectures import DRAFT_PAIRS, build_draft, tiny_draft
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.draft.block_conv import BlockConv
 
 Batch = dict[str, torch.Tensor]
 
 
-def make_batch(cfg: DSparkDraftConfig, *, batch: int = 2, seq_len: int = 24,
+def make_batch(cfg: DraftConfig, *, batch: int = 2, seq_len: int = 24,
                seed: int = 0) -> Batch:
     """Random ids, a prompt/response loss mask with a hole, features and final states."""
     g = torch.Generator().manual_seed(seed)
@@ -35,7 +35,7 @@ def make_batch(cfg: DSparkDraftConfig, *, batch: int = 2, seq_len: int = 24,
 
 
 @pytest.fixture
-def tiny_cfg() -> DSparkDraftConfig:
+def tiny_cfg() -> DraftConfig:
     """draft_tiny(): H=64, 1 layer, V=256, K=4, A=8, r=16."""
     return draft_tiny()
 

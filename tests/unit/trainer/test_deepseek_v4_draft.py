@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
+from sparkforge.trainer.architectures.config import DraftConfig, from_target_config
 from sparkforge.trainer.architectures.deepseek_v4.export import expected_shapes
 from sparkforge.trainer.architectures.deepseek_v4.model import (
     DeepseekV4DSparkAttention,
@@ -52,7 +52,7 @@ def _v4_target_config(**overrides: Any) -> Any:
     return config
 
 
-def _v4_draft_config(target: Any, **overrides: Any) -> DSparkDraftConfig:
+def _v4_draft_config(target: Any, **overrides: Any) -> DraftConfig:
     return from_target_config(target, mask_token_id=3, target_layer_ids=(0, 1, 2),
                               architecture="deepseek_v4", num_hidden_layers=1, block_size=4,
                               num_anchors=4, markov_rank=8, **overrides)
@@ -150,7 +150,7 @@ def _rms(x: np.ndarray, weight: np.ndarray | float, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x) + eps) * weight
 
 
-def _hand_layer(layer: DeepseekV4DSparkLayer, cfg: DSparkDraftConfig, ctx: np.ndarray,
+def _hand_layer(layer: DeepseekV4DSparkLayer, cfg: DraftConfig, ctx: np.ndarray,
                 block: np.ndarray, anchor: int) -> np.ndarray:
     """One V4 draft layer for one block, query by query and head by head, in float64."""
     w = {n: p.detach().double().numpy() for n, p in layer.named_parameters()}

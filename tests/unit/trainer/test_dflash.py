@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures import SERVED_PAIRS, build_draft, tiny_draft
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.cli import train_cli
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[3]
 OLD_SPELLING = "architecture: qwen3, layout: dflash"
 
 
-def _dflash_cfg(**overrides: object) -> DSparkDraftConfig:
+def _dflash_cfg(**overrides: object) -> DraftConfig:
     return dataclasses.replace(draft_tiny(), layout="dflash", **NO_HEADS, block_size=5,
                                **overrides)
 
@@ -113,7 +113,7 @@ def test_dflash_recipe_fills_the_draft_and_refuses_heads() -> None:
 def test_dflash_layout_refuses_heads_and_a_one_slot_block(architecture: str) -> None:
     """A dflash layout with a Markov rank, a confidence head or K=1 is refused by name, on any
     backbone; an unknown layout is refused naming the field."""
-    with pytest.raises(ValueError, match="invalid DSparkDraftConfig") as err:
+    with pytest.raises(ValueError, match="invalid DraftConfig") as err:
         dataclasses.replace(tiny_draft(architecture), layout="dflash", block_size=1)
     for field in ("markov_rank=16", "enable_confidence_head", "block_size=1"):
         assert field in str(err.value)

@@ -12,7 +12,7 @@ import pytest
 from transformers import Qwen3Config
 
 from sparkforge.shared.layer_ids import default_feature_ids
-from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
+from sparkforge.trainer.architectures.config import DraftConfig, from_target_config
 from sparkforge.trainer.architectures.qwen3.export import serving_config
 from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.tiny import draft_tiny
@@ -127,9 +127,9 @@ def test_json_round_trip(tmp_path: Path) -> None:
     """save/load reproduces the config exactly; unknown keys are rejected."""
     cfg = dataclasses.replace(draft_tiny(), markov_head_type="rnn", final_logit_softcapping=9.0)
     cfg.save(tmp_path / "draft.json")
-    assert DSparkDraftConfig.load(tmp_path / "draft.json") == cfg
+    assert DraftConfig.load(tmp_path / "draft.json") == cfg
     with pytest.raises(ValueError, match="unknown"):
-        DSparkDraftConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+        DraftConfig.from_dict({**cfg.to_dict(), "bogus": 1})
 
 
 def test_state_dict_keys_are_the_served_keys() -> None:

@@ -12,7 +12,7 @@ import torch
 from export_helpers import foreign_checkpoint
 from safetensors.torch import load_file
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.checkpoint import CheckpointError, load_checkpoint
@@ -26,7 +26,7 @@ from sparkforge.trainer.export import (
 )
 
 
-def _draft(cfg: DSparkDraftConfig | None = None) -> Qwen3DraftModel:
+def _draft(cfg: DraftConfig | None = None) -> Qwen3DraftModel:
     torch.manual_seed(0)
     model = Qwen3DraftModel(cfg or draft_tiny())
     with torch.no_grad():  # bf16-representable weights make the bf16 export lossless
@@ -42,7 +42,7 @@ def _ckpt(model: Qwen3DraftModel, path: Path) -> Path:
     return path
 
 
-def _batch(cfg: DSparkDraftConfig) -> dict[str, torch.Tensor]:
+def _batch(cfg: DraftConfig) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     s = 24
     return {"input_ids": torch.randint(0, cfg.vocab_size, (2, s), generator=g),

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.export import (
     ExportError,
@@ -25,13 +25,13 @@ from sparkforge.trainer.export import (
 ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}
 
 
-def _cfg(**change: object) -> DSparkDraftConfig:
+def _cfg(**change: object) -> DraftConfig:
     gemma = {"architecture": "gemma4", "embedding_scale": 8.0, "final_logit_softcapping": 30.0,
              "head_dim": 32, "num_key_value_heads": 1, "rope_parameters": ROPE}
     return dataclasses.replace(draft_tiny(), **{**gemma, **change})
 
 
-def _draft(cfg: DSparkDraftConfig) -> torch.nn.Module:
+def _draft(cfg: DraftConfig) -> torch.nn.Module:
     torch.manual_seed(0)
     model = build_draft(cfg)
     with torch.no_grad():  # bf16-representable weights make the bf16 export lossless

@@ -13,7 +13,7 @@ from transformers.models.gemma4.modeling_gemma4 import (
 
 from sparkforge.app.tiny_target import tiny_gemma4_config
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
+from sparkforge.trainer.architectures.config import DraftConfig, from_target_config
 from sparkforge.trainer.architectures.gemma4.export import expected_shapes
 from sparkforge.trainer.architectures.gemma4.model import Gemma4DSparkLayer, Gemma4DSparkModel
 from sparkforge.trainer.draft.rope import RotaryEmbedding
@@ -21,7 +21,7 @@ from sparkforge.trainer.draft.rope import RotaryEmbedding
 FULL = 1   # the full-attention layer of a 2-layer tiny Gemma4 target
 
 
-def _pair(seed: int = 0) -> tuple[Gemma4TextDecoderLayer, Gemma4DSparkLayer, DSparkDraftConfig]:
+def _pair(seed: int = 0) -> tuple[Gemma4TextDecoderLayer, Gemma4DSparkLayer, DraftConfig]:
     """transformers' full-attention Gemma4 layer with random weights, and ours holding them."""
     hf_cfg = tiny_gemma4_config(num_hidden_layers=2)
     hf_cfg._attn_implementation = "eager"

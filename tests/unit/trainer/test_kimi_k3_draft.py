@@ -14,7 +14,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 from sparkforge.trainer.architectures import build_draft
-from sparkforge.trainer.architectures.config import DSparkDraftConfig, from_target_config
+from sparkforge.trainer.architectures.config import DraftConfig, from_target_config
 from sparkforge.trainer.architectures.kimi_k3.export import (
     expected_shapes,
     hf_config,
@@ -29,7 +29,7 @@ from sparkforge.trainer.export import OPTIONAL_KEYS, config_from_hf
 EPS = 1e-6
 
 
-def _draft_config(**overrides: object) -> DSparkDraftConfig:
+def _draft_config(**overrides: object) -> DraftConfig:
     """A kimi_k3 draft config derived from the tiny Kimi-Linear target (q_lora_rank set)."""
     fields = {"q_lora_rank": 32, "num_hidden_layers": 1, "num_anchors": 8, "markov_rank": 16,
               "block_size": 4, "rms_norm_eps": EPS, **overrides}
@@ -37,7 +37,7 @@ def _draft_config(**overrides: object) -> DSparkDraftConfig:
                               target_layer_ids=(0, 1, 2), architecture="kimi_k3", **fields)
 
 
-def _hf_config(cfg: DSparkDraftConfig) -> DeepseekV3Config:
+def _hf_config(cfg: DraftConfig) -> DeepseekV3Config:
     hf = DeepseekV3Config(
         hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_attention_heads=cfg.num_attention_heads,
@@ -50,7 +50,7 @@ def _hf_config(cfg: DSparkDraftConfig) -> DeepseekV3Config:
     return hf
 
 
-def _pair(seed: int = 0) -> tuple[DeepseekV3DecoderLayer, torch.nn.Module, DSparkDraftConfig]:
+def _pair(seed: int = 0) -> tuple[DeepseekV3DecoderLayer, torch.nn.Module, DraftConfig]:
     """transformers' dense DeepSeek-V3 MLA layer with random weights, and ours holding them."""
     cfg = _draft_config()
     torch.manual_seed(seed)
@@ -63,13 +63,13 @@ def _pair(seed: int = 0) -> tuple[DeepseekV3DecoderLayer, torch.nn.Module, DSpar
     return hf, ours, cfg
 
 
-def _hf_rope(cfg: DSparkDraftConfig, positions: torch.Tensor,
+def _hf_rope(cfg: DraftConfig, positions: torch.Tensor,
              x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     cos, sin = DeepseekV3RotaryEmbedding(_hf_config(cfg))(x, positions[None])
     return cos, sin
 
 
-def _our_rope(cfg: DSparkDraftConfig, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _our_rope(cfg: DraftConfig, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
     rope = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_parameters,
                            cfg.max_position_embeddings, interleaved=True)
     return rope(positions[None], torch.float32)

@@ -10,7 +10,7 @@ from conftest import PAIR_IDS, off_identity
 from draft_helpers import recipe_loss
 
 from sparkforge.trainer.architectures import DRAFT_PAIRS, build_draft, tiny_draft
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.draft.anchors import (
     anchor_candidates,
     document_bounds,
@@ -26,7 +26,7 @@ DOC_LENGTHS = (13, 9, 17)
 PAD = 3
 
 
-def _docs(cfg: DSparkDraftConfig, seed: int = 0) -> list[Doc]:
+def _docs(cfg: DraftConfig, seed: int = 0) -> list[Doc]:
     """Documents with a prompt (loss 0), a response with a hole, features and final states."""
     g = torch.Generator().manual_seed(seed)
     docs = []

@@ -13,7 +13,8 @@ from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.tiny import draft_tiny
 
 RENAMED_IN = ("sparkforge.trainer.lit_module", "sparkforge.trainer.draft.model",
-              "sparkforge.trainer.draft.passes")
+              "sparkforge.trainer.draft.passes", "sparkforge.trainer.draft.config",
+              "sparkforge.trainer.architectures.config")
 CASES = [(module, old, new) for module in RENAMED_IN
          for old, new in importlib.import_module(module).RENAMED.items()]
 
@@ -34,7 +35,9 @@ def test_the_tables_name_every_renamed_class() -> None:
     """The tables cover the renamed classes (so an emptied table fails here)."""
     assert {(old, new) for _, old, new in CASES} == {("DSparkLitModule", "DraftLitModule"),
                                                    ("DSparkOutput", "DraftOutput"),
-                                                   ("DSparkDraftModel", "DraftModel")}
+                                                   ("DSparkDraftModel", "DraftModel"),
+                                                   ("DSparkDraftConfig", "DraftConfig"),
+                                                   ("DraftConfig", "SharedDraftConfig")}
 
 
 def test_the_old_qwen3_model_name_builds_the_qwen3_draft() -> None:
@@ -55,3 +58,12 @@ def test_an_unknown_name_is_still_an_attribute_error() -> None:
     """A name that is neither defined nor renamed raises AttributeError, not a warning."""
     with pytest.raises(AttributeError, match="has no attribute 'DSparkNothing'"):
         _ = importlib.import_module("sparkforge.trainer.lit_module").DSparkNothing
+
+
+def test_the_old_config_name_reads_a_saved_config() -> None:
+    """``DSparkDraftConfig`` (served as ``DraftConfig``) reads what ``DraftConfig`` saved and
+    builds the same config."""
+    with pytest.warns(FutureWarning, match="DSparkDraftConfig is renamed DraftConfig"):
+        from sparkforge.trainer.architectures.config import DSparkDraftConfig
+    cfg = draft_tiny()
+    assert DSparkDraftConfig.from_dict(cfg.to_dict()) == cfg

@@ -13,7 +13,7 @@ from transformers import AutoConfig
 from transformers.models.qwen3 import modeling_qwen3
 from transformers.models.qwen3_next import modeling_qwen3_next
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.draft.rope import apply_rotary
 from sparkforge.trainer.export import ExportError
@@ -72,7 +72,7 @@ def test_export_refuses_a_rope_the_engine_serves_otherwise(rope: dict[str, Any],
                                                            tmp_path: Path) -> None:
     """A RoPE type vLLM builds differently from the draft's training table is refused by name."""
     cfg = draft_config(target_json("default"))
-    cfg = DSparkDraftConfig.from_dict({**cfg.to_dict(),
+    cfg = DraftConfig.from_dict({**cfg.to_dict(),
                                        "rope_parameters": {"rope_theta": 50_000.0, **rope}})
     with pytest.raises(ExportError, match=f"rope_type='{rope['rope_type']}'.*{why}"):
         export(cfg, tmp_path / "d")

@@ -9,7 +9,7 @@ from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.architectures.low_rank_query import LowRankQueryFields
 
 if TYPE_CHECKING:
-    from sparkforge.trainer.architectures.config import DSparkDraftConfig
+    from sparkforge.trainer.architectures.config import DraftConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,7 +24,7 @@ class DeepseekV4Fields(LowRankQueryFields):
     """SwiGLU clamp (gate <= limit, -limit <= up <= limit); None: no clamp."""
 
 
-def problems(cfg: DSparkDraftConfig) -> list[str]:
+def problems(cfg: DraftConfig) -> list[str]:
     """Why the config's V4 attention sizes do not fit together (empty when they do)."""
     out = [f"{name}={getattr(cfg, name)} must be > 0 for architecture='deepseek_v4'"
            for name in ("q_lora_rank", "o_lora_rank", "o_groups", "qk_rope_head_dim")

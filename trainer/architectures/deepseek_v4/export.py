@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkforge.shared.errors import SparkforgeError
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.draft.config import layout_shapes
 
 if TYPE_CHECKING:
@@ -38,23 +38,23 @@ NOT_SERVABLE = (
 )
 
 
-def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+def serving_problems(cfg: DraftConfig, engine: Engine) -> list[str]:
     """Why ``engine`` cannot serve this draft: always the reasons in ``NOT_SERVABLE``."""
     return list(NOT_SERVABLE)
 
 
-def refuse_hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+def refuse_hf_config(cfg: DraftConfig) -> dict[str, Any]:
     """No exported ``config.json`` exists for this architecture (see ``NOT_SERVABLE``)."""
     raise SparkforgeError("cannot write a serving config: " + "; ".join(NOT_SERVABLE))
 
 
-def refuse_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+def refuse_config_from_hf(config: Mapping[str, Any]) -> DraftConfig:
     """No exported ``config.json`` exists for this architecture (see ``NOT_SERVABLE``)."""
     raise SparkforgeError("no exported deepseek_v4 draft exists to read: "
                           + "; ".join(NOT_SERVABLE))
 
 
-def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Every trained tensor of the draft and its shape (13 per layer + 3 + the heads)."""
     h, n, d, i_sz = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.intermediate_size
     qr, lo = cfg.q_lora_rank, cfg.o_groups * cfg.o_lora_rank

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.draft.block_conv import around, block_convs
 from sparkforge.trainer.draft.layers import RMSNorm, compiled_flex
 from sparkforge.trainer.draft.model import DraftModel
@@ -60,7 +60,7 @@ def attend_with_sink(q_BNQD: torch.Tensor, kv_B1PD: torch.Tensor, sink_N: torch.
 class DeepseekV4DSparkAttention(nn.Module):
     """Block queries over ``[context ; block]`` keys of one shared K=V latent (V4 attention)."""
 
-    def __init__(self, cfg: DSparkDraftConfig) -> None:
+    def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         h, n, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
         self.num_heads, self.head_dim, self.o_groups = n, d, cfg.o_groups
@@ -123,7 +123,7 @@ class ClampedSwiGLU(nn.Module):
 class DeepseekV4DSparkLayer(nn.Module):
     """Pre-norm block: attn_norm -> attention -> +res -> ffn_norm -> dense SwiGLU -> +res."""
 
-    def __init__(self, cfg: DSparkDraftConfig) -> None:
+    def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn = DeepseekV4DSparkAttention(cfg)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkforge.shared.target_config import FULL_ATTENTION, TargetConfig
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.serving import dspark_problems
 from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, layout_shapes
 
@@ -36,7 +36,7 @@ HIDDEN_ACTIVATION = "gelu_pytorch_tanh"
 """The Gemma4 MLP activation the draft uses and the served config names."""
 
 
-def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+def serving_problems(cfg: DraftConfig, engine: Engine) -> list[str]:
     """Reasons ``engine`` could not serve this draft correctly (empty when it can)."""
     problems = dspark_problems(cfg, engine)
     if engine in ("sglang", "any"):
@@ -48,7 +48,7 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     return problems
 
 
-def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+def hf_config(cfg: DraftConfig) -> dict[str, Any]:
     """``config.json`` contents: a Gemma4TextConfig of full k_eq_v layers with the DSpark fields."""
     from transformers import Gemma4TextConfig
 
@@ -77,7 +77,7 @@ def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     return out
 
 
-def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Every required tensor and its shape: 12 per layer (+ biases), the heads, embed, lm_head."""
     h, hd, i_sz, v = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
     nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
@@ -102,7 +102,7 @@ def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
     return shapes | layout_shapes(cfg)
 
 
-def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+def draft_config_from_hf(config: Mapping[str, Any]) -> DraftConfig:
     """Read a Gemma4 DSpark ``config.json`` (ours or DeepSpec's) back into a draft config."""
     attention = TargetConfig(raw=config, source="config.json").attention
     keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -110,5 +110,5 @@ def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
             "max_position_embeddings", "attention_bias", "num_hidden_layers",
             "initializer_range", "final_logit_softcapping", *DSPARK_KEYS)
     fields = {k: attention[k] for k in keys if attention.get(k) is not None}
-    return DSparkDraftConfig(**fields, embedding_scale=math.sqrt(fields["hidden_size"]),
+    return DraftConfig(**fields, embedding_scale=math.sqrt(fields["hidden_size"]),
                              architecture="gemma4")

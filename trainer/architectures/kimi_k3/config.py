@@ -9,7 +9,7 @@ from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.architectures.low_rank_query import LowRankQueryFields
 
 if TYPE_CHECKING:
-    from sparkforge.trainer.architectures.config import DSparkDraftConfig
+    from sparkforge.trainer.architectures.config import DraftConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,7 +29,7 @@ _K3_TARGET_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope
                      "v_head_dim")
 
 
-def problems(cfg: DSparkDraftConfig) -> list[str]:
+def problems(cfg: DraftConfig) -> list[str]:
     """Why the config's MLA sizes do not fit together or vLLM cannot build them."""
     out = [f"{name}={getattr(cfg, name)} must be > 0 for architecture='kimi_k3'"
            for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")

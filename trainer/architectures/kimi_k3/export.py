@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.serving import dspark_problems
 from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, layout_shapes
 
@@ -37,7 +37,7 @@ TARGET_DEPTH_KEY = "target_num_hidden_layers"
 count)."""
 
 
-def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+def serving_problems(cfg: DraftConfig, engine: Engine) -> list[str]:
     """Reasons ``engine`` could not serve this draft correctly (empty when it can)."""
     problems = dspark_problems(cfg, engine)
     if engine in ("sglang", "any"):
@@ -54,7 +54,7 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     return problems
 
 
-def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+def hf_config(cfg: DraftConfig) -> dict[str, Any]:
     """``config.json`` contents: a dense DeepSeek-V3-style MLA config read as ``k3_dspark``."""
     from transformers import DeepseekV3Config
 
@@ -78,7 +78,7 @@ def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     return out
 
 
-def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Every required tensor and its shape: 11 per layer, the context projection, the heads."""
     h, n, i_sz = cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size
     qr, kvr, rope = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim
@@ -102,7 +102,7 @@ def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
     return shapes | layout_shapes(cfg)
 
 
-def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+def draft_config_from_hf(config: Mapping[str, Any]) -> DraftConfig:
     """Read a K3 DSpark ``config.json`` back into a draft config.
 
     The target's depth is ``target_num_hidden_layers`` when present (ours); a config without it
@@ -114,6 +114,6 @@ def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
     fields = {k: config[k] for k in keys if config.get(k) is not None}
     fields["num_target_layers"] = config.get(TARGET_DEPTH_KEY) or max(
         config["target_layer_ids"]) + 1
-    return DSparkDraftConfig(
+    return DraftConfig(
         **fields, num_key_value_heads=fields["num_attention_heads"],
         head_dim=fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"], architecture="kimi_k3")

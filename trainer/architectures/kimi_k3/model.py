@@ -23,7 +23,7 @@ import functools
 import torch
 from torch import nn
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm, attend_after_context
 from sparkforge.trainer.draft.model import DraftModel
 from sparkforge.trainer.draft.passes import RopeTables
@@ -33,7 +33,7 @@ from sparkforge.trainer.draft.rope import apply_interleaved_rotary
 class K3LatentAttention(nn.Module):
     """Block queries over ``[context ; block]`` keys/values expanded from one latent per row."""
 
-    def __init__(self, cfg: DSparkDraftConfig) -> None:
+    def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         h, n = cfg.hidden_size, cfg.num_attention_heads
         self.num_heads, self.nope, self.rope = n, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim

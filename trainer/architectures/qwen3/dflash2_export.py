@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.qwen3 import dflash_export
 from sparkforge.trainer.draft.block_layout import CONV_FIELDS, SELECTOR_FIELDS
 
@@ -29,13 +29,13 @@ SERVING_NOTE = ("vLLM drafts with a DFlash2 candidate head only on its V2 GPU mo
                 "candidate-head drafts'")
 
 
-def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+def hf_config(cfg: DraftConfig) -> dict[str, Any]:
     """``config.json`` contents: the DFlash config with the DFlash2 fields."""
     return dflash_export.dflash_hf_config(
         cfg, SERVED_AS, {name: getattr(cfg, name) for name in DRAFT_FIELDS})
 
 
-def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+def draft_config_from_hf(config: Mapping[str, Any]) -> DraftConfig:
     """Read a DFlash2 ``config.json`` as a qwen3 draft with ``layout: dflash2``."""
     inner = config.get("dflash_config") or {}
     fields = {name: inner[name] for name in DRAFT_FIELDS if inner.get(name) is not None}

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.qwen3 import export as export_qwen3
 from sparkforge.trainer.architectures.qwen3.export import backbone_config
 from sparkforge.trainer.draft.block_layout import NO_HEADS
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 SERVED_AS = "DFlashDraftModel"
 
 
-def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+def serving_problems(cfg: DraftConfig, engine: Engine) -> list[str]:
     """Reasons ``engine`` could not serve this draft correctly (empty when it can).
 
     The config itself already refuses heads on a ``dflash`` layout; what is left is what no
@@ -34,12 +34,12 @@ def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     return export_qwen3.backbone_problems(cfg, engine)
 
 
-def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+def hf_config(cfg: DraftConfig) -> dict[str, Any]:
     """``config.json`` contents: a Qwen3Config with the DFlash fields."""
     return dflash_hf_config(cfg, SERVED_AS)
 
 
-def dflash_hf_config(cfg: DSparkDraftConfig, served_as: str,
+def dflash_hf_config(cfg: DraftConfig, served_as: str,
                      draft_fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A Qwen3Config served as ``served_as`` whose ``dflash_config`` holds the mask id, the
     feature ids and ``draft_fields`` (DFlash and its successors)."""
@@ -58,7 +58,7 @@ def dflash_hf_config(cfg: DSparkDraftConfig, served_as: str,
     return out
 
 
-def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+def draft_config_from_hf(config: Mapping[str, Any]) -> DraftConfig:
     """Read a DFlash ``config.json`` as a qwen3 draft with ``layout: dflash`` (``dflash_config``
     values win over top-level ones)."""
     flat = {**config, **(config.get("dflash_config") or {}), **NO_HEADS}

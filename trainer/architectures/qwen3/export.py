@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.trainer.architectures.config import DSparkDraftConfig
+from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.serving import head_problems, id_problems
 from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, layout_shapes
 
@@ -18,12 +18,12 @@ if TYPE_CHECKING:
     from sparkforge.trainer.architectures import Engine
 
 
-def serving_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+def serving_problems(cfg: DraftConfig, engine: Engine) -> list[str]:
     """Reasons ``engine`` could not serve this draft correctly (empty when it can)."""
     return backbone_problems(cfg, engine) + head_problems(cfg, engine)
 
 
-def backbone_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
+def backbone_problems(cfg: DraftConfig, engine: Engine) -> list[str]:
     """What ``engine`` cannot serve in any Qwen3-shaped format (DSpark or DFlash) for this draft."""
     problems = id_problems(cfg, engine)
     if cfg.embedding_scale != 1.0 or cfg.final_logit_softcapping:
@@ -32,7 +32,7 @@ def backbone_problems(cfg: DSparkDraftConfig, engine: Engine) -> list[str]:
     return problems
 
 
-def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+def hf_config(cfg: DraftConfig) -> dict[str, Any]:
     """``config.json`` contents: a Qwen3Config with the DSpark fields."""
     from transformers import Qwen3Config
 
@@ -44,7 +44,7 @@ def hf_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     return out
 
 
-def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Every required tensor and its shape for this config (11 per draft layer + 7 shared)."""
     h, hd, i_sz = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
@@ -66,17 +66,17 @@ def expected_shapes(cfg: DSparkDraftConfig) -> dict[str, tuple[int, ...]]:
     return shapes | layout_shapes(cfg)
 
 
-def draft_config_from_hf(config: Mapping[str, Any]) -> DSparkDraftConfig:
+def draft_config_from_hf(config: Mapping[str, Any]) -> DraftConfig:
     """Read a DSpark ``config.json`` (ours, DeepSpec's or NeMo's Qwen3-shaped drafts)."""
     keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "rms_norm_eps", "rope_parameters",
             "max_position_embeddings", "attention_bias", "num_hidden_layers",
             "initializer_range", *DSPARK_KEYS)
     fields = {k: config[k] for k in keys if config.get(k) is not None}
-    return DSparkDraftConfig(**fields)
+    return DraftConfig(**fields)
 
 
-def backbone_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+def backbone_config(cfg: DraftConfig) -> dict[str, Any]:
     """The Qwen3 backbone fields of a served draft's config.json (DSpark and DFlash alike).
 
     Every layer is ``full_attention``: engines run a ``sliding_attention`` draft layer causally.
@@ -96,6 +96,6 @@ def backbone_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
     }
 
 
-def serving_config(cfg: DSparkDraftConfig) -> dict[str, Any]:
+def serving_config(cfg: DraftConfig) -> dict[str, Any]:
     """config.json fields vLLM/SGLang read for a Qwen3-shaped DSpark draft."""
     return {**backbone_config(cfg), "architectures": ["Qwen3DSparkModel"], **dspark_fields(cfg)}
