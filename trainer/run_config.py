@@ -26,8 +26,10 @@ from sparkforge.trainer.architectures.config import (
     Architecture,
     DraftConfig,
     LegacyArchitecture,
+    fold_flat_options,
     from_target_config,
 )
+from sparkforge.trainer.architectures.options import options_dict
 from sparkforge.trainer.draft.block_layout import NO_HEADS, Layout
 from sparkforge.trainer.draft.config import MarkovHeadType
 
@@ -118,8 +120,13 @@ class DraftSpec:
     """What a feature is (``residual`` or ``hc_mean``); None: the target family's."""
     target_final: FinalSemantics | None = None
     """What the final state is (``post_norm`` or ``lm_head_input``); None: the target family's."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The architecture's own options (``DraftConfig.options``: the fields only it reads, its
+    class in the architecture's ``config.py``), over the ones taken from the target; e.g.
+    {"q_lora_rank": 1536} for a kimi_k3 draft of a Kimi-Linear target (no query bottleneck)."""
     overrides: dict[str, Any] = field(default_factory=dict)
-    """Other DraftConfig fields to change (e.g. {"intermediate_size": 2048})."""
+    """Other DraftConfig fields to change (e.g. {"intermediate_size": 2048}). An architecture
+    option written here still reads, warning: its place is ``options``."""
 
     def for_recipe(self, recipe: RecipeName) -> DraftSpec:
         """This spec with the recipe's values in its unset fields.
@@ -181,6 +188,9 @@ class DraftSpec:
         data = dict(target_config)
         hf = AutoConfig.for_model(data.pop("model_type"), **data)
         spec = self.for_recipe("dspark")  # no-op when a recipe already filled the fields
+        overrides = fold_flat_options(spec.overrides, warn_as=("model.draft.overrides",
+                                                               "model.draft.options"))
+        options = {**spec.options, **options_dict(overrides.pop("options", None))}
         return from_target_config(hf, **{
             "mask_token_id": spec.mask_token_id, "target_layer_ids": spec.layer_ids(),
             "num_hidden_layers": spec.num_hidden_layers, "block_size": spec.block_size,
@@ -188,7 +198,8 @@ class DraftSpec:
             "markov_head_type": spec.markov_head_type, "architecture": spec.architecture,
             "layout": spec.layout,
             "enable_confidence_head": spec.enable_confidence_head,
-            "confidence_head_with_markov": spec.confidence_head_with_markov, **spec.overrides})
+            "confidence_head_with_markov": spec.confidence_head_with_markov,
+            **({"options": options} if options else {}), **overrides})
 
 
 OBJECTIVE_ALPHAS: dict[RecipeName, dict[str, float]] = {

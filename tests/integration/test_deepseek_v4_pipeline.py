@@ -85,7 +85,7 @@ def test_v4_drafter_trains_and_evaluates(tmp_path: Path, tiny_v4_target: Path,
     ckpt = next((tmp_path / "train").rglob("*.ckpt"))
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert state["draft_config"]["architecture"] == "deepseek_v4"
-    assert state["draft_config"]["q_lora_rank"] == 32
+    assert state["draft_config"]["options"]["q_lora_rank"] == 32
     assert "model.layers.0.attn.attn_sink" in state["state_dict"]
 
     assert main(["export", str(ckpt), str(tmp_path / "draft"), "--engine", "vllm"]) == 1

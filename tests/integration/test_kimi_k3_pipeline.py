@@ -31,7 +31,7 @@ TARGET_FACING = {"mask_token_id": 3, "hidden_size": 64, "vocab_size": 1024,
 HIDDEN_SIZE = {"kimi_linear": 64, "qwen3_moe": 128}  # of the tiny_families targets
 # Kimi-Linear has no query bottleneck; vLLM's K3 draft needs one, so the run sets its width.
 K3_DRAFT = {**TARGET_FACING, "num_hidden_layers": 2, "markov_rank": 16,
-            "architecture": "kimi_k3", "overrides": {"q_lora_rank": 32}}
+            "architecture": "kimi_k3", "options": {"q_lora_rank": 32}}
 
 
 @pytest.fixture(scope="module")

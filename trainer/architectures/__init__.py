@@ -3,14 +3,15 @@
 Each architecture is a backbone, a folder here (``qwen3/``, ``gemma4/``, ``kimi_k3/``,
 ``deepseek_v4/``) holding its layers (``model.py``), its serving formats (``export.py``; the
 qwen3 backbone's DFlash and DFlash2 ones are ``qwen3/dflash_export.py`` and
-``qwen3/dflash2_export.py``) and, when it has them, its own config
-fields, checks and derivation from a target (``config.py``), plus one entry of
-``ARCHITECTURES``. Next to the folders, what they share: the config (``config.py``), the
-DSpark serving checks (``serving.py``) and the tiny config the CPU tests start from
-(``tiny.py``). A draft is an (architecture, block layout) pair: every backbone trains every
-layout (``sparkforge.trainer.draft.block_layout``), and ``formats`` says which pairs an engine
-serves. Training, export and eval look the pair up here. Importing this package does not
-import torch: ``build_draft`` imports the model it builds.
+``qwen3/dflash2_export.py``) and, when it has them, its options (the config fields only it
+reads, held as the config's ``options``), their checks and derivation from a target
+(``config.py``), plus one entry of ``ARCHITECTURES``. Next to the folders, what they share:
+the config (``config.py``), the options' base (``options.py``), the DSpark serving checks
+(``serving.py``) and the tiny config the CPU tests start from (``tiny.py``). A draft is an
+(architecture, block layout) pair: every backbone trains every layout
+(``sparkforge.trainer.draft.block_layout``), and ``formats`` says which pairs an engine serves.
+Training, export and eval look the pair up here. Importing this package does not import torch:
+``build_draft`` imports the model it builds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import dataclasses
 import importlib
 import itertools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from sparkforge.shared.errors import SparkforgeError
@@ -32,6 +33,7 @@ from sparkforge.trainer.architectures.gemma4.tiny import draft_tiny_gemma4
 from sparkforge.trainer.architectures.kimi_k3 import config as kimi_k3_config
 from sparkforge.trainer.architectures.kimi_k3 import export as kimi_k3_export
 from sparkforge.trainer.architectures.kimi_k3.tiny import draft_tiny_kimi_k3
+from sparkforge.trainer.architectures.options import ArchitectureOptions
 from sparkforge.trainer.architectures.qwen3 import dflash2_export, dflash_export
 from sparkforge.trainer.architectures.qwen3 import export as qwen3_export
 from sparkforge.trainer.architectures.tiny import draft_tiny
@@ -85,20 +87,18 @@ class DraftArchitecture:
     ``embed_tokens``/``lm_head`` are optional unless listed here."""
     formats: Mapping[Layout, ServingFormat]
     """The serving format of each layout an export exists for; another layout trains only."""
-    fields: type | None = None
-    """The dataclass of the config fields only this architecture reads (None: none)."""
+    options: type[ArchitectureOptions] | None = None
+    """The class of the config's ``options``: the fields only this architecture reads (None:
+    it has none)."""
     problems: Callable[[DraftConfig], list[str]] = _no_problems
-    """This architecture's own config checks (run by ``DraftConfig``)."""
+    """This architecture's own config checks (run by ``DraftConfig``, once its ``options``
+    are this architecture's)."""
     target_fields: Callable[[Any, str], dict[str, Any]] = _no_target_fields
-    """Its own fields copied from a target's text config (and its ``model_type``)."""
+    """The fields it copies from a target's text config (and its ``model_type``): its
+    ``options`` and the generic fields they fix."""
     tiny: Callable[[], DraftConfig]
     """A small ``dspark`` config of this architecture for CPU tests (``tiny_draft`` gives it
     in every layout; the shared tests build each one)."""
-
-    @property
-    def own_fields(self) -> frozenset[str]:
-        """Names of the config fields this architecture declares."""
-        return frozenset(f.name for f in fields(self.fields)) if self.fields else frozenset()
 
 
 _QWEN3_DSPARK = ServingFormat(
@@ -123,7 +123,7 @@ ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
     "deepseek_v4": DraftArchitecture(
         name="deepseek_v4",
         model="sparkforge.trainer.architectures.deepseek_v4.model:DeepseekV4DSparkModel",
-        fields=deepseek_v4_config.DeepseekV4Fields,
+        options=deepseek_v4_config.DeepseekV4Options,
         problems=deepseek_v4_config.problems, target_fields=deepseek_v4_config.target_fields,
         expected_shapes=deepseek_v4_export.expected_shapes,
         formats={"dspark": ServingFormat(
@@ -141,7 +141,7 @@ ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
         tiny=draft_tiny_gemma4),
     "kimi_k3": DraftArchitecture(
         name="kimi_k3", model="sparkforge.trainer.architectures.kimi_k3.model:K3DSparkModel",
-        fields=kimi_k3_config.KimiK3Fields,
+        options=kimi_k3_config.KimiK3Options,
         problems=kimi_k3_config.problems, target_fields=kimi_k3_config.target_fields,
         expected_shapes=kimi_k3_export.expected_shapes,
         formats={"dspark": ServingFormat(

@@ -15,11 +15,11 @@ import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, Self, cast, get_args
 
+from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.renamed import renamed_attribute
-from sparkforge.trainer.architectures.deepseek_v4.config import DeepseekV4Fields
-from sparkforge.trainer.architectures.kimi_k3.config import KimiK3Fields
+from sparkforge.trainer.architectures.options import ArchitectureOptions, options_dict
 from sparkforge.trainer.draft.block_layout import Layout
 from sparkforge.trainer.draft.config import (
     SharedDraftConfig,
@@ -57,51 +57,136 @@ def read_legacy(architecture: str | None, layout: str | None) -> tuple[str | Non
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Named:
+class DraftConfig(SharedDraftConfig):
+    """A draft config of any architecture: the shared fields, its name and its options."""
+
     architecture: Architecture = "qwen3"
     """The draft's backbone (``Architecture``); with ``layout`` it picks the serving format:
     ``qwen3`` is the Qwen3-shaped draft every engine loads, for targets of any family (with
     ``layout: dflash``, the DFlash draft vLLM serves with ``method: dflash``); ``deepseek_v4``
-    follows a DeepSeek-V4 target's attention (its sizes below come from that target);
-    ``gemma4`` is the Gemma4 draft vLLM's ``Gemma4DSparkForCausalLM`` loads (k_eq_v attention,
-    sandwich norms); ``kimi_k3`` is the MLA draft vLLM's ``K3DSparkForCausalLM`` loads (its MLA
-    sizes below come from a Kimi target). The old ``dflash`` still reads, as ``qwen3`` with
-    ``layout: dflash`` (``LEGACY_ARCHITECTURES``)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DraftConfig(KimiK3Fields, DeepseekV4Fields, _Named, SharedDraftConfig):
-    """A draft config of any architecture: the shared fields, its name and its own fields."""
+    follows a DeepSeek-V4 target's attention (its sizes, in ``options``, come from that
+    target); ``gemma4`` is the Gemma4 draft vLLM's ``Gemma4DSparkForCausalLM`` loads (k_eq_v
+    attention, sandwich norms); ``kimi_k3`` is the MLA draft vLLM's ``K3DSparkForCausalLM``
+    loads (its MLA sizes, in ``options``, come from a Kimi target). The old ``dflash`` still
+    reads, as ``qwen3`` with ``layout: dflash`` (``LEGACY_ARCHITECTURES``)."""
+    options: ArchitectureOptions | Mapping[str, Any] | None = None
+    """The fields only this architecture reads, as the options class its entry names
+    (``DraftArchitecture.options``: deepseek_v4's and kimi_k3's attention sizes); None for an
+    architecture without any (qwen3, gemma4). A mapping is read as that class, an option left
+    out taking its default."""
 
     def __post_init__(self) -> None:
         architecture, layout = read_legacy(self.architecture, self.layout)
         object.__setattr__(self, "architecture", architecture)
         object.__setattr__(self, "layout", layout)
+        object.__setattr__(self, "options", _read_options(architecture, self.options))
         super().__post_init__()
 
     def problems(self) -> list[str]:
-        """The generic problems, then the named architecture's, then another one's fields set."""
+        """The generic problems, then another architecture's options set, then the named
+        architecture's own checks."""
         from sparkforge.trainer.architectures import ARCHITECTURES
 
         problems = super().problems()
         if self.architecture not in ARCHITECTURES:
             return [*problems, f"architecture={self.architecture!r} not in {DRAFT_ARCHITECTURES}"]
-        arch = ARCHITECTURES[self.architecture]
-        problems += arch.problems(self)
-        for name in _ARCHITECTURE_FIELDS:
-            if name not in arch.own_fields and getattr(self, name) != _DEFAULTS[name]:
-                readers = [a.name for a in ARCHITECTURES.values() if name in a.own_fields]
-                problems.append(f"{name}={getattr(self, name)!r}: only architecture="
-                                f"{' or '.join(map(repr, readers))} reads it")
-        return problems
+        foreign = _foreign_options(self.architecture, self.options)
+        if foreign:
+            return problems + foreign
+        return problems + ARCHITECTURES[self.architecture].problems(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Inverse of to_dict; unknown keys are an error naming them. A config saved before
+        ``options`` existed (its options as top-level keys) reads the same."""
+        return super().from_dict(fold_flat_options(data))
 
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DraftConfig)}
-_ARCHITECTURE_FIELDS = tuple(name for name in _DEFAULTS
-                             if name not in {f.name for f in dataclasses.fields(_Named)}
-                             and name not in {f.name for f in
-                                              dataclasses.fields(SharedDraftConfig)})
-"""The fields some architecture declares: every other architecture must leave them unset."""
+def _option_defaults() -> dict[str, Any]:
+    """Every architecture's option names and their defaults (an option two architectures
+    share has one default)."""
+    from sparkforge.trainer.architectures import ARCHITECTURES
+
+    return {f.name: f.default for arch in ARCHITECTURES.values() if arch.options is not None
+            for f in dataclasses.fields(arch.options)}
+
+
+def _option_kind(architecture: str | None) -> type[ArchitectureOptions] | None:
+    from sparkforge.trainer.architectures import ARCHITECTURES
+
+    arch = ARCHITECTURES.get(architecture)  # type: ignore[call-overload]
+    return None if arch is None else arch.options
+
+
+def _names(kind: type[ArchitectureOptions] | None) -> set[str]:
+    return {f.name for f in dataclasses.fields(kind)} if kind is not None else set()
+
+
+def _read_options(architecture: str | None, given: Any) -> Any:
+    """``given`` as the architecture's options object (None: its defaults, or None when it has
+    none), an option of another architecture at its default dropped (a config saved flat held
+    every architecture's); what does not read stays as given, for ``problems`` to name."""
+    kind = _option_kind(architecture)
+    if kind is not None and isinstance(given, kind):
+        return given
+    try:
+        values = options_dict(given)
+    except ConfigError:
+        return given
+    own = _names(kind)
+    defaults = _option_defaults()
+    values = {k: v for k, v in values.items()
+              if k in own or k not in defaults or v != defaults[k]}
+    if set(values) - own:
+        return values
+    return kind(**values) if kind is not None else None
+
+
+def _foreign_options(architecture: str, options: Any) -> list[str]:
+    """Why ``options`` are not the architecture's: each option only another one reads."""
+    from sparkforge.trainer.architectures import ARCHITECTURES
+
+    kind = _option_kind(architecture)
+    if options is None or (kind is not None and isinstance(options, kind)):
+        return []
+    if not isinstance(options, Mapping):
+        return [f"options={options!r} must be a mapping of option names to values"]
+    own = _names(kind)
+    out = []
+    for name in sorted(set(options) - own):
+        readers = [a.name for a in ARCHITECTURES.values() if name in _names(a.options)]
+        out.append(f"options.{name}={options[name]!r}: only architecture="
+                   f"{' or '.join(map(repr, readers))} reads it" if readers else
+                   f"options.{name}: no architecture has this option (architecture="
+                   f"{architecture!r} reads {sorted(own) or 'none'})")
+    return out
+
+
+def fold_flat_options(data: Mapping[str, Any], *,
+                      warn_as: tuple[str, str] | None = None) -> dict[str, Any]:
+    """``data`` with the options written as top-level keys (the layout before ``options``
+    existed) moved into its ``options``, over any it already holds.
+
+    Args:
+        data: Draft config fields (a saved config, or a run's overrides).
+        warn_as: Where such keys were written and where they go now (e.g.
+            ``("model.draft.overrides", "model.draft.options")``): a ``FutureWarning`` names
+            both and the version that stops reading the old place. None: no warning (a saved
+            checkpoint or export keeps loading).
+    """
+    defaults = _option_defaults()
+    flat = [name for name in data if name in defaults]
+    if not flat:
+        return dict(data)
+    if warn_as is not None:
+        old, new = warn_as
+        what = ("is one of the architecture's options: write it" if len(flat) == 1
+                else "are the architecture's options: write them")
+        warnings.warn(f"{old}: {', '.join(flat)} {what} under {new} (no longer read from {old} "
+                      f"from sparkforge {LEGACY_DROPPED_IN})", FutureWarning, stacklevel=3)
+    out = {k: v for k, v in data.items() if k not in defaults}
+    out["options"] = {**options_dict(data.get("options")), **{k: data[k] for k in flat}}
+    return out
 
 
 def from_target_config(
@@ -114,23 +199,29 @@ def from_target_config(
     """Derive a draft config from a target HF config (nested ``text_config`` handled).
 
     The generic sizes come from ``target_fields``; the named architecture copies its own
-    fields from the target too (deepseek_v4, kimi_k3).
+    options from the target too (deepseek_v4, kimi_k3), and ``options`` in ``overrides``
+    changes some of them, keeping the rest.
 
     Args:
         target_config: A transformers ``PretrainedConfig`` of the target (or any object whose
             attributes are its ``config.json`` fields).
         mask_token_id: Required; never defaulted to the pad id.
         target_layer_ids: Feature ids; default = DFlash rule for the draft depth.
-        **overrides: Any draft config field (num_hidden_layers, block_size, markov_rank, ...).
+        **overrides: Any draft config field (num_hidden_layers, block_size, markov_rank,
+            options, ...). An option given as a keyword of its own still reads, warning.
     """
     from sparkforge.trainer.architectures import ARCHITECTURES
 
+    overrides = fold_flat_options(overrides, warn_as=("from_target_config's keywords",
+                                                      "options={...}"))
     base = target_fields(target_config, depth=int(overrides.get("num_hidden_layers", 5)))
     arch = ARCHITECTURES.get(overrides.get("architecture") or "qwen3")
     if arch is not None:
         base |= arch.target_fields(text_config(target_config), target_model_type(target_config))
     if target_layer_ids is not None:
         base["target_layer_ids"] = tuple(target_layer_ids)
+    if "options" in overrides and "options" in base:
+        overrides["options"] = {**base["options"], **options_dict(overrides["options"])}
     return DraftConfig(**{**base, **overrides}, mask_token_id=mask_token_id)
 
 

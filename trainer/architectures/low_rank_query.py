@@ -1,12 +1,14 @@
-"""Config fields that two architectures read alike: deepseek_v4 and kimi_k3 (MLA-style queries)."""
+"""Options that two architectures read alike: deepseek_v4 and kimi_k3 (MLA-style queries)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkforge.trainer.architectures.options import ArchitectureOptions
+
 
 @dataclass(frozen=True, kw_only=True)
-class LowRankQueryFields:
+class LowRankQueryFields(ArchitectureOptions):
     """A low-rank query bottleneck and a partial RoPE (sizes copied from the target)."""
 
     q_lora_rank: int = 0

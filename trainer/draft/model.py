@@ -85,8 +85,6 @@ class DraftModel(nn.Module):
     """Name of the norm before lm_head (read through ``norm`` whatever its name)."""
     norm_class: ClassVar[type[RMSNorm]] = RMSNorm
     """Class of the context norm and the final norm."""
-    rope_dim_field: ClassVar[str] = "head_dim"
-    """The config field giving the width RoPE rotates."""
     interleaved_rope: ClassVar[bool] = False
     """RoPE tables for adjacent channel pairs instead of two halves."""
     hf_init: ClassVar[bool] = True
@@ -125,7 +123,7 @@ class DraftModel(nn.Module):
         setattr(self, self.final_norm_name, self.norm_class(h, eps))
         self.lm_head = nn.Linear(h, v, bias=False)
         self.rotary_emb = RotaryEmbedding(
-            getattr(config, self.rope_dim_field), config.rope_parameters,
+            self.rope_dim(config), config.rope_parameters,
             config.max_position_embeddings, interleaved=self.interleaved_rope)
         self.markov_head, self.confidence_head = dspark_heads(config)
         self.candidate_selector = selector_head(config, self.layout)
@@ -146,6 +144,12 @@ class DraftModel(nn.Module):
     extend_context = passes.extend_context
     draft_block = passes.draft_block
     empty_cache = passes.empty_cache
+
+    @classmethod
+    def rope_dim(cls, config: SharedDraftConfig) -> int:
+        """The width RoPE rotates: the whole head here; an architecture rotating part of it
+        overrides this."""
+        return config.head_dim
 
     @property
     def norm(self) -> nn.Module:

@@ -20,6 +20,7 @@ from sparkforge.trainer.architectures.deepseek_v4.model import (
     DeepseekV4DSparkLayer,
 )
 from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
+from sparkforge.trainer.architectures.options import options_dict
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.draft.attention_mask import dense_allowed
 from sparkforge.trainer.draft.rope import RotaryEmbedding
@@ -62,14 +63,15 @@ def test_config_is_derived_from_the_v4_target() -> None:
     """Q-LoRA, O-LoRA, groups, rope slice, SwiGLU clamp and expert width come from the target."""
     target = _v4_target_config()
     cfg = _v4_draft_config(target)
-    assert (cfg.q_lora_rank, cfg.o_lora_rank, cfg.o_groups) == (32, 16, 2)
-    assert cfg.qk_rope_head_dim == 8 == target.qk_rope_head_dim
+    opts = cfg.options
+    assert (opts.q_lora_rank, opts.o_lora_rank, opts.o_groups) == (32, 16, 2)
+    assert cfg.options.qk_rope_head_dim == 8 == target.qk_rope_head_dim
     assert cfg.intermediate_size == 48     # the experts' width, not intermediate_size
     assert cfg.num_key_value_heads == 1
-    assert cfg.swiglu_limit == 7.0
+    assert cfg.options.swiglu_limit == 7.0
     assert cfg.rope_parameters["rope_theta"] == target.rope_parameters["main"]["rope_theta"]
     qwen3 = from_target_config(target, mask_token_id=3, target_layer_ids=(0, 1, 2))
-    assert (qwen3.architecture, qwen3.q_lora_rank, qwen3.swiglu_limit) == ("qwen3", 0, None)
+    assert (qwen3.architecture, qwen3.options) == ("qwen3", None)
 
 
 def test_v4_architecture_needs_a_v4_target() -> None:
@@ -85,16 +87,20 @@ def test_v4_architecture_needs_a_v4_target() -> None:
 
 @pytest.mark.parametrize(("base", "change", "message"), [
     (draft_tiny_deepseek_v4, {"num_key_value_heads": 2}, "one key/value latent"),
-    (draft_tiny_deepseek_v4, {"o_groups": 3}, "multiple of o_groups=3"),
-    (draft_tiny_deepseek_v4, {"qk_rope_head_dim": 7}, "qk_rope_head_dim=7 must be even"),
-    (draft_tiny_deepseek_v4, {"qk_rope_head_dim": 32}, "at most head_dim=16"),
-    (draft_tiny_deepseek_v4, {"q_lora_rank": 0}, "q_lora_rank=0 must be > 0"),
-    (draft_tiny, {"o_lora_rank": 8}, "only architecture='deepseek_v4' reads it"),
+    (draft_tiny_deepseek_v4, {"options": {"o_groups": 3}}, "multiple of options.o_groups=3"),
+    (draft_tiny_deepseek_v4, {"options": {"qk_rope_head_dim": 7}},
+     "qk_rope_head_dim=7 must be even"),
+    (draft_tiny_deepseek_v4, {"options": {"qk_rope_head_dim": 32}}, "at most head_dim=16"),
+    (draft_tiny_deepseek_v4, {"options": {"q_lora_rank": 0}}, "q_lora_rank=0 must be > 0"),
+    (draft_tiny, {"options": {"o_lora_rank": 8}}, "only architecture='deepseek_v4' reads it"),
 ])
 def test_invalid_v4_fields_are_refused(base: Any, change: dict[str, Any], message: str) -> None:
     """Each inconsistent V4 attention field is named in the config error."""
+    cfg = base()
+    if "options" in change:
+        change = {**change, "options": {**options_dict(cfg.options), **change["options"]}}
     with pytest.raises(ValueError, match=message):
-        dataclasses.replace(base(), **change)
+        dataclasses.replace(cfg, **change)
 
 
 def test_attention_equals_transformers_v4_attention() -> None:
@@ -128,7 +134,7 @@ def test_attention_equals_transformers_v4_attention() -> None:
     rope_hf = DeepseekV4RotaryEmbedding(target)(ctx, pos, layer_type="main")
     with torch.no_grad():
         want = hf(torch.cat([ctx, block], 1), {"main": rope_hf}, pos, mask)[0][:, seq:]
-        rope = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_parameters,
+        rope = RotaryEmbedding(cfg.options.qk_rope_head_dim, cfg.rope_parameters,
                                cfg.max_position_embeddings, interleaved=True)
         got = ours(block, rope(pos[:, seq:], block.dtype),
                    ours.key_values(ctx, *rope(pos[:, :seq], ctx.dtype)), allowed)
@@ -155,7 +161,8 @@ def _hand_layer(layer: DeepseekV4DSparkLayer, cfg: DraftConfig, ctx: np.ndarray,
     """One V4 draft layer for one block, query by query and head by head, in float64."""
     w = {n: p.detach().double().numpy() for n, p in layer.named_parameters()}
     eps, n_heads, d = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.head_dim
-    inv = 1.0 / 10_000.0 ** (np.arange(0, cfg.qk_rope_head_dim, 2) / cfg.qk_rope_head_dim)
+    opts, rope_dim = cfg.options, cfg.options.qk_rope_head_dim
+    inv = 1.0 / 10_000.0 ** (np.arange(0, rope_dim, 2) / rope_dim)
 
     def latent(row: np.ndarray, position: int) -> np.ndarray:
         kv = _rms(w["attn.wkv.weight"] @ row, w["attn.kv_norm.weight"], eps)
@@ -177,13 +184,13 @@ def _hand_layer(layer: DeepseekV4DSparkLayer, cfg: DraftConfig, ctx: np.ndarray,
             o = sum(p * key for p, key in zip(probs[:-1], keys, strict=True))
             heads.append(_rotate(o, anchor + i, inv, -1.0))
         flat = np.concatenate(heads)
-        per_group = len(flat) // cfg.o_groups
-        wo_a = w["attn.wo_a.weight"].reshape(cfg.o_groups, cfg.o_lora_rank, per_group)
+        per_group = len(flat) // opts.o_groups
+        wo_a = w["attn.wo_a.weight"].reshape(opts.o_groups, opts.o_lora_rank, per_group)
         low = np.concatenate([wo_a[g] @ flat[g * per_group:(g + 1) * per_group]
-                              for g in range(cfg.o_groups)])
+                              for g in range(opts.o_groups)])
         h1 = block[i] + w["attn.wo_b.weight"] @ low
         f = _rms(h1, w["ffn_norm.weight"], eps)
-        limit = cfg.swiglu_limit
+        limit = opts.swiglu_limit
         gate = np.minimum(w["ffn.shared_experts.w1.weight"] @ f, limit)
         up = np.clip(w["ffn.shared_experts.w3.weight"] @ f, -limit, limit)
         out.append(h1 + w["ffn.shared_experts.w2.weight"] @ (gate / (1 + np.exp(-gate)) * up))
@@ -192,7 +199,8 @@ def _hand_layer(layer: DeepseekV4DSparkLayer, cfg: DraftConfig, ctx: np.ndarray,
 
 def test_layer_equals_a_hand_written_computation() -> None:
     """A draft layer equals a float64 loop over queries and heads (sink, clamp, groups, RoPE)."""
-    cfg = dataclasses.replace(draft_tiny_deepseek_v4(), swiglu_limit=0.3,
+    tiny = draft_tiny_deepseek_v4()
+    cfg = dataclasses.replace(tiny, options=dataclasses.replace(tiny.options, swiglu_limit=0.3),
                               rope_parameters={"rope_type": "default", "rope_theta": 10_000.0})
     torch.manual_seed(1)
     layer = DeepseekV4DSparkLayer(cfg)
@@ -201,7 +209,7 @@ def test_layer_equals_a_hand_written_computation() -> None:
             p.normal_(1.0 if "norm" in name else 0.0, 0.3)
     seq, anchor, k = 10, 7, cfg.block_size
     ctx, block = torch.randn(1, seq, 64), torch.randn(1, k, 64)
-    rope = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_parameters,
+    rope = RotaryEmbedding(cfg.options.qk_rope_head_dim, cfg.rope_parameters,
                            cfg.max_position_embeddings, interleaved=True)
     allowed = dense_allowed(torch.tensor([[anchor]]), torch.tensor([[True]]), seq, k)
     with torch.no_grad():
@@ -252,9 +260,10 @@ def test_v4_flash_example_builds_its_contract_and_draft_config() -> None:
     assert cfg.architecture == "deepseek_v4"
     assert (cfg.block_size, cfg.target_layer_ids, cfg.markov_rank, cfg.mask_token_id) == (
         5, (40, 41, 42), 256, 128_799)
-    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.q_lora_rank,
-            cfg.o_groups, cfg.o_lora_rank, cfg.qk_rope_head_dim, cfg.intermediate_size,
-            cfg.swiglu_limit) == (4096, 64, 512, 1024, 8, 1024, 64, 2048, 10.0)
+    opts = cfg.options
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, opts.q_lora_rank,
+            opts.o_groups, opts.o_lora_rank, opts.qk_rope_head_dim, cfg.intermediate_size,
+            opts.swiglu_limit) == (4096, 64, 512, 1024, 8, 1024, 64, 2048, 10.0)
     shapes = expected_shapes(cfg)
     assert len(shapes) == 3 + 13 * cfg.num_hidden_layers + 4
     assert shapes["layers.0.attn.wo_a.weight"] == (8 * 1024, 64 * 512 // 8)

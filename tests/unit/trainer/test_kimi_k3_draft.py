@@ -15,6 +15,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 
 from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.architectures.config import DraftConfig, from_target_config
+from sparkforge.trainer.architectures.kimi_k3.config import KimiK3Options
 from sparkforge.trainer.architectures.kimi_k3.export import (
     expected_shapes,
     hf_config,
@@ -31,19 +32,20 @@ EPS = 1e-6
 
 def _draft_config(**overrides: object) -> DraftConfig:
     """A kimi_k3 draft config derived from the tiny Kimi-Linear target (q_lora_rank set)."""
-    fields = {"q_lora_rank": 32, "num_hidden_layers": 1, "num_anchors": 8, "markov_rank": 16,
-              "block_size": 4, "rms_norm_eps": EPS, **overrides}
+    fields = {"options": {"q_lora_rank": 32}, "num_hidden_layers": 1, "num_anchors": 8,
+              "markov_rank": 16, "block_size": 4, "rms_norm_eps": EPS, **overrides}
     return from_target_config(text_config("kimi_linear"), mask_token_id=3,
                               target_layer_ids=(0, 1, 2), architecture="kimi_k3", **fields)
 
 
 def _hf_config(cfg: DraftConfig) -> DeepseekV3Config:
+    opts = cfg.options
     hf = DeepseekV3Config(
         hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_attention_heads, q_lora_rank=cfg.q_lora_rank,
-        kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
-        qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
+        num_key_value_heads=cfg.num_attention_heads, q_lora_rank=opts.q_lora_rank,
+        kv_lora_rank=opts.kv_lora_rank, qk_nope_head_dim=opts.qk_nope_head_dim,
+        qk_rope_head_dim=opts.qk_rope_head_dim, v_head_dim=opts.v_head_dim,
         first_k_dense_replace=1, num_hidden_layers=1, rms_norm_eps=EPS, rope_interleave=True,
         rope_parameters=dict(cfg.rope_parameters), max_position_embeddings=256)
     hf._attn_implementation = "eager"
@@ -70,7 +72,7 @@ def _hf_rope(cfg: DraftConfig, positions: torch.Tensor,
 
 
 def _our_rope(cfg: DraftConfig, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    rope = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_parameters,
+    rope = RotaryEmbedding(cfg.options.qk_rope_head_dim, cfg.rope_parameters,
                            cfg.max_position_embeddings, interleaved=True)
     return rope(positions[None], torch.float32)
 
@@ -78,14 +80,14 @@ def _our_rope(cfg: DraftConfig, positions: torch.Tensor) -> tuple[torch.Tensor, 
 def test_target_gives_the_mla_sizes_and_a_missing_q_lora_rank_is_named() -> None:
     """MLA sizes come from the Kimi target; its absent q_lora_rank is an error naming the field."""
     cfg = _draft_config()
-    assert (cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim) == (
+    opts = cfg.options
+    assert (opts.kv_lora_rank, opts.qk_nope_head_dim, opts.qk_rope_head_dim, opts.v_head_dim) == (
         16, 16, 8, 16)
     assert (cfg.head_dim, cfg.num_key_value_heads) == (24, 4)
     with pytest.raises(ValueError, match="q_lora_rank=0: vLLM's K3DSparkForCausalLM needs"):
         from_target_config(text_config("kimi_linear"), mask_token_id=3, architecture="kimi_k3")
     with pytest.raises(ValueError, match="kv_lora_rank=16: only architecture='kimi_k3' reads"):
-        dataclasses.replace(cfg, architecture="qwen3", q_lora_rank=0, qk_nope_head_dim=0,
-                            qk_rope_head_dim=0, v_head_dim=0)
+        dataclasses.replace(cfg, architecture="qwen3", options=KimiK3Options(kv_lora_rank=16))
 
 
 def test_layer_equals_transformers_mla_layer_over_a_block() -> None:
@@ -97,7 +99,7 @@ def test_layer_equals_transformers_mla_layer_over_a_block() -> None:
         want = hf(x, attention_mask=torch.zeros(1, 1, 6, 6),
                   position_embeddings=_hf_rope(cfg, pos, x), position_ids=pos[None])
         empty_k = torch.zeros(1, cfg.num_attention_heads, 0, cfg.head_dim)
-        empty_v = torch.zeros(1, cfg.num_attention_heads, 0, cfg.v_head_dim)
+        empty_v = torch.zeros(1, cfg.num_attention_heads, 0, cfg.options.v_head_dim)
         got = ours(x, _our_rope(cfg, pos), (empty_k, empty_v), None)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 

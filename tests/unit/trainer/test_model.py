@@ -139,7 +139,7 @@ def test_inv_freq_stays_fp32_through_casts(build: Build, cast: Callable[[Any], A
     """inv_freq stays fp32 (rel 1e-6 of the reference) while the parameters become bf16."""
     model, batch = build(rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
     cast(model)
-    rope_dim = model.config.qk_rope_head_dim or model.config.head_dim
+    rope_dim = model.rope_dim(model.config)
     ref, _ = compute_inv_freq(rope_dim, {"rope_type": "default", "rope_theta": 1_000_000.0},
                               40_960)
     inv = model.rotary_emb.inv_freq

@@ -14,7 +14,9 @@ from sparkforge.trainer.architectures.tiny import draft_tiny
 
 RENAMED_IN = ("sparkforge.trainer.lit_module", "sparkforge.trainer.draft.model",
               "sparkforge.trainer.draft.passes", "sparkforge.trainer.draft.config",
-              "sparkforge.trainer.architectures.config")
+              "sparkforge.trainer.architectures.config",
+              "sparkforge.trainer.architectures.deepseek_v4.config",
+              "sparkforge.trainer.architectures.kimi_k3.config")
 CASES = [(module, old, new) for module in RENAMED_IN
          for old, new in importlib.import_module(module).RENAMED.items()]
 
@@ -37,7 +39,9 @@ def test_the_tables_name_every_renamed_class() -> None:
                                                    ("DSparkOutput", "DraftOutput"),
                                                    ("DSparkDraftModel", "DraftModel"),
                                                    ("DSparkDraftConfig", "DraftConfig"),
-                                                   ("DraftConfig", "SharedDraftConfig")}
+                                                   ("DraftConfig", "SharedDraftConfig"),
+                                                   ("DeepseekV4Fields", "DeepseekV4Options"),
+                                                   ("KimiK3Fields", "KimiK3Options")}
 
 
 def test_the_old_qwen3_model_name_builds_the_qwen3_draft() -> None:

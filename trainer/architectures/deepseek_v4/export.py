@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures.config import DraftConfig
+from sparkforge.trainer.architectures.deepseek_v4.config import v4_options
 from sparkforge.trainer.draft.config import layout_shapes
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ def refuse_config_from_hf(config: Mapping[str, Any]) -> DraftConfig:
 def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Every trained tensor of the draft and its shape (13 per layer + 3 + the heads)."""
     h, n, d, i_sz = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.intermediate_size
-    qr, lo = cfg.q_lora_rank, cfg.o_groups * cfg.o_lora_rank
+    opts = v4_options(cfg)
+    qr, lo = opts.q_lora_rank, opts.o_groups * opts.o_lora_rank
     shapes: dict[str, tuple[int, ...]] = {
         "main_proj.weight": (h, cfg.num_features * h), "main_norm.weight": (h,),
         "norm.weight": (h,)}
@@ -67,7 +69,7 @@ def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
             p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,),
             p + "attn.wq_a.weight": (qr, h), p + "attn.q_norm.weight": (qr,),
             p + "attn.wq_b.weight": (n * d, qr), p + "attn.wkv.weight": (d, h),
-            p + "attn.kv_norm.weight": (d,), p + "attn.wo_a.weight": (lo, n * d // cfg.o_groups),
+            p + "attn.kv_norm.weight": (d,), p + "attn.wo_a.weight": (lo, n * d // opts.o_groups),
             p + "attn.wo_b.weight": (h, lo), p + "attn.attn_sink": (n,),
             p + "ffn.shared_experts.w1.weight": (i_sz, h),
             p + "ffn.shared_experts.w3.weight": (i_sz, h),

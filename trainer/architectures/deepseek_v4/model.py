@@ -24,7 +24,9 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from sparkforge.trainer.architectures.config import DraftConfig
+from sparkforge.trainer.architectures.deepseek_v4.config import v4_options
 from sparkforge.trainer.draft.block_conv import around, block_convs
+from sparkforge.trainer.draft.config import SharedDraftConfig
 from sparkforge.trainer.draft.layers import RMSNorm, compiled_flex
 from sparkforge.trainer.draft.model import DraftModel
 from sparkforge.trainer.draft.passes import RopeTables
@@ -62,16 +64,18 @@ class DeepseekV4DSparkAttention(nn.Module):
 
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
+        opts = v4_options(cfg)
         h, n, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-        self.num_heads, self.head_dim, self.o_groups = n, d, cfg.o_groups
+        self.num_heads, self.head_dim, self.o_groups = n, d, opts.o_groups
         self.eps = cfg.rms_norm_eps
-        self.wq_a = nn.Linear(h, cfg.q_lora_rank, bias=False)
-        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-        self.wq_b = nn.Linear(cfg.q_lora_rank, n * d, bias=False)
+        self.wq_a = nn.Linear(h, opts.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(opts.q_lora_rank, cfg.rms_norm_eps)
+        self.wq_b = nn.Linear(opts.q_lora_rank, n * d, bias=False)
         self.wkv = nn.Linear(h, d, bias=False)
         self.kv_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.wo_a = nn.Linear(n * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, bias=False)
-        self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, h, bias=False)
+        self.wo_a = nn.Linear(n * d // opts.o_groups, opts.o_groups * opts.o_lora_rank,
+                              bias=False)
+        self.wo_b = nn.Linear(opts.o_groups * opts.o_lora_rank, h, bias=False)
         self.attn_sink = nn.Parameter(torch.zeros(n))
 
     def key_values(self, x_BPH: torch.Tensor, cos: torch.Tensor,
@@ -130,7 +134,7 @@ class DeepseekV4DSparkLayer(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # A V4 stage's dense part is its shared expert; the draft has no routed experts.
         self.ffn = nn.ModuleDict({"shared_experts": ClampedSwiGLU(
-            cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit)})
+            cfg.hidden_size, cfg.intermediate_size, v4_options(cfg).swiglu_limit)})
         self.attention_conv, self.mlp_conv = block_convs(cfg)  # DFlash2 layouts only
 
     def key_values(self, x_BPH: torch.Tensor, cos: torch.Tensor,
@@ -159,6 +163,10 @@ class DeepseekV4DSparkModel(DraftModel):
     layer_factory = DeepseekV4DSparkLayer
     architecture = "deepseek_v4"
     context_names = ("main_proj", "main_norm")
-    rope_dim_field = "qk_rope_head_dim"
     interleaved_rope = True
     hf_init = False
+
+    @classmethod
+    def rope_dim(cls, config: SharedDraftConfig) -> int:
+        """The trailing ``qk_rope_head_dim`` channels of each head."""
+        return v4_options(config).qk_rope_head_dim

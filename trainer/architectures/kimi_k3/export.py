@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkforge.trainer.architectures.config import DraftConfig
+from sparkforge.trainer.architectures.kimi_k3.config import KimiK3Options, k3_options
 from sparkforge.trainer.architectures.serving import dspark_problems
 from sparkforge.trainer.draft.config import DSPARK_KEYS, dspark_fields, layout_shapes
 
@@ -64,7 +65,7 @@ def hf_config(cfg: DraftConfig) -> dict[str, Any]:
         intermediate_size=cfg.intermediate_size, num_hidden_layers=layers,
         num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_attention_heads, hidden_act="silu",
-        **{k: getattr(cfg, k) for k in MLA_KEYS},
+        **{k: getattr(k3_options(cfg), k) for k in MLA_KEYS},
         n_routed_experts=0, n_shared_experts=0, num_experts_per_tok=0,
         first_k_dense_replace=layers, rms_norm_eps=cfg.rms_norm_eps,
         rope_parameters=dict(cfg.rope_parameters),
@@ -81,8 +82,10 @@ def hf_config(cfg: DraftConfig) -> dict[str, Any]:
 def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Every required tensor and its shape: 11 per layer, the context projection, the heads."""
     h, n, i_sz = cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size
-    qr, kvr, rope = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    qk, v = cfg.qk_nope_head_dim + rope, cfg.v_head_dim
+    opts = k3_options(cfg)
+    qr, kvr, v = opts.q_lora_rank, opts.kv_lora_rank, opts.v_head_dim
+    nope, rope = opts.qk_nope_head_dim, opts.qk_rope_head_dim
+    qk = nope + rope
     shapes: dict[str, tuple[int, ...]] = {
         "context_proj.weight": (h, cfg.num_features * h), "context_norm.weight": (h,),
         "final_norm.weight": (h,)}
@@ -94,7 +97,7 @@ def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.q_b_proj.weight": (n * qk, qr),
             p + "self_attn.kv_a_proj_with_mqa.weight": (kvr + rope, h),
             p + "self_attn.kv_a_layernorm.weight": (kvr,),
-            p + "self_attn.kv_b_proj.weight": (n * (cfg.qk_nope_head_dim + v), kvr),
+            p + "self_attn.kv_b_proj.weight": (n * (nope + v), kvr),
             p + "self_attn.o_proj.weight": (h, n * v),
             p + "mlp.gate_proj.weight": (i_sz, h), p + "mlp.up_proj.weight": (i_sz, h),
             p + "mlp.down_proj.weight": (h, i_sz),
@@ -110,10 +113,12 @@ def draft_config_from_hf(config: Mapping[str, Any]) -> DraftConfig:
     """
     keys = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
             "rms_norm_eps", "rope_parameters", "max_position_embeddings", "num_hidden_layers",
-            "initializer_range", *MLA_KEYS, *DSPARK_KEYS)
+            "initializer_range", *DSPARK_KEYS)
     fields = {k: config[k] for k in keys if config.get(k) is not None}
     fields["num_target_layers"] = config.get(TARGET_DEPTH_KEY) or max(
         config["target_layer_ids"]) + 1
+    options = KimiK3Options(**{k: config[k] for k in MLA_KEYS if config.get(k) is not None})
     return DraftConfig(
         **fields, num_key_value_heads=fields["num_attention_heads"],
-        head_dim=fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"], architecture="kimi_k3")
+        head_dim=options.qk_nope_head_dim + options.qk_rope_head_dim, architecture="kimi_k3",
+        options=options)

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from sparkforge.trainer.architectures.config import DraftConfig
+from sparkforge.trainer.architectures.kimi_k3.config import k3_options
+from sparkforge.trainer.draft.config import SharedDraftConfig
 from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm, attend_after_context
 from sparkforge.trainer.draft.model import DraftModel
 from sparkforge.trainer.draft.passes import RopeTables
@@ -35,16 +37,18 @@ class K3LatentAttention(nn.Module):
 
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
+        opts = k3_options(cfg)
         h, n = cfg.hidden_size, cfg.num_attention_heads
-        self.num_heads, self.nope, self.rope = n, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
-        self.kv_lora_rank, self.v_head_dim = cfg.kv_lora_rank, cfg.v_head_dim
-        self.q_a_proj = nn.Linear(h, cfg.q_lora_rank, bias=False)
-        self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-        self.q_b_proj = nn.Linear(cfg.q_lora_rank, n * (self.nope + self.rope), bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(h, cfg.kv_lora_rank + self.rope, bias=False)
-        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, n * (self.nope + cfg.v_head_dim), bias=False)
-        self.o_proj = nn.Linear(n * cfg.v_head_dim, h, bias=False)
+        self.num_heads, self.nope, self.rope = n, opts.qk_nope_head_dim, opts.qk_rope_head_dim
+        self.kv_lora_rank, self.v_head_dim = opts.kv_lora_rank, opts.v_head_dim
+        self.q_a_proj = nn.Linear(h, opts.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(opts.q_lora_rank, cfg.rms_norm_eps)
+        self.q_b_proj = nn.Linear(opts.q_lora_rank, n * (self.nope + self.rope), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(h, opts.kv_lora_rank + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(opts.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(opts.kv_lora_rank, n * (self.nope + opts.v_head_dim),
+                                   bias=False)
+        self.o_proj = nn.Linear(n * opts.v_head_dim, h, bias=False)
         self.scale = (self.nope + self.rope) ** -0.5
 
     def key_values(self, x_BPH: torch.Tensor, cos: torch.Tensor,
@@ -84,5 +88,9 @@ class K3DSparkModel(DraftModel):
     architecture = "kimi_k3"
     context_names = ("context_proj", "context_norm")
     final_norm_name = "final_norm"
-    rope_dim_field = "qk_rope_head_dim"
     interleaved_rope = True
+
+    @classmethod
+    def rope_dim(cls, config: SharedDraftConfig) -> int:
+        """The key's rope part, ``qk_rope_head_dim`` channels shared by every head."""
+        return k3_options(config).qk_rope_head_dim
