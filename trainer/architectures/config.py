@@ -15,7 +15,7 @@ import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Self, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, Self, cast, get_args
 
 from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.renamed import renamed_attribute
@@ -27,6 +27,9 @@ from sparkforge.trainer.draft.config import (
     target_model_type,
     text_config,
 )
+
+if TYPE_CHECKING:
+    from sparkforge.trainer.architectures import DraftArchitecture
 
 Architecture = Literal["qwen3", "deepseek_v4", "gemma4", "kimi_k3"]
 """The draft architectures (backbones), each a folder of ``sparkforge.trainer.architectures``."""
@@ -85,15 +88,13 @@ class DraftConfig(SharedDraftConfig):
     def problems(self) -> list[str]:
         """The generic problems, then another architecture's options set, then the named
         architecture's own checks."""
-        from sparkforge.trainer.architectures import ARCHITECTURES
-
         problems = super().problems()
-        if self.architecture not in ARCHITECTURES:
+        if self.architecture not in _table():
             return [*problems, f"architecture={self.architecture!r} not in {DRAFT_ARCHITECTURES}"]
         foreign = _foreign_options(self.architecture, self.options)
         if foreign:
             return problems + foreign
-        return problems + ARCHITECTURES[self.architecture].problems(self)
+        return problems + _table()[self.architecture].problems(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
@@ -102,19 +103,23 @@ class DraftConfig(SharedDraftConfig):
         return super().from_dict(fold_flat_options(data))
 
 
+def _table() -> dict[Architecture, DraftArchitecture]:
+    """``ARCHITECTURES``, imported when first needed: its entries build configs of this
+    module's class, so it imports this module first."""
+    from sparkforge.trainer.architectures import ARCHITECTURES
+
+    return ARCHITECTURES
+
+
 def _option_defaults() -> dict[str, Any]:
     """Every architecture's option names and their defaults (an option two architectures
     share has one default)."""
-    from sparkforge.trainer.architectures import ARCHITECTURES
-
-    return {f.name: f.default for arch in ARCHITECTURES.values() if arch.options is not None
+    return {f.name: f.default for arch in _table().values() if arch.options is not None
             for f in dataclasses.fields(arch.options)}
 
 
 def _option_kind(architecture: str | None) -> type[ArchitectureOptions] | None:
-    from sparkforge.trainer.architectures import ARCHITECTURES
-
-    arch = ARCHITECTURES.get(architecture)  # type: ignore[call-overload]
+    arch = _table().get(architecture)  # type: ignore[call-overload]
     return None if arch is None else arch.options
 
 
@@ -144,8 +149,6 @@ def _read_options(architecture: str | None, given: Any) -> Any:
 
 def _foreign_options(architecture: str, options: Any) -> list[str]:
     """Why ``options`` are not the architecture's: each option only another one reads."""
-    from sparkforge.trainer.architectures import ARCHITECTURES
-
     kind = _option_kind(architecture)
     if options is None or (kind is not None and isinstance(options, kind)):
         return []
@@ -154,7 +157,7 @@ def _foreign_options(architecture: str, options: Any) -> list[str]:
     own = _names(kind)
     out = []
     for name in sorted(set(options) - own):
-        readers = [a.name for a in ARCHITECTURES.values() if name in _names(a.options)]
+        readers = [a.name for a in _table().values() if name in _names(a.options)]
         out.append(f"options.{name}={options[name]!r}: only architecture="
                    f"{' or '.join(map(repr, readers))} reads it" if readers else
                    f"options.{name}: no architecture has this option (architecture="
@@ -210,12 +213,10 @@ def from_target_config(
         **overrides: Any draft config field (num_hidden_layers, block_size, markov_rank,
             options, ...). An option given as a keyword of its own still reads, warning.
     """
-    from sparkforge.trainer.architectures import ARCHITECTURES
-
     overrides = fold_flat_options(overrides, warn_as=("from_target_config's keywords",
                                                       "options={...}"))
     base = target_fields(target_config, depth=int(overrides.get("num_hidden_layers", 5)))
-    arch = ARCHITECTURES.get(overrides.get("architecture") or "qwen3")
+    arch = _table().get(overrides.get("architecture") or "qwen3")
     if arch is not None:
         base |= arch.target_fields(text_config(target_config), target_model_type(target_config))
     if target_layer_ids is not None:
