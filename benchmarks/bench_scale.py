@@ -77,16 +77,18 @@ def slot_keys(root: Path) -> Callable[[int], dict[str, str]]:
     return lambda slot: {name: slot_key(name, arr, slot, spec()) for name, arr in arrays.items()}
 
 
-def synthesize(root: Path, num_units: int) -> dict[str, Any]:
+def synthesize(root: Path, num_units: int, extra: int) -> dict[str, Any]:
     """Units 0..num_units-1: unit 0 by the real writer, the rest copies of its record and objects
-    with shifted ids; the header promises one unit more (the measured commit writes it)."""
+    with shifted ids; the header promises ``extra`` units more (the measured commits write
+    them, one per latency on S3)."""
     from cache_helpers import make_run_header
 
     from sparkforge.shared.layout import attempt_key, commit_key, first_slot
     from sparkforge.shared.writer import CacheWriter
 
     s = spec()
-    writer = CacheWriter.open(str(root), spec=s, header=make_run_header(s, num_units=num_units + 1))
+    writer = CacheWriter.open(str(root), spec=s,
+                              header=make_run_header(s, num_units=num_units + extra))
     writer.write_unit(0, *unit_samples(0))
     record = json.loads((root / commit_key(s, 0)).read_text())
     keys = slot_keys(root)
@@ -135,7 +137,7 @@ class Phase:
     """What a job process knows: the cache, how to reach it, and when its measured part starts."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.uri, self.units = args.uri, args.units
+        self.uri, self.units, self.extra = args.uri, args.units, args.extra_units
         self.options = json.loads(args.storage_options)
         self.max_concurrency = args.max_concurrency
         self._t0 = (time.perf_counter(), time.process_time())
@@ -162,17 +164,19 @@ class Phase:
 
 
 def job_commit(p: Phase) -> dict[str, Any]:
-    """One more unit through the real writer, after ``units`` earlier ones."""
+    """One more unit through the real writer, after ``units`` earlier ones and the commits
+    measured before this one (at other latencies)."""
     from cache_helpers import make_run_header
 
     from sparkforge.shared.writer import CacheWriter
 
     s = spec()
-    writer = CacheWriter.open(p.uri, spec=s, header=make_run_header(s, num_units=p.units + 1),
-                              storage_options=p.options)
-    samples = unit_samples(p.units)
+    writer = CacheWriter.open(p.uri, spec=s, header=make_run_header(s, num_units=p.units + p.extra),
+                              storage_options=p.options, max_concurrency=p.max_concurrency)
+    unit = p.units + sum(u >= p.units for u in writer.committed_units())
+    samples = unit_samples(unit)
     p.start()
-    writer.write_unit(p.units, *samples)
+    writer.write_unit(unit, *samples)
     return {}
 
 
@@ -181,7 +185,7 @@ def job_finalize(p: Phase) -> dict[str, Any]:
     from sparkforge.manifests.finalize import finalize_cache
 
     p.start()
-    finalize_cache(p.uri, expected_units=p.units + 1, **p.kwargs(finalize_cache))
+    finalize_cache(p.uri, expected_units=p.units + p.extra, **p.kwargs(finalize_cache))
     return {}
 
 
@@ -314,13 +318,13 @@ def lone_requests(spans: list[tuple[str, float, float]]) -> int:
 
 
 def run_in_process(job: str, uri: str, units: int, options: dict[str, Any],
-                   args: argparse.Namespace, served: Served | None) -> dict[str, Any]:
+                   args: argparse.Namespace, served: Served | None, extra: int) -> dict[str, Any]:
     """Run one job in its own process; on S3 also the requests it sends after its set-up, by
     kind, the most in flight, how many were alone in flight, and the CPU the server and the
     proxy (this process's threads: its main thread only waits) spent on them."""
     cmd = [sys.executable, "-P", __file__, "--job", job, "--uri", uri, "--units", str(units),
            "--storage_options", json.dumps(options), "--max_concurrency",
-           str(args.max_concurrency)]
+           str(args.max_concurrency), "--extra_units", str(extra)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None
     assert proc.stdout is not None
@@ -375,15 +379,18 @@ def s3_cache(root: Path) -> Iterator[tuple[str, dict[str, Any], Served]]:
 def measure(samples: int, mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Synthesize one size, then run every job on it in turn."""
     units = math.ceil(samples / ROWS_PER_UNIT)
+    extra = len(args.latency_ms) if mode == "s3" else 1  # one commit per latency on S3
     root = workdir / f"cache-{samples}"
     t0 = time.perf_counter()
     synth = subprocess.run([sys.executable, "-P", __file__, "--synthesize", str(root),
-                            "--units", str(units)], check=True, capture_output=True, text=True)
+                            "--units", str(units), "--extra_units", str(extra)],
+                           check=True, capture_output=True, text=True)
     out: dict[str, Any] = json.loads(synth.stdout.splitlines()[-1])
     out["synthesize_s"] = time.perf_counter() - t0
     jobs = [j for j in args.jobs if mode == "s3" or j != "copy"]
     if mode == "local":
-        out["jobs"] = {j: run_in_process(j, str(root), units, {}, args, None) for j in jobs}
+        out["jobs"] = {j: run_in_process(j, str(root), units, {}, args, None, extra)
+                       for j in jobs}
         out["largest_folder"] = largest_folder(root)
         shutil.rmtree(root)
     else:
@@ -393,7 +400,7 @@ def measure(samples: int, mode: str, args: argparse.Namespace, workdir: Path) ->
                 for latency in args.latency_ms[-1:] if j in WRITES else args.latency_ms:
                     served.proxy.latency_s = latency / 1000
                     out["jobs"][at(j, latency)] = run_in_process(j, uri, units, options, args,
-                                                                 served)
+                                                                 served, extra)
     return out
 
 
@@ -409,8 +416,9 @@ def at(job: str, latency_ms: float) -> str:
     return f"{job}@{latency_ms:g}"
 
 
-WRITES = ("commit", "finalize")
-"""Jobs that change the cache: on S3 they run once, at the last latency given."""
+WRITES = ("finalize",)
+"""Jobs that change the cache: on S3 they run once, at the last latency given (commit runs at
+each, writing one more unit each time)."""
 LABEL_WIDTH = 56
 
 
@@ -448,6 +456,10 @@ def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
                                  ("requests alone in flight", "lone_requests", ",")):
             if field in got[0]:
                 row(f"{label}: {name}", [g[field] for g in got], fmt)
+            if field == "requests" and field in got[0]:
+                for kind in sorted({k for g in got for k in g["requests_by_kind"]}):
+                    row(f"{label}: {kind} requests",
+                        [g["requests_by_kind"].get(kind, 0) for g in got], ",")
     if mode == "s3":
         s3_ratios(results, args, row)
     elif {"deep", "copy"} <= set(results[0]["jobs"]):
@@ -536,6 +548,7 @@ def main() -> int:
     p.add_argument("--uri", help=argparse.SUPPRESS)
     p.add_argument("--units", type=int, help=argparse.SUPPRESS)
     p.add_argument("--storage_options", default="{}", help=argparse.SUPPRESS)
+    p.add_argument("--extra_units", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.job:
         run_job(args)
@@ -544,7 +557,7 @@ def main() -> int:
         serve_moto(Path(args.serve))
         return 0
     if args.synthesize:
-        print(json.dumps(synthesize(Path(args.synthesize), args.units)))
+        print(json.dumps(synthesize(Path(args.synthesize), args.units, args.extra_units)))
         return 0
     flags = (["--samples", *map(str, args.samples), "--modes", *args.modes,
               "--latency_ms", *(f"{x:g}" for x in args.latency_ms), "--max_concurrency",

@@ -236,6 +236,49 @@ def read_many(loc: Location, keys: Iterable[str], *, max_bytes: int | None = Non
             yield key, future.result()
 
 
+class PendingWrites:
+    """Atomic writes (:func:`atomic_write`) sent on a thread pool while the caller goes on.
+
+    At most ``max_in_flight`` of them, holding at most ``max_bytes`` (always at least one), are
+    pending at once; a second write of a key waits for the first, so the last one given wins.
+    :meth:`wait` returns once every write is durable.
+    """
+
+    def __init__(self, loc: Location, pool: ThreadPoolExecutor, *, max_in_flight: int,
+                 max_bytes: int) -> None:
+        self._loc, self._pool = loc, pool
+        self._max_in_flight, self._max_bytes = max(1, max_in_flight), max_bytes
+        self._pending: dict[str, tuple[Future[None], int]] = {}
+        self._bytes = 0
+
+    def write(self, key: str, data: bytes) -> None:
+        """Send ``data`` to ``key``; first waits for ``key``'s earlier write, then for the oldest
+        writes while the bounds are reached (raising the error of any that failed)."""
+        if key in self._pending:
+            self._finish(key)
+        while self._pending and (len(self._pending) >= self._max_in_flight
+                                 or self._bytes + len(data) > self._max_bytes):
+            self._finish(next(iter(self._pending)))
+        self._pending[key] = (self._pool.submit(atomic_write, self._loc, key, data), len(data))
+        self._bytes += len(data)
+
+    def wait(self) -> None:
+        """Block until every write sent has ended; raise the first failure, once all have."""
+        errors = []
+        while self._pending:
+            try:
+                self._finish(next(iter(self._pending)))
+            except Exception as exc:  # noqa: BLE001 (re-raised below, after the others end)
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _finish(self, key: str) -> None:
+        future, size = self._pending.pop(key)
+        self._bytes -= size
+        future.result()
+
+
 def inside_root(loc: Location, key: str) -> str:
     """The path of ``key``, checked before any local read: on local disk it must not resolve
     (through links) outside the root, and if it exists it must be a regular file.
@@ -287,9 +330,22 @@ def resolves_inside(path: str, root: str) -> bool:
 
 
 def exists(loc: Location, key: str) -> bool:
-    """Whether ``key`` exists, bypassing any listing cache."""
+    """Whether the object ``key`` exists, bypassing any listing cache.
+
+    On an object store this is one request, a GET of the first byte: s3fs's own ``exists``
+    sends a HEAD and, when the object is missing (as a unit's commit record is before every
+    commit), a LIST for a folder of that name.
+    """
     path = loc.path(key)
     loc.fs.invalidate_cache(path)
+    if not loc.is_local:
+        try:
+            loc.fs.cat_file(path, start=0, end=1)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError:
+            pass  # S3 refuses any range of an empty object (416): ask the store itself
     return bool(loc.fs.exists(path))
 
 

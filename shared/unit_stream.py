@@ -1,27 +1,35 @@
 """One unit's attempt written sample by sample, each sample in blocks of rows as they are captured.
 
-The writer packs a unit's samples in order into the attempt's slots and writes each slot as soon as
-it is full, so memory holds one slot of rows per array, and a capture that hands a long sample over
-a chunk at a time never holds the sample whole. Nothing is visible until ``commit`` publishes the
-unit's commit record (an exclusive create); a crash or an error before it leaves only slot objects
-of an attempt no record names, which readers never read and a re-run does not reuse.
+The writer packs a unit's samples in order into the attempt's slots and encodes each slot as soon
+as it is full, so memory holds one slot of rows per array (plus the encoded objects still being
+sent, at most :data:`WRITE_AHEAD_BYTES`), and a capture that hands a long sample over a chunk at a
+time never holds the sample whole. Slot objects are sent several at once, while the next slot fills.
+Nothing is visible until ``commit``, once every slot object is durable, publishes the unit's commit
+record (an exclusive create); a crash or an error before it leaves only slot objects of an attempt
+no record names, which readers never read and a re-run does not reuse.
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import zarr
+from zarr.core.metadata import ArrayV3Metadata
+from zarr.storage import MemoryStore, StorePath
 
 from sparkforge.shared import storage
 from sparkforge.shared.commit import SampleRow, SlotRecord, UnitInfo, checksum
 from sparkforge.shared.dtypes import STORAGE_DTYPES, quantize_e4m3, storage_to_float32
 from sparkforge.shared.errors import SparkforgeError
-from sparkforge.shared.layout import ArrayLayout, CacheSpec, commit_key, row_selection
+from sparkforge.shared.layout import ArrayLayout, CacheSpec, commit_key, slot_block, slot_key
 from sparkforge.shared.records import SampleRows, SampleStart, UnitAccounting
+
+WRITE_AHEAD_BYTES: Final = 256 << 20
+"""Encoded slot objects one stream may hold while they are sent (at least one, however large)."""
 
 
 class UnitAlreadyCommitted(SparkforgeError):
@@ -30,7 +38,8 @@ class UnitAlreadyCommitted(SparkforgeError):
 
 @dataclass(frozen=True)
 class SlotArrays:
-    """Where a stream writes: the store, its spec, its arrays and the calling thread's state."""
+    """Where a stream writes: the store, its spec, its arrays, the calling thread's state and the
+    pool that sends slot objects."""
 
     loc: storage.Location
     spec: CacheSpec
@@ -38,6 +47,9 @@ class SlotArrays:
     arrays: dict[str, zarr.Array[Any]]
     local: threading.local
     """Per thread: the shard buffers it reuses from slot to slot, and their dirty rows."""
+    pool: ThreadPoolExecutor
+    max_in_flight: int
+    """Slot objects one stream sends at once."""
 
 
 def start_problems(spec: CacheSpec, s: SampleStart) -> list[str]:
@@ -102,6 +114,9 @@ class UnitStream:
         self._ids: set[int] = set()
         self._open: _OpenSample | None = None
         self._buffers = _shard_buffers(target)
+        self._writes = storage.PendingWrites(target.loc, target.pool,
+                                             max_in_flight=target.max_in_flight,
+                                             max_bytes=WRITE_AHEAD_BYTES)
 
     def _fail(self, sample_id: int, problems: list[str]) -> None:
         if problems:
@@ -172,7 +187,8 @@ class UnitStream:
         self._open = None
 
     def commit(self, accounting: UnitAccounting) -> UnitInfo:
-        """Write the last slot, then publish the unit's commit record.
+        """Write the last slot, wait until every slot object is durable, then publish the unit's
+        commit record.
 
         Raises:
             UnitAlreadyCommitted: if another attempt committed the unit meanwhile.
@@ -187,6 +203,7 @@ class UnitStream:
         if self._used:
             self._slots.append(self._write_slot())
             self._used = 0
+        self._writes.wait()
         info = UnitInfo(unit=self.unit, attempt=self.attempt, slots=tuple(self._slots),
                         samples=tuple(self._rows), accounting=accounting)
         try:
@@ -202,20 +219,40 @@ class UnitStream:
         self._slot, self._used = self._slot + 1, 0
 
     def _write_slot(self) -> SlotRecord:
-        """One setitem per array covering the whole shard, so each shard object lands whole.
+        """Encode each array's whole slot object and send it (at most ``max_in_flight`` at once).
 
         Rows past ``used`` that an earlier slot filled are cleared first; a failed write leaves
         the larger count, so nothing stale ever reaches the next slot.
         """
         spec, local, used = self._t.spec, self._t.local, self._used
-        sr, crcs = spec.shard_rows, {}
+        crcs = {}
         for name, buf in self._buffers.items():
             buf[used:local.dirty_rows] = 0
-            self._t.arrays[name][row_selection(spec, self._slot * sr,
-                                               (self._slot + 1) * sr)] = buf
+            arr = self._t.arrays[name]
+            data = encode_slot(arr, slot_block(spec, self._t.layouts[name]), buf)
+            self._writes.write(slot_key(name, arr, self._slot, spec), data)
             crcs[name] = checksum(buf[:used])
         local.dirty_rows = used
         return SlotRecord(slot=self._slot, num_rows=used, crc32c=crcs)
+
+
+def encode_slot(arr: zarr.Array[Any], block: tuple[int, ...], rows: np.ndarray) -> bytes:
+    """The object zarr stores for one whole slot of ``arr`` (its shard, or the one chunk of an
+    unsharded array), encoded in memory by an array of one slot with the same metadata.
+
+    Written through the store instead, zarr's sharding codec first reads the shard's object
+    back (on S3: a HEAD and a LIST for an object that does not exist yet). Every slot gets its
+    object, even an all-zero one (e.g. pre-tokenized ids that are all 0): readers and validate
+    treat a missing object as lost data, never as zeros.
+    """
+    metadata = arr.metadata.update_shape(block)
+    assert isinstance(metadata, ArrayV3Metadata), "caches are zarr v3 arrays"
+    objects: dict[str, Any] = {}
+    one = zarr.AsyncArray(metadata=metadata, store_path=StorePath(MemoryStore(objects)),
+                          config={"write_empty_chunks": True})
+    zarr.Array(one)[...] = rows.reshape(block)
+    data: bytes = objects[metadata.encode_chunk_key((0,) * len(block))].to_bytes()
+    return data
 
 
 def _stored_fields(spec: CacheSpec, r: SampleRows) -> dict[str, Any]:

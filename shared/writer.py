@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zarr
@@ -63,23 +64,25 @@ def diff_json(old: object, new: object, path: str = "") -> list[str]:
 
 class CacheWriter:
     """Writes units into one cache store; safe to run as several processes or threads on disjoint
-    units (each thread fills its own shard buffers)."""
+    units (each thread fills its own shard buffers). A unit's independent requests go out
+    together, at most ``max_concurrency`` of the writer's at once."""
 
-    def __init__(self, loc: storage.Location, spec: CacheSpec, group: zarr.Group) -> None:
+    def __init__(self, loc: storage.Location, spec: CacheSpec, group: zarr.Group, *,
+                 max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY) -> None:
         self.loc, self.spec = loc, spec
-        # Every committed slot gets its object, even an all-zero one (e.g. pre-tokenized ids that
-        # are all 0): readers and validate treat a missing object as lost data, never as zeros.
-        arrays = {name: arr.with_config({"write_empty_chunks": True})
-                  for name, arr in open_arrays(group, spec).items()}
-        self._target = SlotArrays(loc, spec, array_layouts(spec), arrays, threading.local())
+        self._pool = ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix="unit_writes")
+        self._target = SlotArrays(loc, spec, array_layouts(spec), open_arrays(group, spec),
+                                  threading.local(), self._pool, max(1, max_concurrency))
 
     @classmethod
     def open(cls, uri: str, *, spec: CacheSpec, header: RunHeader,
-             storage_options: Mapping[str, Any] | None = None) -> CacheWriter:
+             storage_options: Mapping[str, Any] | None = None,
+             max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY) -> CacheWriter:
         """Create the store, or reopen it after checking that spec and header are unchanged.
 
         The header is validated first (it must parse back from its JSON), so a bad header fails
-        before anything is written or captured.
+        before anything is written or captured. ``max_concurrency`` bounds the requests the
+        writer has in flight at once (slot objects, and a unit's claim beside its commit check).
 
         Raises:
             ManifestError: naming the first header field that would not parse.
@@ -109,7 +112,7 @@ class CacheWriter:
         if problems:
             raise CacheMismatchError(f"cache at {uri} was created with a different spec/header: "
                                      + "; ".join(problems))
-        return cls(loc, spec, group)
+        return cls(loc, spec, group, max_concurrency=max_concurrency)
 
     def committed_units(self) -> set[int]:
         """Units whose commit record exists (read fresh from the store)."""
@@ -133,9 +136,12 @@ class CacheWriter:
         """
         if not 0 <= unit < MAX_UNITS:
             raise SparkforgeError(f"unit must be in [0, {MAX_UNITS}), got {unit}")
+        # The claim goes out beside the check: one request latency, not two. A claim of a
+        # committed unit is harmless (no record names its attempt) and is not waited for.
+        claim = self._pool.submit(self._claim_attempt, unit)
         if self.is_committed(unit):
             raise UnitAlreadyCommitted(f"unit {unit} is already committed")
-        attempt = self._claim_attempt(unit)
+        attempt = claim.result()
         return UnitStream(self._target, unit=unit, attempt=attempt,
                           first_slot=first_slot(self.spec, unit, attempt))
 

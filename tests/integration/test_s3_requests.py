@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import boto3
+import numpy as np
 import pytest
 from cache_helpers import SMALL_SPEC, make_run_header, make_unit
 from s3_proxy import S3Proxy
@@ -73,7 +74,9 @@ def test_a_commit_sends_the_same_requests_after_a_thousand_earlier_units(
         moto_server: dict[str, Any], proxy: S3Proxy) -> None:
     """Claiming an attempt lists nothing, so 1,001 earlier units' claims (more than one LIST
     page; a full group folder and part of the unit's own) and commit records do not change
-    what a commit sends, and no request lists a folder."""
+    what a commit sends: one GET asking whether the unit is committed, the claim, one PUT per
+    slot object and the record; no HEAD, no LIST (zarr's read of a shard before writing it, a
+    HEAD and a LIST for an object not there yet, is not sent)."""
     root = uuid.uuid4().hex
     uri = f"s3://{moto_server['bucket']}/{root}"
     writer = CacheWriter.open(uri, spec=SPEC, header=make_run_header(SPEC, num_units=2000),
@@ -83,16 +86,39 @@ def test_a_commit_sends_the_same_requests_after_a_thousand_earlier_units(
                                 for key in (attempt_key(SPEC, u, 0), commit_key(SPEC, u))])
     later, log = _commit(writer, 1501, proxy)
     assert later == first
-    assert first["PUT"] == 2 + 5  # the attempt claim, the commit record, one object per array
-    # No request lists a folder: a LIST is s3fs asking whether the key it just HEADed is a
-    # "directory" (prefix = that key + "/", one key at most), never its group or _commits/.
-    heads = {_key(path) for kind, path in log if kind == "HEAD"}
-    prefixes = [parse_qs(urlsplit(path).query)["prefix"][0] for kind, path in log
-                if kind == "LIST"]
-    assert prefixes
-    assert all(p.endswith("/") and p[:-1].split("/", 1)[1] in heads for p in prefixes), prefixes
-    assert commit_key(SPEC, 1501) in heads  # in its group's folder, _commits/1/
+    assert later == {"GET": 1, "PUT": 2 + 5}  # the claim, the record, one object per array
+    assert ("GET", f"/{moto_server['bucket']}/{root}/{commit_key(SPEC, 1501)}") in log
     assert ("PUT", f"/{moto_server['bucket']}/{root}/{attempt_key(SPEC, 1501, 0)}") in log
+
+
+def test_a_commits_slot_objects_are_sent_a_few_at_a_time_before_its_record(
+        moto_server: dict[str, Any], proxy: S3Proxy) -> None:
+    """A unit's ten slot objects (two slots of five arrays) go out at most ``max_concurrency``
+    at once, its claim beside its commit check, and its record only once every slot object
+    is answered: sent one after another, or the record sent with them, this fails."""
+    uri = f"s3://{moto_server['bucket']}/{uuid.uuid4().hex}"
+    options = _options(moto_server, proxy)
+    writer = CacheWriter.open(uri, spec=SMALL_SPEC, header=make_run_header(SMALL_SPEC, num_units=1),
+                              storage_options=options, max_concurrency=4)
+    samples, accounting = make_unit(SMALL_SPEC, 0, lengths=[16] * 4)
+    latency = proxy.latency_s = 0.2  # requests overlap only if sent before others come back
+    proxy.reset()
+    writer.write_unit(0, samples, accounting)
+    spans, top = list(proxy.spans), proxy.max_in_flight
+    proxy.latency_s = 0.0
+    slots = [start for path, start, _ in spans if "/c/" in path]
+    check, record = sorted(start for path, start, _ in spans if "/_commits/" in path)
+    claim = next(start for path, start, _ in spans if "/_attempts/" in path)
+    assert len(slots) == 2 * len(array_layouts(SMALL_SPEC))
+    assert top == 4, top  # ten objects are encoded well within one latency
+    # The proxy answers no request before ``latency`` has passed since it came in: the claim
+    # was sent before the check was answered, the record after every slot object was.
+    assert abs(claim - check) < latency, (claim, check)
+    assert record >= max(slots) + latency, (record, slots)
+    finalize_cache(uri, expected_units=1, storage_options=options)
+    got = open_cache(uri, storage_options=options, verify=True).read_unit(0)
+    for have, want in zip(got, samples, strict=True):
+        np.testing.assert_array_equal(have.aux_hidden, want.aux_hidden)
 
 
 @pytest.fixture(scope="module")
@@ -224,4 +250,5 @@ def test_finalize_and_inspect_count_objects_a_group_folder_at_a_time(
     assert summary["objects"] == len(everything)
     assert summary["bytes_on_disk"] == sum(int(i["size"]) for i in everything.values())
     assert 0 < manifest.storage.totals.stored_bytes <= summary["bytes_on_disk"]
+
 

@@ -19,8 +19,8 @@ from sparkforge.shared.writer import CacheWriter
 class GatedWriter(CacheWriter):
     """A real cache writer whose ``write_unit`` waits for a gate (and can be told to fail)."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.gate = threading.Event()
         self.started: list[int] = []
         self.fail_unit = -1

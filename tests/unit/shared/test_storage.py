@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,19 @@ def test_only_stale_partials_are_removed(tmp_path: Path) -> None:
     assert [p.exists() for p in (*stale, young, other)] == [False, False, True, True]
     assert storage.remove_stale_partials(storage.open_location("memory://c"),
                                          older_than_s=0) == []
+
+
+def test_pending_writes_end_before_wait_raises_the_failure(tmp_path: Path) -> None:
+    """A failed write is raised by ``wait`` once every other write has ended; the last write
+    given for a key is the one stored."""
+    loc = storage.open_location(str(tmp_path / "c"))
+    storage.atomic_write(loc, "blocker", b"a file, not a folder")
+    with ThreadPoolExecutor(4) as pool:
+        writes = storage.PendingWrites(loc, pool, max_in_flight=8, max_bytes=1 << 20)
+        writes.write("blocker/x", b"cannot be written")
+        for i in range(6):
+            writes.write(f"ok/{i % 3}", f"version {i}".encode())
+        with pytest.raises(FileExistsError, match="blocker"):
+            writes.wait()
+        assert [storage.read_bytes(loc, f"ok/{i}") for i in range(3)] == [
+            b"version 3", b"version 4", b"version 5"]
