@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final, Literal
 
 from sparkforge.manifests.finalize import read_run_header
@@ -20,6 +22,7 @@ from sparkforge.manifests.objects import MAX_COMMIT_BYTES, existing_location, ob
 from sparkforge.manifests.open import read_manifest
 from sparkforge.manifests.schema import ManifestError
 from sparkforge.shared import storage
+from sparkforge.shared.commit import bookkeeping_folders
 from sparkforge.shared.commit_columns import parse_commit_bytes
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.shared.header import RunHeader
@@ -73,6 +76,8 @@ class StatusReader:
     num_workers: int = 1
     window_s: float = DEFAULT_WINDOW_S
     done: dict[int, UnitDone] = field(default_factory=dict)
+    max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY
+    """Group folders listed at once."""
 
     @classmethod
     def open(cls, uri: str, *, num_workers: int = 1, window_s: float = DEFAULT_WINDOW_S,
@@ -92,10 +97,10 @@ class StatusReader:
         """The status as a JSON-ready dict (see :func:`status_table` for its fields)."""
         now = datetime.now(UTC).timestamp() if now is None else now
         problems: list[str] = []
-        commit_times = {unit: t for k, t in object_times(self.loc, COMMITS_PREFIX).items()
+        commit_times = {unit: t for k, t in self._times(COMMITS_PREFIX).items()
                         if (unit := _unit_of(k)) is not None}
         self._read_new(commit_times, problems)
-        attempts = [a for k, t in object_times(self.loc, ATTEMPTS_PREFIX).items()
+        attempts = [a for k, t in self._times(ATTEMPTS_PREFIX).items()
                     if (a := _attempt_of(k, t)) is not None]
         committed = set(commit_times)
         open_attempts = _latest_open(attempts, committed)
@@ -121,6 +126,20 @@ class StatusReader:
                           for a in abandoned],
             "problems": problems,
         }
+
+    def _times(self, prefix: str) -> dict[str, float | None]:
+        """:func:`object_times` of ``prefix``, a group folder at a time (from format 4), up to
+        ``max_concurrency`` folders at once: no listing holds more than one group's objects,
+        and each is dropped from the filesystem's listing cache once read (one find of
+        ``_commits/`` held every unit's details at once)."""
+        folders = bookkeeping_folders(self.loc, self.spec, prefix)
+        times: dict[str, float | None] = {}
+        with ThreadPoolExecutor(max(1, min(len(folders), self.max_concurrency))) as pool:
+            for folder, found in zip(folders, pool.map(partial(object_times, self.loc), folders),
+                                     strict=True):
+                times |= found
+                self.loc.fs.invalidate_cache(self.loc.path(folder))
+        return times
 
     def _read_new(self, commit_times: Mapping[int, float | None], problems: list[str]) -> None:
         """Parse the commit records not seen before (all in one batched read, each capped)."""

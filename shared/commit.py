@@ -34,11 +34,18 @@ SAMPLE_COLUMNS = ("sample_id", "slot", "row_offset", "length", "num_loss_tokens"
                   "source_hash", "split")
 
 
+def bookkeeping_folders(loc: storage.Location, spec: CacheSpec, prefix: str) -> list[str]:
+    """The folders holding ``prefix``'s (``_commits``, ``_attempts``) objects: one per group from
+    format 4 (listed fresh from the store), else ``prefix`` itself (formats 1-3 keep it flat)."""
+    if spec.format_version < 4:
+        return [prefix]
+    return [f"{prefix}/{g}" for g in storage.list_names(loc, prefix) if g.isdigit()]
+
+
 def committed_units(loc: storage.Location, spec: CacheSpec) -> set[int]:
     """Units whose commit record exists at its key (listed fresh from the store, one group
     folder at a time from format 4; a record in another unit's group is not counted)."""
-    folders = [COMMITS_PREFIX] if spec.format_version < 4 else [
-        f"{COMMITS_PREFIX}/{g}" for g in storage.list_names(loc, COMMITS_PREFIX) if g.isdigit()]
+    folders = bookkeeping_folders(loc, spec, COMMITS_PREFIX)
     return {unit for folder in folders for name in storage.list_names(loc, folder)
             if (unit := parse_commit_name(name)) is not None
             and commit_key(spec, unit) == f"{folder}/{name}"}

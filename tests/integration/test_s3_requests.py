@@ -19,6 +19,7 @@ from s3_proxy import S3Proxy
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
+from sparkforge.manifests.status import StatusReader
 from sparkforge.manifests.summary import summarize_cache
 from sparkforge.manifests.validate import validate_cache
 from sparkforge.shared import storage
@@ -252,3 +253,18 @@ def test_finalize_and_inspect_count_objects_a_group_folder_at_a_time(
     assert 0 < manifest.storage.totals.stored_bytes <= summary["bytes_on_disk"]
 
 
+
+def test_status_lists_a_group_folder_at_a_time(s3_cache: str, moto_server: dict[str, Any],
+                                               proxy: S3Proxy) -> None:
+    """``sparkforge status`` lists the commit records and attempt claims one group folder at a
+    time (``_commits/0``, ``_attempts/0``), never ``_commits/`` or ``_attempts/`` whole, and still
+    finds every unit and its claim."""
+    reader = StatusReader.open(s3_cache, storage_options=_options(moto_server, proxy))
+    proxy.reset()
+    status = reader.read()
+    lists = _recursive_lists(list(proxy.log))
+    assert sorted(lists) == ["_attempts/0/", "_commits/0/"], lists
+    assert status["units"] == {"total": NUM_UNITS, "committed": NUM_UNITS, "missing": 0,
+                               "in_flight": 0}
+    assert status["state"] == "finalized"
+    assert status["abandoned"] == []
