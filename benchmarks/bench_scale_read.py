@@ -11,8 +11,9 @@ Phases, each in its own process (CPU time and peak RSS are that process's own):
   start-up per sample, with the manifest's own parse timed apart (the manifest is another
   change's). Growth exponent: the least-squares slope of log(cost) over log(N).
 - ``plan``: one rank's plans (its 2 worker shares, ``pack``) at several share counts.
-- ``workers``: private memory (USS) each of 2 forked DataLoader workers adds, per sample, on a
-  real cache written by the real writer.
+- ``workers``: private memory (USS) each of 2 DataLoader workers adds, per sample, on a real
+  cache written by the real writer: forked, spawned (columns in shared memory), and spawned with
+  that hand-over off (each worker unpickles its copy: the baseline).
 - ``throughput``: samples/s of the training loader over one real cache on S3 (moto behind the
   counting proxy of ``tests/s3_proxy.py``), at 0 and 30 ms per request, each read twice,
   alternating, in one process: their ratio, the requests and the most in flight.
@@ -46,6 +47,9 @@ SHARE_COUNTS = (8, 64, 512)
 THROUGHPUT_UNITS, READ_AHEAD, LATENCIES = 128, 16, (0.0, 0.03)
 """The S3 cache of the throughput phase: 128 units, 16 read ahead (112 read after the first
 batch), at 0 and 30 ms per request."""
+WORKER_STARTS = (("fork", "shared"), ("spawn", "shared"), ("spawn", "unshared"))
+"""How the workers start: forked; spawned, the columns handed over in shared memory; spawned,
+each unpickling its own copy (the baseline)."""
 WORKER_UNITS = (256, 4096)
 """Real caches of 65k and 1M samples (the larger takes ~6 min to write here; ``--work`` keeps
 it): a worker's private bytes per sample is the slope."""
@@ -172,6 +176,19 @@ def private_bytes(pid: int) -> int:
     return sum(int(fields[k].split()[0]) * 1024 for k in ("Private_Clean", "Private_Dirty"))
 
 
+def private_shm_bytes(pid: int) -> int:
+    """The part of :func:`private_bytes` in shared-memory files: pages of a /dev/shm block that
+    only this process has touched so far (a worker reading its own share), not copies."""
+    total, in_shm = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if "-" in name and " " in line and not name.isalpha():  # a mapping's header line
+            in_shm = "/dev/shm/" in line
+        elif in_shm and name in ("Private_Clean", "Private_Dirty"):
+            total += int(rest.split()[0]) * 1024
+    return total
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds process ``pid`` has used so far (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -232,16 +249,33 @@ def _plan_size(plan: Any) -> int:
     return int(positions.size) if positions is not None else sum(b.size for b in plan.batches)
 
 
-def phase_workers(uri: str) -> dict[str, Any]:
-    """Private bytes each of two forked DataLoader workers holds once it yielded a batch."""
-    dm = data_module(uri)
+def phase_workers(uri: str, start_method: str = "fork", shared: str = "shared"
+                  ) -> dict[str, Any]:
+    """Private bytes each of two DataLoader workers holds once it yielded a batch (outside
+    shared-memory blocks, which only the first to touch a page holds alone), started by
+    ``start_method``; ``unshared``: spawned workers unpickle private copies of the columns
+    (this code with its shared-memory hand-over turned off, the baseline)."""
+    if shared == "unshared":
+        from sparkforge.trainer import worker_memory
+
+        worker_memory.MIN_SHARED_BYTES = 1 << 62  # type: ignore[misc]
+    dm = data_module(uri, **({} if start_method == "fork" else {"start_method": start_method}))
     loader = dm.train_dataloader()
     batches = iter(loader)
     next(batches)
     next(batches)
     children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
-    uss = [private_bytes(int(pid)) for pid in children]
-    return {"worker_private": uss, "samples": len(dm.split_index("train"))}
+    workers = [int(pid) for pid in children if _is_loader_worker(int(pid))]
+    return {"worker_private": [private_bytes(pid) - private_shm_bytes(pid) for pid in workers],
+            "worker_private_shm": [private_shm_bytes(pid) for pid in workers],
+            "samples": len(dm.split_index("train"))}
+
+
+def _is_loader_worker(pid: int) -> bool:
+    """Whether child ``pid`` is a DataLoader worker (not forkserver's server or spawn's
+    resource tracker)."""
+    command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return not any(b"forkserver" in part or b"resource_tracker" in part for part in command)
 
 
 def phase_throughput(num_units: int) -> dict[str, Any]:
@@ -339,13 +373,13 @@ def measure(sizes: list[int], code: Path | None, work: Path) -> dict[str, Any]:
             synthesize(Path(uri), n)
         out["startup"][n] = run_phase(["startup", uri], code)
         out["plan"][n] = {k: run_phase(["plan", uri, str(k)], code) for k in SHARE_COUNTS}
-    workers = {}
+    out["workers"] = {start: {} for start in WORKER_STARTS if code is None or start[0] == "fork"}
     for units in WORKER_UNITS:
         uri = str(work / f"real-{units}")
         if not Path(uri).exists():
             real_cache(Path(uri), units)
-        workers[units] = run_phase(["workers", uri], code)
-    out["workers"] = workers
+        for start in out["workers"]:
+            out["workers"][start][units] = run_phase(["workers", uri, *start], code)
     out["throughput"] = run_phase(["throughput", str(THROUGHPUT_UNITS)], code)
     return out
 
@@ -374,12 +408,19 @@ def table(name: str, res: dict[str, Any], sizes: list[int]) -> list[str]:
                          f"{(cpu[sizes.index(b)] - cpu[sizes.index(a)]) / (b - a) * 1e6:.2f} us, "
                          f"rss {(rss[sizes.index(b)] - rss[sizes.index(a)]) / (b - a):.0f} B "
                          "per sample")
-    small, big = (res["workers"][u] for u in WORKER_UNITS)
-    extra = [(b - a) / (big["samples"] - small["samples"])
-             for a, b in zip(small["worker_private"], big["worker_private"], strict=True)]
-    lines.append(f"each DataLoader worker's private bytes: {small['worker_private']} at "
-                 f"{small['samples']:,} train samples, {big['worker_private']} at "
-                 f"{big['samples']:,}: {', '.join(f'{e:.0f}' for e in extra)} B per sample")
+    for start, sizes_of in res["workers"].items():
+        small, big = (sizes_of[u] for u in WORKER_UNITS)
+        extra = [(b - a) / (big["samples"] - small["samples"])
+                 for a, b in zip(small["worker_private"], big["worker_private"], strict=True)]
+        shm = [(b - a) / (big["samples"] - small["samples"]) for a, b in
+               zip(small.get("worker_private_shm", []), big.get("worker_private_shm", []),
+                   strict=True)]
+        lines.append(f"each DataLoader worker's private bytes ({' '.join(start)}): "
+                     f"{small['worker_private']} at {small['samples']:,} train samples, "
+                     f"{big['worker_private']} at {big['samples']:,}: "
+                     f"{', '.join(f'{e:.0f}' for e in extra)} B per sample (besides "
+                     f"{', '.join(f'{e:.0f}' for e in shm) or 'no'} B of shared-memory pages "
+                     "only it touched)")
     rate = {lat: t["samples_per_s"] for lat, t in res["throughput"].items()}
     for lat, t in res["throughput"].items():
         lines.append(f"S3 at {float(lat) * 1000:.0f} ms/request: {t['samples_per_s']:,.0f} "
@@ -402,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         name, *rest = args.phase
         result = {"startup": lambda: phase_startup(rest[0]),
                   "plan": lambda: phase_plan(rest[0], int(rest[1])),
-                  "workers": lambda: phase_workers(rest[0]),
+                  "workers": lambda: phase_workers(*rest),
                   "throughput": lambda: phase_throughput(int(rest[0]))}[name]()
         print(json.dumps(result))
         return 0

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from sparkforge.shared.commit import UnitInfo
 from sparkforge.shared.commit_columns import parse_commit_bytes
 from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.layer_ids import feature_positions
-from sparkforge.shared.layout import MANIFEST_KEY, TARGET_PREFIX, commit_key
+from sparkforge.shared.layout import MANIFEST_KEY, TARGET_PREFIX, CacheSpec, commit_key
 from sparkforge.shared.reader import CacheReader
 from sparkforge.shared.target_config import parse_target_config
 
@@ -138,31 +139,31 @@ def _shown(name: str, value: Any) -> object:
     return SPLITS[int(value)] if name == "split" else int(value)
 
 
-def commit_check(manifest: CacheManifest,
-                 units: UnitColumns) -> Callable[[int, CacheReader[CacheManifest]], None]:
+@dataclass(frozen=True)
+class CommitCheck:
     """A reader callback: a unit's boundaries must be the ones its commit record holds (read
-    through the reader's own location, so it works in any process).
+    through the reader's own location, so it works in any process; plain data, so a worker
+    that is not forked can unpickle it).
 
-    Raises (from the callback):
+    Raises (from the call):
         IndexMismatchError: naming the unit and the first differences.
     """
-    spec = manifest.storage.spec
 
-    def check(unit: int, reader: CacheReader[CacheManifest]) -> None:
-        where = f"unit {unit}"
+    spec: CacheSpec
+    units: UnitColumns
+
+    def __call__(self, unit: int, reader: CacheReader[CacheManifest]) -> None:
+        where, key = f"unit {unit}", commit_key(self.spec, unit)
         try:
-            raw = storage.read_bytes(reader.loc, commit_key(spec, unit),
-                                     max_bytes=MAX_COMMIT_BYTES)
+            raw = storage.read_bytes(reader.loc, key, max_bytes=MAX_COMMIT_BYTES)
         except FileNotFoundError as exc:
-            raise IndexMismatchError(f"{where}: commit record {commit_key(spec, unit)} is "
-                                     "missing") from exc
-        problems = unit_differences(units, parse_commit_bytes(raw, unit=unit, spec=spec),
+            raise IndexMismatchError(f"{where}: commit record {key} is missing") from exc
+        problems = unit_differences(self.units, parse_commit_bytes(raw, unit=unit, spec=self.spec),
                                     reader.samples, reader.slots)
         if problems:
             raise IndexMismatchError(f"{where}: the index or manifest disagrees with the commit "
                                      f"record: {'; '.join(problems[:3])}; run `sparkforge "
                                      "validate`")
-    return check
 
 
 def open_cache(uri: str, *, storage_options: Mapping[str, Any] | None = None,
@@ -193,4 +194,4 @@ def open_cache(uri: str, *, storage_options: Mapping[str, Any] | None = None,
     units, slots = read_tables(loc, manifest)
     return CacheReader(loc, manifest.storage.spec, units.unit, samples, slots, manifest,
                        vocab_size=manifest.target.vocab_size, verify=verify,
-                       check_unit=commit_check(manifest, units), aux_layers=positions)
+                       check_unit=CommitCheck(manifest.storage.spec, units), aux_layers=positions)

@@ -1,10 +1,14 @@
-"""Test helper for the crash tests: wait for a child CLI to reach a point, then signal it."""
+"""Test helpers for child processes: wait for a child CLI to reach a point; where a process's
+array lives in memory."""
 
 from __future__ import annotations
 
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
 
 
 def wait_until(proc: subprocess.Popen[str] | subprocess.Popen[bytes], ready: Callable[[], bool],
@@ -15,3 +19,16 @@ def wait_until(proc: subprocess.Popen[str] | subprocess.Popen[bytes], ready: Cal
         assert proc.poll() is None, f"the process ended before {what}"
         assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
         time.sleep(poll_s)
+
+
+def mapping_of(array: np.ndarray) -> str:
+    """The name of this process's memory mapping holding ``array``'s first byte (``[heap]``,
+    ``/dev/shm/...``, a file, or "" for an anonymous mapping)."""
+    address = array.ctypes.data
+    with Path("/proc/self/maps").open() as maps:
+        for line in maps:
+            span, *rest = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= address < hi:
+                return rest[4].strip() if len(rest) == 5 else ""
+    raise AssertionError(f"no mapping holds address {address:#x}")

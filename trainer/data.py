@@ -10,9 +10,11 @@ resumed run recomputes the plan and skips those batches without reading them.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import signal
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,6 +33,7 @@ from sparkforge.trainer.data_plan import (
     plan_epoch,
 )
 from sparkforge.trainer.loader_settings import LoaderSettings
+from sparkforge.trainer.worker_memory import arrays_in_shared_memory
 
 logger = logging.getLogger(__name__)
 
@@ -311,12 +314,16 @@ class ResumableLoader:
         self.stream.epoch, self.stream.skip_batches = self.epoch, self.consumed
         self.stream.prepare()
         workers = self.stream.num_workers
+        context = multiprocessing.get_context(self.stream.settings.start_method)
         loader = DataLoader(
             self.stream, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor if workers else None,
-            worker_init_fn=ignore_sigterm,
+            worker_init_fn=ignore_sigterm, multiprocessing_context=context if workers else None,
         )
-        for batch in loader:
+        forked = context.get_start_method() == "fork"
+        with nullcontext() if forked or not workers else arrays_in_shared_memory():
+            batches = iter(loader)  # starts the workers
+        for batch in batches:
             self.consumed += 1
             yield batch
 

@@ -21,7 +21,7 @@ from sparkforge.shared.reader import CacheReader
 from sparkforge.shared.target_config import parse_target_config
 from sparkforge.trainer.data import CacheStream, ResumableLoader, ignore_sigterm, load_split_index
 from sparkforge.trainer.data_plan import SplitIndex
-from sparkforge.trainer.loader_settings import Batching, LoaderSettings
+from sparkforge.trainer.loader_settings import Batching, LoaderSettings, StartMethod
 
 logger = logging.getLogger(__name__)
 _DEFAULTS = LoaderSettings()
@@ -59,6 +59,7 @@ class CacheDataModule(L.LightningDataModule):
         min_loss_tokens: int = _DEFAULTS.min_loss_tokens,
         verify_checksums: bool = _DEFAULTS.verify_checksums,
         val_batch_size: int | None = _DEFAULTS.val_batch_size,
+        start_method: StartMethod | None = _DEFAULTS.start_method,
     ) -> None:
         super().__init__()
         self.settings = LoaderSettings(
@@ -66,7 +67,7 @@ class CacheDataModule(L.LightningDataModule):
             shuffle_buffer=shuffle_buffer, pool_batches=pool_batches, num_workers=num_workers,
             prefetch_factor=prefetch_factor, read_ahead_units=read_ahead_units, seed=seed,
             min_loss_tokens=min_loss_tokens, verify_checksums=verify_checksums,
-            val_batch_size=val_batch_size)
+            val_batch_size=val_batch_size, start_method=start_method)
         # storage_options may hold credentials: kept out of the hparams that loggers publish.
         self.save_hyperparameters(ignore=["storage_options"])
         self.uri, self.storage_options = uri, storage_options

@@ -16,6 +16,8 @@ from sparkforge.shared.errors import ConfigError
 
 Batching = Literal["pad", "bucket", "pack"]
 BATCHINGS: Final = get_args(Batching)
+StartMethod = Literal["fork", "spawn", "forkserver"]
+START_METHODS: Final = get_args(StartMethod)
 DEFAULT_MAX_SEQ_LEN: Final = 4096
 """``data.max_seq_len`` when a train config leaves it out."""
 
@@ -51,6 +53,10 @@ class LoaderSettings:
     """Check each slot's crc32c while reading."""
     val_batch_size: int | None = None
     """Micro-batch size for validation (None: ``batch_size``)."""
+    start_method: StartMethod | None = None
+    """How DataLoader workers start (None: Python's default, ``forkserver`` on Linux from 3.14).
+    Forked workers share the rank's columns copy-on-write; the others map them from shared
+    memory, so no worker copies them either way."""
 
     def __post_init__(self) -> None:
         problems = [f"data.{name}={value} must be >= {low}" for name, value, low in (
@@ -62,6 +68,9 @@ class LoaderSettings:
             ("val_batch_size", self.val_batch_size or 1, 1)) if value < low]
         if self.batching not in BATCHINGS:
             problems.append(f"data.batching={self.batching!r} must be 'pad', 'bucket' or 'pack'")
+        if self.start_method not in (None, *START_METHODS):
+            problems.append(f"data.start_method={self.start_method!r} must be one of "
+                            f"{list(START_METHODS)} or null (Python's default)")
         if problems:
             raise ConfigError("invalid data config:\n  " + "\n  ".join(problems))
 
@@ -86,28 +95,33 @@ class LoaderSettings:
             field = known.get(name)
             if field is None or value is None:
                 continue  # uri, storage_options: the data module's own
-            kind = _kind(field.type)
-            if not _has_kind(value, kind):
-                problems.append(f"data.{name} must be {kind}, got {value!r}")
+            if not _has_kind(value, field.type):
+                problems.append(f"data.{name} must be {_kind(field.type)}, got {value!r}")
         if problems:
             raise ConfigError("train config: " + "; ".join(problems))
         return cls(**{k: v for k, v in section.items() if k in known and v is not None})
 
 
+def _choices(annotation: str) -> tuple[str, ...]:
+    """The values of a Literal field (its annotation as text, possibly ``| None``)."""
+    return START_METHODS if annotation.startswith("StartMethod") else BATCHINGS
+
+
 def _kind(annotation: object) -> str:
-    """A field's annotation in words: ``an integer``, ``a boolean`` or the batching choices."""
+    """A field's annotation in words: ``an integer``, ``a boolean`` or its choices."""
     text = str(annotation)
     if text.startswith("int"):
         return "an integer"
     if text == "bool":
         return "a boolean"
-    return f"one of {list(BATCHINGS)}"
+    return f"one of {list(_choices(text))}"
 
 
-def _has_kind(value: object, kind: str) -> bool:
-    """Whether a YAML value is of ``kind`` (a bool is no integer)."""
+def _has_kind(value: object, annotation: object) -> bool:
+    """Whether a YAML value fits a field's annotation (a bool is no integer)."""
+    kind = _kind(annotation)
     if kind == "an integer":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "a boolean":
         return isinstance(value, bool)
-    return value in BATCHINGS
+    return value in _choices(str(annotation))

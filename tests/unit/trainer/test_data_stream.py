@@ -5,12 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from process_helpers import mapping_of
+from torch.utils.data import get_worker_info
 
 from sparkforge.shared.cache_tables import SampleColumns
 from sparkforge.shared.dtypes import float_to_storage
+from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.reader import CachedSample
+from sparkforge.trainer import worker_memory
 from sparkforge.trainer.data import CacheStream, ResumableLoader, collate, load_split_index
-from sparkforge.trainer.loader_settings import Batching, LoaderSettings
+from sparkforge.trainer.loader_settings import Batching, LoaderSettings, StartMethod
 
 F, H = 2, 4
 
@@ -48,12 +52,24 @@ class _Reader:
         return list(self.units[unit])
 
 
+class _SharedColumnsReader(_Reader):
+    """A reader that fails in a loader worker unless its index columns are mapped from shared
+    memory (a worker that unpickled a private copy holds them on its heap)."""
+
+    def read_unit(self, unit: int) -> list[CachedSample]:
+        if get_worker_info() is not None:
+            where = mapping_of(self.samples.sample_id)
+            assert where.startswith("/dev/shm/"), f"a worker's own copy of the index: {where}"
+        return super().read_unit(unit)
+
+
 def _stream(reader: _Reader, *, rank: int = 0, world: int = 1, workers: int = 0,
-            split: str = "train", batching: Batching = "bucket") -> CacheStream:
+            split: str = "train", batching: Batching = "bucket",
+            start_method: StartMethod | None = None) -> CacheStream:
     index = load_split_index(reader, split)
     settings = LoaderSettings(num_workers=workers, batch_size=3 if batching != "pack" else 2,
                               batching=batching, shuffle_buffer=8, pool_batches=2, seed=3,
-                              read_ahead_units=2, max_seq_len=40)
+                              read_ahead_units=2, max_seq_len=40, start_method=start_method)
     return CacheStream(reader, index, settings, rank=rank, world_size=world,
                        shuffle=split == "train")
 
@@ -131,6 +147,19 @@ def test_resume_continues_at_the_exact_batch(workers: int, stop: int, batching: 
     resumed = ResumableLoader(_stream(_Reader(), workers=workers, batching=batching))
     resumed.load_state_dict(state)
     assert seen + _ids(list(resumed)) == full
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_workers_not_forked_read_shared_columns_and_yield_the_forked_batches(
+        method: StartMethod, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers started by spawn or forkserver yield the batches forked workers yield, reading
+    the rank's columns from shared memory (every array shared, so this small index is too)."""
+    monkeypatch.setattr(worker_memory, "MIN_SHARED_BYTES", 0)
+    forked = _ids(list(ResumableLoader(_stream(_Reader(), workers=2, batching="pack",
+                                               start_method="fork"))))
+    started = ResumableLoader(_stream(_SharedColumnsReader(), workers=2, batching="pack",
+                                      start_method=method))
+    assert _ids(list(started)) == forked
 
 
 def test_resume_skips_units_whose_samples_were_all_consumed() -> None:
@@ -235,3 +264,17 @@ def test_a_worker_builds_nothing_per_sample_of_the_index() -> None:
     _worker_bytes(40)  # one-time costs (first imports, caches) out of the comparison
     small, big = _worker_bytes(40), _worker_bytes(320)
     assert (big - small) / ((320 - 40) * 64) < 0.5, (small, big)
+
+
+def test_an_unknown_start_method_is_refused_naming_the_choices() -> None:
+    """``data.start_method`` accepts fork, spawn, forkserver or null, by constructor and YAML."""
+    def read(value: object) -> LoaderSettings:
+        return LoaderSettings.from_train_config({"data": {"start_method": value}})
+
+    assert read("spawn").start_method == "spawn"
+    assert read(None).start_method is None
+    with pytest.raises(ConfigError, match=r"data.start_method='threads' must be one of "
+                                          r"\['fork', 'spawn', 'forkserver'\]"):
+        LoaderSettings(start_method="threads")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"data.start_method must be one of \['fork', "):
+        read(3)
