@@ -18,8 +18,7 @@ from sparkforge.manifests.tables import read_tables
 from sparkforge.manifests.units import UnitColumns
 from sparkforge.shared import storage
 from sparkforge.shared.cache_tables import SPLITS, SampleColumns, SlotColumns, TableError
-from sparkforge.shared.commit import UnitInfo
-from sparkforge.shared.commit_columns import parse_commit_bytes
+from sparkforge.shared.commit_columns import CommitColumns, parse_commit_columns
 from sparkforge.shared.fields import ManifestError
 from sparkforge.shared.layer_ids import feature_positions
 from sparkforge.shared.layout import MANIFEST_KEY, TARGET_PREFIX, CacheSpec, commit_key
@@ -98,24 +97,19 @@ def read_samples(loc: storage.Location, manifest: CacheManifest, *,
         raise ManifestError(f"index {key}: {exc}") from exc
 
 
-def unit_differences(units: UnitColumns, committed: UnitInfo, samples: SampleColumns,
+def unit_differences(units: UnitColumns, committed: CommitColumns, samples: SampleColumns,
                      slots: SlotColumns) -> list[str]:
     """How a unit as the unit and slot tables and the index describe it differs from its commit
-    record, compared column by column."""
+    record, compared column by column (no object per sample)."""
     row = int(np.searchsorted(units.unit, committed.unit))
     listed = {"attempt": int(units.attempt[row]), "accounting": units.accounting(row)}
     out = [f"{name}: manifest has {want!r}, commit record {getattr(committed, name)!r}"
            for name, want in listed.items() if want != getattr(committed, name)]
-    rows = slots.of_unit(committed.unit)
-    theirs = SlotColumns.from_units([committed], slots.arrays)
-    for name in ("slot", "num_rows", "crc32c"):
-        if not np.array_equal(getattr(slots, name)[rows], getattr(theirs, name)):
-            out.append(f"slots: the manifest's {name} differ from the commit record's")
+    out += _slot_differences(slots, committed)
     mine = samples.of_unit(committed.unit)
     mine = mine[np.argsort(samples.sample_id[mine])]
-    record = sorted(committed.samples, key=lambda s: s.sample_id)
-    ids = samples.sample_id[mine]
-    their_ids = np.array([s.sample_id for s in record], dtype=np.int64)
+    theirs = np.argsort(committed.samples["sample_id"])
+    ids, their_ids = samples.sample_id[mine], committed.samples["sample_id"][theirs]
     out += [f"sample {sid}: in index.parquet, not in the commit record"
             for sid in np.setdiff1d(ids, their_ids)[:3].tolist()]
     out += [f"sample {sid}: in the commit record, not in index.parquet"
@@ -124,15 +118,24 @@ def unit_differences(units: UnitColumns, committed: UnitInfo, samples: SampleCol
         return out
     for name in ("slot", "row_offset", "length", "num_loss_tokens", "split"):
         have = getattr(samples, name)[mine]
-        want = np.array([_code(name, getattr(s, name)) for s in record], dtype=have.dtype)
+        want = committed.samples[name][theirs]
         for i in np.flatnonzero(have != want)[:3].tolist():
             out.append(f"sample {int(ids[i])}: index.parquet has {name} = "
                        f"{_shown(name, have[i])!r}, commit record {_shown(name, want[i])!r}")
     return out
 
 
-def _code(name: str, value: object) -> object:
-    return SPLITS.index(str(value)) if name == "split" else value
+def _slot_differences(slots: SlotColumns, committed: CommitColumns) -> list[str]:
+    """Which of the unit's slot columns (slot, rows, crc32c per array) differ from its record."""
+    rows, order = slots.of_unit(committed.unit), np.argsort(committed.slot)
+    missing = [a for a in slots.arrays if a not in committed.arrays]
+    if missing:
+        return [f"slots: the commit record has no crc32c for {missing}"]
+    crc = committed.crc32c[:, [committed.arrays.index(a) for a in slots.arrays]]
+    return [f"slots: the manifest's {name} differ from the commit record's"
+            for name, theirs in (("slot", committed.slot), ("num_rows", committed.num_rows),
+                                 ("crc32c", crc))
+            if not np.array_equal(getattr(slots, name)[rows], theirs[order])]
 
 
 def _shown(name: str, value: Any) -> object:
@@ -158,8 +161,8 @@ class CommitCheck:
             raw = storage.read_bytes(reader.loc, key, max_bytes=MAX_COMMIT_BYTES)
         except FileNotFoundError as exc:
             raise IndexMismatchError(f"{where}: commit record {key} is missing") from exc
-        problems = unit_differences(self.units, parse_commit_bytes(raw, unit=unit, spec=self.spec),
-                                    reader.samples, reader.slots)
+        record = parse_commit_columns(raw, unit=unit, spec=self.spec)
+        problems = unit_differences(self.units, record, reader.samples, reader.slots)
         if problems:
             raise IndexMismatchError(f"{where}: the index or manifest disagrees with the commit "
                                      f"record: {'; '.join(problems[:3])}; run `sparkforge "

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from cache_helpers import forge_rows, make_run_header, make_unit, slot_object
+from cache_helpers import forge_rows, make_run_header, make_unit, reseal_slot_table, slot_object
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import IndexMismatchError, open_cache
+from sparkforge.shared.cache_tables import SlotColumns
 from sparkforge.shared.layer_ids import LayerIdError
 from sparkforge.shared.layout import CacheSpec, row_selection
 from sparkforge.shared.reader import CacheDataError, ChecksumError
@@ -241,6 +242,21 @@ def test_index_boundaries_must_match_the_commit_record(cache: Path) -> None:
     assert len(reader.read_unit(0)) > 0
     with pytest.raises(IndexMismatchError, match=rf"^unit 1: .* sample {first['sample_id']}: "
                                                  r"index.parquet has length = \d+, commit record"):
+        reader.read_unit(1)
+
+
+def test_slot_table_must_match_the_commit_record(cache: Path) -> None:
+    """A re-sealed slot table whose crc32c of one slot differs from the unit's commit record is
+    refused at the unit's first read, by the record check (ahead of the checksum's own error)."""
+    def edit(slots: SlotColumns) -> None:
+        k = slots.of_unit(1).start
+        slots.crc32c[k, slots.arrays.index("input_ids")] ^= 1
+
+    reseal_slot_table(cache, edit)
+    reader = open_cache(str(cache))
+    assert len(reader.read_unit(0)) > 0
+    with pytest.raises(IndexMismatchError, match=r"^unit 1: .*slots: the manifest's crc32c "
+                                                 r"differ from the commit record's"):
         reader.read_unit(1)
 
 
