@@ -35,8 +35,9 @@ def check_payload(
     sent_ids: np.ndarray,
     aux_ids: Sequence[int],
     hidden_size: int,
+    row_start: int = 0,
 ) -> None:
-    """Check one connector file against its request: keys, token ids, shape.
+    """Check one connector file against its rows of the request: keys, token ids, shape.
 
     NaN and inf are not a failure of the request (a retry gives them again): the capturer
     judges them on the stored values, as for every backend (``--non_finite``).
@@ -44,14 +45,15 @@ def check_payload(
     Args:
         data: The loaded safetensors dict (``hidden_states`` [T, n_ids, H], ``token_ids`` [T]).
         sample_id: For error messages.
-        sent_ids: The token ids that were sent.
+        sent_ids: The token ids that were sent for the file's rows.
         aux_ids: The vLLM aux ids requested, ascending (one slot each).
         hidden_size: The target's H.
+        row_start: The request's row at which the file's rows begin (a chunk file's).
 
     Raises:
         PayloadError: Naming the sample and the expected and actual values.
     """
-    where = f"sample {sample_id}"
+    where = f"sample {sample_id}" + (f" (rows from {row_start})" if row_start else "")
     missing = {"hidden_states", "token_ids"} - data.keys()
     if missing:
         raise PayloadError(f"{where}: capture file lacks {sorted(missing)}, has {sorted(data)}")
@@ -60,7 +62,7 @@ def check_payload(
         first = _first_difference(got_ids, sent_ids)
         raise PayloadError(
             f"{where}: engine token ids differ from the request ({got_ids.shape[0]} vs "
-            f"{sent_ids.shape[0]} tokens, first difference at position {first})"
+            f"{sent_ids.shape[0]} tokens, first difference at position {row_start + first})"
         )
     hidden = data["hidden_states"]
     expected = (sent_ids.shape[0], len(aux_ids), hidden_size)
@@ -96,7 +98,8 @@ class FlatLogprobsLike(Protocol):
 
 
 def topk_rows(
-    prompt: FlatLogprobsLike, sampled: FlatLogprobsLike, *, num_tokens: int, k: int
+    prompt: FlatLogprobsLike, sampled: FlatLogprobsLike, *, num_tokens: int, k: int,
+    rows: slice | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k per row, aligned so row t holds the distribution computed from row t.
 
@@ -105,13 +108,16 @@ def topk_rows(
     scored token first, then the top-k in rank order (vllm/logprobs.py), so the top-k are entries
     ``[1, k]``.
 
+    Args:
+        rows: Only these rows (a chunk of the sample); None: all ``num_tokens``.
+
     Returns:
-        ``(ids [T, k] int32, logprobs [T, k] float32)``.
+        ``(ids [T, k] int32, logprobs [T, k] float32)`` (T: the rows asked for).
     """
-    rows = [(prompt, t) for t in range(1, num_tokens)] + [(sampled, 0)]
-    ids = np.empty((num_tokens, k), dtype=np.int32)
-    lps = np.empty((num_tokens, k), dtype=np.float32)
-    for row, (flat, position) in enumerate(rows):
+    entries = ([(prompt, t) for t in range(1, num_tokens)] + [(sampled, 0)])[rows or slice(None)]
+    ids = np.empty((len(entries), k), dtype=np.int32)
+    lps = np.empty((len(entries), k), dtype=np.float32)
+    for row, (flat, position) in enumerate(entries):
         start = flat.start_indices[position] + 1
         assert flat.end_indices[position] - start == k, "vLLM returned a different top-k width"
         ids[row] = flat.token_ids[start : start + k]

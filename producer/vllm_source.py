@@ -1,10 +1,14 @@
 """The vLLM capture backend (with its connector, plugin and CPU memory sizing, the only modules
 importing vllm): teacher-forced prefill with the built-in ``extract_hidden_states`` method,
-consumed file by file as requests finish.
+consumed file by file, a long prompt in chunks as chunked prefill computes it.
 
-Requests go in as token ids through ``LLMEngine`` with at most ``window`` in flight, so the scratch
-folder never holds more than ``window`` files. Each file is checked against its request, split into
-the captured layers and the final state, optionally checked against the engine's own prompt
+Requests go in as token ids through ``LLMEngine`` with at most ``window`` in flight. The connector
+saves each step's completed blocks of a request as a chunk file and the rest when the request
+finishes (``sparkforge.producer.hs_connector``); without top-k or a logprob check, a chunk is read
+and handed on while its request still runs, so the scratch folder holds chunks, not samples (the
+engine returns prompt logprobs only when a prompt's prefill is done, so with them a request's chunks
+wait in the folder until it finishes). Each file is checked against its rows of the request, split
+into the captured layers and the final state, optionally checked against the engine's own prompt
 logprobs, and deleted. The final state is the pre-norm residual (aux id L) finished with the
 target's RMSNorm, or, for families whose lm_head input is not that norm, the lm_head input itself,
 which the ``sparkforge.producer.lm_head_capture`` plugin stores in one more aux slot.
@@ -36,6 +40,7 @@ from vllm.platforms import current_platform
 from vllm.v1.engine.core_client import InprocClient
 
 from sparkforge.producer.engine_options import EngineOptions
+from sparkforge.producer.hs_connector import STREAM_KEY, chunk_path
 from sparkforge.producer.lm_head_capture import LM_HEAD_INPUT_KEY, lm_head_input_id
 from sparkforge.producer.payload import (
     PayloadError,
@@ -95,6 +100,12 @@ class _Job:
     attempt: int
     verify: bool
     output: Any = None
+    engine_id: str = ""
+    """The engine's id of the request (the connector names its files by it)."""
+    done: int = 0
+    """Rows of the sample already handed on."""
+    error: str | None = None
+    """Why a chunk read while the request ran failed (the request's files are then dropped)."""
 
 
 class VllmSource:
@@ -112,6 +123,8 @@ class VllmSource:
         verify_every: Check one request in this many against vLLM's logprobs (0 = never).
         lm_head_input: Take the final state from the captured lm_head input instead of the
             offline norm of the pre-norm residual; None: when the target family needs it.
+        chunked: Save and return a request's rows step by step as the engine computes them
+            (results with ``row_start``/``last``); False: one file and one result per sample.
     """
 
     def __init__(
@@ -125,6 +138,7 @@ class VllmSource:
         max_retries: int = 2,
         verify_every: int = 100,
         lm_head_input: bool | None = None,
+        chunked: bool = True,
     ) -> None:
         config = read_target_config(engine.model)
         self.family = family_of(config.model_type)
@@ -141,6 +155,7 @@ class VllmSource:
         self.topk, self.max_retries = topk, max_retries
         self.window = window or engine.max_num_seqs
         self.verify_every = verify_every
+        self.chunked = chunked
         self._engine_options = engine
         self._head = load_target_head(engine.model, with_lm_head=verify_every > 0,
                                       with_norm=not self.lm_head_input)
@@ -177,7 +192,8 @@ class VllmSource:
                 "kv_connector": CONNECTOR,
                 "kv_connector_module_path": CONNECTOR_MODULE,
                 "kv_role": "kv_producer",
-                "kv_connector_extra_config": {"shared_storage_path": str(self.scratch_dir)},
+                "kv_connector_extra_config": {"shared_storage_path": str(self.scratch_dir),
+                                              STREAM_KEY: self.chunked},
             },
         }
         kwargs.setdefault("max_logprobs", max(20, self.topk))
@@ -210,7 +226,8 @@ class VllmSource:
     def capture(
         self, requests: Sequence[CaptureRequest], *, topk: int | None = None
     ) -> Iterator[CaptureResult]:
-        """Run ``requests`` in a sliding window; yield one result each, in completion order.
+        """Run ``requests`` in a sliding window; yield each one's results (its chunks in row
+        order, the last one ``last``), requests in completion order.
 
         Args:
             requests: Token-id sequences.
@@ -226,16 +243,20 @@ class VllmSource:
                     rejected = self._submit(todo.popleft(), running, k)
                     if rejected is not None:
                         yield rejected
+                for running_job in list(running.values()):
+                    yield from self._chunks_so_far(running_job, k)
                 job = self._pop_readable(written)
                 if job is None:
                     self._advance(running, written)
                     continue
-                result = self._consume(job, k)
-                if result.error is not None and job.attempt < self.max_retries:
-                    logger.warning("retrying sample %d: %s", job.request.sample_id, result.error)
-                    todo.append(_Job(job.request, job.attempt + 1, job.verify))
-                    continue
-                yield result
+                for result in self._rest(job, k):
+                    if (result.error is not None and job.done == 0
+                            and job.attempt < self.max_retries):
+                        logger.warning("retrying sample %d: %s", job.request.sample_id,
+                                       result.error)
+                        todo.append(_Job(job.request, job.attempt + 1, job.verify))
+                        break
+                    yield result
         except GeneratorExit:
             # The caller stopped early. Aborting is not enough: the connector still saves an
             # aborted request's file, at a time of its choosing. Finishing the (at most
@@ -248,8 +269,8 @@ class VllmSource:
             job = self._pop_readable(written)
             if job is None:
                 self._advance(running, written)
-            elif (path := _file_of(job.output)) is not None:
-                _remove(path)
+            else:
+                self._remove_files(job)
 
     def _submit(self, job: _Job, running: dict[str, _Job], k: int) -> CaptureResult | None:
         """Add one request; a request the engine refuses (e.g. too long) fails without retry."""
@@ -269,7 +290,7 @@ class VllmSource:
         )
         prompt = TokensPrompt(prompt_token_ids=job.request.input_ids.tolist())
         try:
-            self._engine.add_request(request_id, prompt, params)
+            job.engine_id = self._engine.add_request(request_id, prompt, params)
         except (VLLMClientError, ValueError) as exc:
             return CaptureResult(sample_id=job.request.sample_id, error=f"engine refused: {exc}")
         running[request_id] = job  # outputs carry this external id, not the engine's suffixed one
@@ -307,35 +328,89 @@ class VllmSource:
                 return job
         return None
 
-    def _consume(self, job: _Job, k: int) -> CaptureResult:
+    def _chunks_so_far(self, job: _Job, k: int) -> Iterator[CaptureResult]:
+        """The running request's chunks that are written, from its next row on. Nothing while
+        it runs when its rows need prompt logprobs (top-k or a check): vLLM returns those only
+        with the request's end."""
+        if k or job.verify or job.error is not None:
+            return
+        while (data := self._read(job, wait=False)) is not None:
+            try:
+                result = self._convert(job, data, k, last=False)
+            except PayloadError as exc:
+                job.error = str(exc)
+                return
+            yield result
+
+    def _rest(self, job: _Job, k: int) -> Iterator[CaptureResult]:
+        """A finished request's results from its next row: its chunks, then the final file (or
+        one error result); deletes every file of the request, also when closed early."""
         out, request = job.output, job.request
         path = _file_of(out)
         try:
+            if job.error is not None:
+                raise PayloadError(job.error)
             if path is None:
                 raise PayloadError(
                     f"sample {request.sample_id}: engine finished the request without a capture "
                     f"file (finish_reason {out.outputs[0].finish_reason if out.outputs else None})"
                 )
+            final_start = int(out.kv_transfer_params.get("row_start", 0))
+            while job.done < final_start:
+                data = self._read(job, wait=True)
+                if data is None:
+                    raise PayloadError(f"sample {request.sample_id}: no capture file for its rows "
+                                       f"from {job.done} (the final file starts at {final_start})")
+                yield self._convert(job, data, k, last=False)
+            if job.done != final_start:
+                raise PayloadError(f"sample {request.sample_id}: its chunks end at row "
+                                   f"{job.done}, its final file starts at {final_start}")
             start = time.perf_counter()
             data = load_file(path)
             self.timings["file_load_s"] += time.perf_counter() - start
-            return self._convert(job, data, k)
+            yield self._convert(job, data, k, last=True)
         except (PayloadError, OSError, SafetensorError) as exc:
-            return CaptureResult(sample_id=request.sample_id, error=str(exc))
+            yield CaptureResult(sample_id=request.sample_id, error=str(exc))
         finally:
-            if path is not None:
-                _remove(path)
+            self._remove_files(job)
 
-    def _convert(self, job: _Job, data: dict[str, torch.Tensor], k: int) -> CaptureResult:
+    def _read(self, job: _Job, *, wait: bool) -> dict[str, torch.Tensor] | None:
+        """The chunk file of the job's next rows once written (None: not there, or still being
+        written and ``wait`` is false)."""
+        start = time.perf_counter()
+        data = _read_written(chunk_path(self.scratch_dir, job.engine_id, job.done), wait=wait)
+        self.timings["file_load_s"] += time.perf_counter() - start
+        return data
+
+    def _remove_files(self, job: _Job) -> None:
+        """Delete the request's final file and its chunk files, each once its write is done."""
+        if (path := _file_of(job.output)) is not None:
+            _remove(path)
+        for lock in self.scratch_dir.glob(f"{job.engine_id}.rows*.safetensors.lock"):
+            _read_written(str(lock)[: -len(".lock")], wait=True, load=False)
+            _remove(str(lock)[: -len(".lock")])
+
+    def _convert(
+        self, job: _Job, data: dict[str, torch.Tensor], k: int, *, last: bool
+    ) -> CaptureResult:
+        """One file's rows (from ``job.done``; ``last``: through the end) as a result; advances
+        ``job.done``."""
         ids = job.request.input_ids.astype(np.int64)
+        done, total = job.done, ids.shape[0]
+        got = data.get("token_ids")
+        n = total - done if last or got is None else int(got.shape[0])
         start = time.perf_counter()
         check_payload(
             data,
             sample_id=job.request.sample_id,
-            sent_ids=ids,
+            sent_ids=ids[done:done + n],
             aux_ids=self.aux_ids,
             hidden_size=self.hidden_size,
+            row_start=done,
         )
+        if not last and not 0 < n < total - done:
+            raise PayloadError(f"sample {job.request.sample_id}: a chunk of rows [{done}, "
+                               f"{done + n}) of its {total}, before the final file")
         parts = split_payload(
             data["hidden_states"],
             aux_ids=self.aux_ids,
@@ -349,22 +424,26 @@ class VllmSource:
                  else self._head.final_norm(parts.final_TH, self.dtype))
         self.timings["norm_s"] += time.perf_counter() - start
         out = job.output
-        if job.verify:
+        if job.verify and done == 0:
             err = self._head.check_against_engine(
-                ids, final, scored_token_logprobs(out.prompt_logprobs, ids.shape[0])
+                ids[:n + 1], final, scored_token_logprobs(out.prompt_logprobs, total)
             )
             logger.debug("sample %d: final-state logprob check %.3g", job.request.sample_id, err)
         topk_ids = topk_lps = None
         if k:
             topk_ids, topk_lps = topk_rows(
-                out.prompt_logprobs, out.outputs[0].logprobs, num_tokens=ids.shape[0], k=k
+                out.prompt_logprobs, out.outputs[0].logprobs, num_tokens=total, k=k,
+                rows=slice(done, done + n),
             )
+        job.done = done + n
         return CaptureResult(
             sample_id=job.request.sample_id,
             aux_hidden=parts.aux_TFH.to(self.dtype),
             final_hidden=final,
             topk_ids=topk_ids,
             topk_logprobs=topk_lps,
+            row_start=done,
+            last=last,
         )
 
     def close(self) -> None:
@@ -417,6 +496,24 @@ def _write_finished(path: str) -> bool:
         return True
     except BlockingIOError:
         return False
+    finally:
+        os.close(fd)
+
+
+def _read_written(path: str, *, wait: bool, load: bool = True) -> dict[str, torch.Tensor] | None:
+    """A connector file read under a shared lock on its ``.lock`` (the writer holds the lock
+    exclusively from before the lock file has its name until the file is written); None when
+    there is no lock file, or the write is still going and ``wait`` is false."""
+    try:
+        fd = os.open(path + ".lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return None
+        return load_file(path) if load else None
     finally:
         os.close(fd)
 

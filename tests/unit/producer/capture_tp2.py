@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from sparkforge.producer.engine_options import EngineOptions
-from sparkforge.producer.source import CaptureRequest
+from sparkforge.producer.source import CaptureRequest, whole_results
 
 if __name__ == "__main__":
     from sparkforge.producer.vllm_source import VllmSource
@@ -30,7 +30,7 @@ if __name__ == "__main__":
         extra={"distributed_executor_backend": "mp"},
     )
     source = VllmSource(engine, layer_ids=(1, 3, 4), topk=4, window=2, verify_every=1)
-    results = {r.sample_id: r for r in source.capture(requests)}
+    results = {r.sample_id: r for r in whole_results(source.capture(requests))}
     info = source.engine_info()
     source.close()
     torch.save(

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sparkforge.producer.engine_options import EngineOptions
-from sparkforge.producer.source import CaptureRequest
+from sparkforge.producer.source import CaptureRequest, whole_results
 from sparkforge.shared.header import CaptureInfo, TargetInfo, parse_capture
 
 pytestmark = pytest.mark.slow
@@ -99,10 +99,12 @@ def source(tiny_target: Path, hf_reference, hf_source, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def captured(source, requests_):
-    """Capture once; record the in-flight requests' files (one .lock each) at every result."""
+    """Capture once (each sample's chunks joined); record at every result how many requests
+    hold files (a .lock each, named by the engine's request id)."""
     results, max_files = {}, 0
-    for result in source.capture(requests_):
-        max_files = max(max_files, len(list(source.scratch_dir.glob("*.lock"))))
+    for result in whole_results(source.capture(requests_)):
+        holders = {p.name.split(".")[0] for p in source.scratch_dir.glob("*.lock")}
+        max_files = max(max_files, len(holders))
         results[result.sample_id] = result
     return results, max_files
 
@@ -145,7 +147,8 @@ def test_recomputed_logits_agree_with_engine_logprobs(captured, source) -> None:
 
 
 def test_scratch_space_is_bounded_and_emptied(captured, source) -> None:
-    """At most `window` requests hold scratch files at once, and none is left afterwards."""
+    """At most `window` requests hold scratch files at once (a request's chunks wait there
+    when its top-k needs the prompt logprobs of its end), and none is left afterwards."""
     _, max_files = captured
     assert 1 <= max_files <= source.window
     assert list(source.scratch_dir.iterdir()) == []
@@ -158,7 +161,7 @@ def test_too_long_request_fails_alone(source) -> None:
     long = CaptureRequest(sample_id=2, input_ids=np.full(300, 5, dtype=np.int32))
     at_limit = CaptureRequest(sample_id=3, input_ids=np.full(256, 5, dtype=np.int32))
     under = CaptureRequest(sample_id=4, input_ids=np.full(255, 5, dtype=np.int32))
-    results = {r.sample_id: r for r in source.capture([long, ok, at_limit, under])}
+    results = {r.sample_id: r for r in whole_results(source.capture([long, ok, at_limit, under]))}
     assert results[1].error is None
     assert results[1].aux_hidden.shape == (36, 3, 128)
     assert "engine refused" in results[2].error
