@@ -23,12 +23,12 @@ from sparkforge.shared.target_families import (
     family_of,
 )
 from sparkforge.trainer.architectures.config import (
-    Architecture,
     DraftConfig,
     LegacyArchitecture,
     fold_flat_options,
     from_target_config,
 )
+from sparkforge.trainer.architectures.config_rules import Architecture
 from sparkforge.trainer.architectures.options import options_dict
 from sparkforge.trainer.draft.block_layout import NO_HEADS, Layout
 from sparkforge.trainer.draft.config import MarkovHeadType

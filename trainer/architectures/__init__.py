@@ -1,17 +1,18 @@
 """Draft architectures: the only place an architecture is named.
 
-Each architecture is a backbone, a folder here (``qwen3/``, ``gemma4/``, ``kimi_k3/``,
-``deepseek_v4/``) holding its layers (``model.py``), its serving formats (``export.py``; the
-qwen3 backbone's DFlash and DFlash2 ones are ``qwen3/dflash_export.py`` and
-``qwen3/dflash2_export.py``) and, when it has them, its options (the config fields only it
-reads, held as the config's ``options``), their checks and derivation from a target
-(``config.py``), plus one entry of ``ARCHITECTURES``. Next to the folders, what they share:
-the config (``config.py``), the options' base (``options.py``), the DSpark serving checks
-(``serving.py``) and the tiny config the CPU tests start from (``tiny.py``). A draft is an
-(architecture, block layout) pair: every backbone trains every layout
-(``sparkforge.trainer.draft.block_layout``), and ``formats`` says which pairs an engine serves.
-Training, export and eval look the pair up here. Importing this package does not import torch:
-``build_draft`` imports the model it builds.
+Each architecture is a backbone, a folder here named as its ``ARCHITECTURES`` entry, holding
+its layers (``model.py``), its serving formats (``export.py``; the qwen3 backbone's DFlash and
+DFlash2 ones are ``qwen3/dflash_export.py`` and ``qwen3/dflash2_export.py``) and, when it has
+them, its options (the config fields only it reads, held as the config's ``options``), their
+checks and derivation from a target (``config.py``, entered in ``CONFIG_RULES``). Next to the
+folders, what they share: the config (``config.py``), what it reads of each architecture
+(``config_rules.py``: the names, and each options class with its checks and target
+derivation), the options' base (``options.py``), the DSpark serving checks (``serving.py``)
+and the tiny config the CPU tests start from (``tiny.py``). A draft is an (architecture, block
+layout) pair: every backbone trains every layout (``sparkforge.trainer.draft.block_layout``),
+and ``formats`` says which pairs an engine serves. Training, export and eval look the pair up
+here. Importing this package does not import torch: ``build_draft`` imports the model it
+builds.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from sparkforge.shared.errors import SparkforgeError
-from sparkforge.trainer.architectures.config import Architecture, DraftConfig
-from sparkforge.trainer.architectures.deepseek_v4 import config as deepseek_v4_config
+from sparkforge.trainer.architectures.config import DraftConfig
+from sparkforge.trainer.architectures.config_rules import Architecture, rules_of
 from sparkforge.trainer.architectures.deepseek_v4 import export as deepseek_v4_export
 from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
 from sparkforge.trainer.architectures.gemma4 import export as gemma4_export
 from sparkforge.trainer.architectures.gemma4.tiny import draft_tiny_gemma4
-from sparkforge.trainer.architectures.kimi_k3 import config as kimi_k3_config
 from sparkforge.trainer.architectures.kimi_k3 import export as kimi_k3_export
 from sparkforge.trainer.architectures.kimi_k3.tiny import draft_tiny_kimi_k3
 from sparkforge.trainer.architectures.options import ArchitectureOptions
@@ -43,14 +43,6 @@ if TYPE_CHECKING:
     from sparkforge.trainer.draft.model import DraftModel
 
 Engine = Literal["vllm", "sglang", "any"]
-
-
-def _no_problems(cfg: DraftConfig) -> list[str]:
-    return []
-
-
-def _no_target_fields(tc: Any, model_type: str) -> dict[str, Any]:
-    return {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,18 +79,16 @@ class DraftArchitecture:
     ``embed_tokens``/``lm_head`` are optional unless listed here."""
     formats: Mapping[Layout, ServingFormat]
     """The serving format of each layout an export exists for; another layout trains only."""
-    options: type[ArchitectureOptions] | None = None
-    """The class of the config's ``options``: the fields only this architecture reads (None:
-    it has none)."""
-    problems: Callable[[DraftConfig], list[str]] = _no_problems
-    """This architecture's own config checks (run by ``DraftConfig``, once its ``options``
-    are this architecture's)."""
-    target_fields: Callable[[Any, str], dict[str, Any]] = _no_target_fields
-    """The fields it copies from a target's text config (and its ``model_type``): its
-    ``options`` and the generic fields they fix."""
     tiny: Callable[[], DraftConfig]
     """A small ``dspark`` config of this architecture for CPU tests (``tiny_draft`` gives it
     in every layout; the shared tests build each one)."""
+
+    @property
+    def options(self) -> type[ArchitectureOptions] | None:
+        """The class of the config's ``options`` (None: it has none); its entry of
+        ``CONFIG_RULES`` (``config_rules.py``) names it, with its checks and what it copies
+        from a target."""
+        return rules_of(self.name).options
 
 
 _QWEN3_DSPARK = ServingFormat(
@@ -123,8 +113,6 @@ ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
     "deepseek_v4": DraftArchitecture(
         name="deepseek_v4",
         model="sparkforge.trainer.architectures.deepseek_v4.model:DeepseekV4DSparkModel",
-        options=deepseek_v4_config.DeepseekV4Options,
-        problems=deepseek_v4_config.problems, target_fields=deepseek_v4_config.target_fields,
         expected_shapes=deepseek_v4_export.expected_shapes,
         formats={"dspark": ServingFormat(
             served_as=(), method="dspark", hf_config=deepseek_v4_export.refuse_hf_config,
@@ -141,8 +129,6 @@ ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
         tiny=draft_tiny_gemma4),
     "kimi_k3": DraftArchitecture(
         name="kimi_k3", model="sparkforge.trainer.architectures.kimi_k3.model:K3DSparkModel",
-        options=kimi_k3_config.KimiK3Options,
-        problems=kimi_k3_config.problems, target_fields=kimi_k3_config.target_fields,
         expected_shapes=kimi_k3_export.expected_shapes,
         formats={"dspark": ServingFormat(
             served_as=(kimi_k3_export.SERVED_AS,), method="dspark",

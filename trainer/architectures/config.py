@@ -2,11 +2,13 @@
 
 ``DraftConfig`` (once ``DSparkDraftConfig``: it configures every recipe's draft) is
 ``SharedDraftConfig`` (``sparkforge.trainer.draft.config``, which holds the block ``layout``)
-with the ``architecture`` name (the backbone) and the fields each architecture folder declares;
-it runs the named architecture's checks on top of the generic ones, and refuses another
-architecture's fields when they are set. Checkpoints and exports store it as one flat JSON
-object. It is also where a dropped architecture name is read (``LEGACY_ARCHITECTURES``), so
-YAML, checkpoints and exported configs all go through the one rewrite.
+with the ``architecture`` name (the backbone) and the fields only it reads (``options``, of
+the class its ``CONFIG_RULES`` entry names); it runs the named architecture's checks on top of
+the generic ones, and refuses another architecture's options when they are set. It reads
+``config_rules.py``, never the table (``ARCHITECTURES``), which imports this module.
+Checkpoints and exports store it as one JSON object, ``options`` nested in it. It is also
+where a dropped architecture name is read (``LEGACY_ARCHITECTURES``), so YAML, checkpoints and
+exported configs all go through the one rewrite.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Self, cast, get_args
+from typing import Any, Literal, Self, cast, get_args
 
 from sparkforge.shared.errors import ConfigError
 from sparkforge.shared.renamed import renamed_attribute
+from sparkforge.trainer.architectures.config_rules import CONFIG_RULES, Architecture, rules_of
 from sparkforge.trainer.architectures.options import ArchitectureOptions, options_dict
 from sparkforge.trainer.draft.block_layout import Layout
 from sparkforge.trainer.draft.config import (
@@ -28,12 +31,8 @@ from sparkforge.trainer.draft.config import (
     text_config,
 )
 
-if TYPE_CHECKING:
-    from sparkforge.trainer.architectures import DraftArchitecture
-
-Architecture = Literal["qwen3", "deepseek_v4", "gemma4", "kimi_k3"]
-"""The draft architectures (backbones), each a folder of ``sparkforge.trainer.architectures``."""
 DRAFT_ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
+"""The draft architectures (``Architecture``, in ``config_rules.py``)."""
 
 LegacyArchitecture = Literal["dflash"]
 """Dropped ``architecture`` names that still read (``LEGACY_ARCHITECTURES``)."""
@@ -89,12 +88,12 @@ class DraftConfig(SharedDraftConfig):
         """The generic problems, then another architecture's options set, then the named
         architecture's own checks."""
         problems = super().problems()
-        if self.architecture not in _table():
+        if self.architecture not in DRAFT_ARCHITECTURES:
             return [*problems, f"architecture={self.architecture!r} not in {DRAFT_ARCHITECTURES}"]
         foreign = _foreign_options(self.architecture, self.options)
         if foreign:
             return problems + foreign
-        return problems + _table()[self.architecture].problems(self)
+        return problems + rules_of(self.architecture).problems(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
@@ -103,24 +102,11 @@ class DraftConfig(SharedDraftConfig):
         return super().from_dict(fold_flat_options(data))
 
 
-def _table() -> dict[Architecture, DraftArchitecture]:
-    """``ARCHITECTURES``, imported when first needed: its entries build configs of this
-    module's class, so it imports this module first."""
-    from sparkforge.trainer.architectures import ARCHITECTURES
-
-    return ARCHITECTURES
-
-
 def _option_defaults() -> dict[str, Any]:
     """Every architecture's option names and their defaults (an option two architectures
     share has one default)."""
-    return {f.name: f.default for arch in _table().values() if arch.options is not None
-            for f in dataclasses.fields(arch.options)}
-
-
-def _option_kind(architecture: str | None) -> type[ArchitectureOptions] | None:
-    arch = _table().get(architecture)  # type: ignore[call-overload]
-    return None if arch is None else arch.options
+    return {f.name: f.default for rules in CONFIG_RULES.values() if rules.options is not None
+            for f in dataclasses.fields(rules.options)}
 
 
 def _names(kind: type[ArchitectureOptions] | None) -> set[str]:
@@ -131,7 +117,7 @@ def _read_options(architecture: str | None, given: Any) -> Any:
     """``given`` as the architecture's options object (None: its defaults, or None when it has
     none), an option of another architecture at its default dropped (a config saved flat held
     every architecture's); what does not read stays as given, for ``problems`` to name."""
-    kind = _option_kind(architecture)
+    kind = rules_of(architecture).options
     if kind is not None and isinstance(given, kind):
         return given
     try:
@@ -149,7 +135,7 @@ def _read_options(architecture: str | None, given: Any) -> Any:
 
 def _foreign_options(architecture: str, options: Any) -> list[str]:
     """Why ``options`` are not the architecture's: each option only another one reads."""
-    kind = _option_kind(architecture)
+    kind = rules_of(architecture).options
     if options is None or (kind is not None and isinstance(options, kind)):
         return []
     if not isinstance(options, Mapping):
@@ -157,7 +143,7 @@ def _foreign_options(architecture: str, options: Any) -> list[str]:
     own = _names(kind)
     out = []
     for name in sorted(set(options) - own):
-        readers = [a.name for a in _table().values() if name in _names(a.options)]
+        readers = [a for a, rules in CONFIG_RULES.items() if name in _names(rules.options)]
         out.append(f"options.{name}={options[name]!r}: only architecture="
                    f"{' or '.join(map(repr, readers))} reads it" if readers else
                    f"options.{name}: no architecture has this option (architecture="
@@ -216,9 +202,8 @@ def from_target_config(
     overrides = fold_flat_options(overrides, warn_as=("from_target_config's keywords",
                                                       "options={...}"))
     base = target_fields(target_config, depth=int(overrides.get("num_hidden_layers", 5)))
-    arch = _table().get(overrides.get("architecture") or "qwen3")
-    if arch is not None:
-        base |= arch.target_fields(text_config(target_config), target_model_type(target_config))
+    rules = rules_of(overrides.get("architecture") or "qwen3")
+    base |= rules.target_fields(text_config(target_config), target_model_type(target_config))
     if target_layer_ids is not None:
         base["target_layer_ids"] = tuple(target_layer_ids)
     if "options" in overrides and "options" in base:
