@@ -132,17 +132,23 @@ def exclusive_create(loc: Location, key: str, data: bytes) -> None:
     _fsync_dir(target.parent)
 
 
-def atomic_write(loc: Location, key: str, data: bytes) -> None:
-    """Write ``key`` whole or not at all, replacing any previous version."""
+def atomic_write(loc: Location, key: str, data: bytes, *, sync: bool = True) -> None:
+    """Write ``key`` whole or not at all, replacing any previous version.
+
+    On local disk the file and its folder are fsynced unless ``sync`` is False (then, as zarr's
+    own local store writes, a killed process leaves it whole or absent, but a power loss may
+    lose it).
+    """
     path = loc.path(key)
     if not loc.is_local:
         loc.fs.pipe_file(path, data)
         return
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _write_temp(target, data)
+    tmp = _write_temp(target, data, sync=sync)
     tmp.replace(target)
-    _fsync_dir(target.parent)
+    if sync:
+        _fsync_dir(target.parent)
 
 
 @contextmanager
@@ -237,16 +243,17 @@ def read_many(loc: Location, keys: Iterable[str], *, max_bytes: int | None = Non
 
 
 class PendingWrites:
-    """Atomic writes (:func:`atomic_write`) sent on a thread pool while the caller goes on.
+    """Atomic writes (:func:`atomic_write`, with its ``sync``) sent on a thread pool while the
+    caller goes on.
 
     At most ``max_in_flight`` of them, holding at most ``max_bytes`` (always at least one), are
     pending at once; a second write of a key waits for the first, so the last one given wins.
-    :meth:`wait` returns once every write is durable.
+    :meth:`wait` returns once every write has ended.
     """
 
     def __init__(self, loc: Location, pool: ThreadPoolExecutor, *, max_in_flight: int,
-                 max_bytes: int) -> None:
-        self._loc, self._pool = loc, pool
+                 max_bytes: int, sync: bool = True) -> None:
+        self._loc, self._pool, self._sync = loc, pool, sync
         self._max_in_flight, self._max_bytes = max(1, max_in_flight), max_bytes
         self._pending: dict[str, tuple[Future[None], int]] = {}
         self._bytes = 0
@@ -259,7 +266,8 @@ class PendingWrites:
         while self._pending and (len(self._pending) >= self._max_in_flight
                                  or self._bytes + len(data) > self._max_bytes):
             self._finish(next(iter(self._pending)))
-        self._pending[key] = (self._pool.submit(atomic_write, self._loc, key, data), len(data))
+        future = self._pool.submit(atomic_write, self._loc, key, data, sync=self._sync)
+        self._pending[key] = (future, len(data))
         self._bytes += len(data)
 
     def wait(self) -> None:
@@ -360,13 +368,14 @@ def list_names(loc: Location, prefix: str) -> list[str]:
     return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
 
-def _write_temp(target: Path, data: bytes) -> Path:
+def _write_temp(target: Path, data: bytes, *, sync: bool = True) -> Path:
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
     try:
         with tmp.open("wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)  # e.g. a full disk: leave nothing behind
         raise

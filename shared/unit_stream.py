@@ -114,9 +114,11 @@ class UnitStream:
         self._ids: set[int] = set()
         self._open: _OpenSample | None = None
         self._buffers = _shard_buffers(target)
+        # Slot objects are not fsynced on local disk, as when zarr's local store wrote them:
+        # a killed writer leaves each whole or absent; the commit record is fsynced.
         self._writes = storage.PendingWrites(target.loc, target.pool,
                                              max_in_flight=target.max_in_flight,
-                                             max_bytes=WRITE_AHEAD_BYTES)
+                                             max_bytes=WRITE_AHEAD_BYTES, sync=False)
 
     def _fail(self, sample_id: int, problems: list[str]) -> None:
         if problems:
