@@ -14,7 +14,9 @@ sample) unless ``--shard_rows`` lists sizes, which runs each (backend, length) o
 e.g. ``--lengths 32768 --shard_rows 32768 4096``: the ratio column then compares the writer
 holding one 4K-row slot per array with one 32K-row slot. The engine's ``max_model_len`` is one
 more than the sample (vLLM refuses a prompt that leaves no room for the one token a capture
-asks for).
+asks for). The engine's KV-cache space (``VLLM_CPU_KVCACHE_SPACE`` GiB, 1 unless set) must hold
+a sample's hidden-state blocks besides its attention KV: T x 4 x H x 4 bytes, 512 MiB at 32K
+tokens and ``--hidden_size 1024`` (run that with ``VLLM_CPU_KVCACHE_SPACE=2``).
 
 ``--old REV`` runs every case once more on revision REV's code (its tree on PYTHONPATH), right
 after this code's, so one run compares them: e.g. the producer before HF chunks streamed to the
