@@ -27,14 +27,15 @@ from sparkforge.manifests.contract import EMPTY_TRAIN_SPLIT, RunContract, contra
 from sparkforge.manifests.finalize import read_run_header
 from sparkforge.manifests.index_check import MAX_LISTED, capped
 from sparkforge.manifests.objects import (
+    MAX_LISTINGS_IN_FLIGHT,
     MAX_PARITY_BYTES,
     escaping_links,
     existing_location,
     group_folder,
     irregular_objects,
+    listed_folders,
     read_json,
     slot_folders,
-    stored_objects,
 )
 from sparkforge.manifests.open import read_manifest
 from sparkforge.manifests.parity import parse_parity
@@ -96,7 +97,8 @@ def validate_cache(uri: str, *, deep: bool = False, against: RunContract | None 
         against: a training run's contract to check the manifest against.
         storage_options: fsspec options (e.g. S3 endpoint and credentials).
         progress: show a tqdm bar (tokens/s, ETA) over the deep scan.
-        max_concurrency: reads in flight at once (commit records, slot objects).
+        max_concurrency: reads in flight at once (commit records, slot objects), and folders
+            listed at once (at most :data:`~sparkforge.manifests.objects.MAX_LISTINGS_IN_FLIGHT`).
 
     Raises:
         CacheNotFoundError: if nothing exists at ``uri``.
@@ -137,7 +139,8 @@ def _check_store(loc: storage.Location, manifest: CacheManifest, report: Validat
     _check_parity(loc, manifest, report)
     arrays = _check_arrays(loc, manifest, report)
     if arrays is not None:
-        slot_bytes = _check_objects(loc, manifest.storage.spec, slots, arrays, report, reported)
+        slot_bytes = _check_objects(loc, manifest.storage.spec, slots, arrays, report, reported,
+                                    min(max_concurrency, MAX_LISTINGS_IN_FLIGHT))
         if deep:
             _deep_scan(loc, manifest, report, slots, slot_bytes, progress=progress,
                        max_concurrency=max_concurrency)
@@ -280,30 +283,34 @@ def _check_logical_bytes(m: CacheManifest, report: ValidationReport) -> None:
 
 def _check_objects(loc: storage.Location, spec: CacheSpec, slots: SlotColumns,
                    arrays: Mapping[str, zarr.Array[Any]], report: ValidationReport,
-                   reported: set[str]) -> npt.NDArray[np.int64]:
+                   reported: set[str], max_listings: int) -> npt.NDArray[np.int64]:
     """Every committed slot has its object in every array (missing ones would read as zeros);
     an object already ``reported`` (a link out, a special file) is not called missing too.
-    Listed one slot group folder at a time (format 3), so only one group's listing is held.
-    Returns the bytes of each slot's objects (0 for a missing one), in the rows of ``slots``."""
+    Listed one slot group folder (format 3) per listing, ``max_listings`` folders at once, so
+    only those groups' listings are held. Returns the bytes of each slot's objects (0 for a
+    missing one), in the rows of ``slots``."""
     slot_bytes = np.zeros(len(slots), dtype=np.int64)
     lines: dict[str, list[str]] = {"missing": [], "empty": []}
     counts: Counter[str] = Counter()
     units, ids = slots.unit.tolist(), slots.slot.tolist()
-    for name, arr in arrays.items():
-        for rows in slot_folders(slots, spec):
-            keys = [slot_key(name, arr, ids[i], spec) for i in range(rows.start, rows.stop)]
-            present = stored_objects(loc, group_folder(name, keys[0], spec))
-            for i, key in zip(range(rows.start, rows.stop), keys, strict=True):
-                size = present.get(key)
-                slot_bytes[i] += size or 0
-                kind = None if key in reported else "missing" if size is None else \
-                    "empty" if size == 0 else None
-                if kind is not None:
-                    counts[kind] += 1
-                    if len(lines[kind]) <= MAX_LISTED:
-                        lines[kind].append(f"unit {units[i]}, slot {ids[i]}: object {key} " + (
-                            "is missing (it would read back as zeros)" if kind == "missing"
-                            else "is empty"))
+    folders = [(name, arr, rows) for name, arr in arrays.items()
+               for rows in slot_folders(slots, spec)]
+    listings = listed_folders(loc, (group_folder(name, slot_key(name, arr, ids[rows.start], spec),
+                                                 spec) for name, arr, rows in folders),
+                              max_in_flight=max_listings)
+    for (name, arr, rows), present in zip(folders, listings, strict=True):
+        for i in range(rows.start, rows.stop):
+            key = slot_key(name, arr, ids[i], spec)
+            size = present.get(key)
+            slot_bytes[i] += size or 0
+            kind = None if key in reported else "missing" if size is None else \
+                "empty" if size == 0 else None
+            if kind is not None:
+                counts[kind] += 1
+                if len(lines[kind]) <= MAX_LISTED:
+                    lines[kind].append(f"unit {units[i]}, slot {ids[i]}: object {key} " + (
+                        "is missing (it would read back as zeros)" if kind == "missing"
+                        else "is empty"))
     for kind, found in lines.items():
         report.problems += capped(found, counts[kind])
     report.checked["objects"] += len(slots) * len(arrays)

@@ -11,12 +11,12 @@ import tempfile
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, TypeVar
 
 import fsspec
 import zarr
@@ -29,6 +29,8 @@ from sparkforge.shared.errors import SparkforgeError
 logger = logging.getLogger(__name__)
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
+T = TypeVar("T")
+R = TypeVar("R")
 HASH_BLOCK_BYTES: Final = 8 << 20
 """How much :func:`stream_sha256` reads at a time."""
 
@@ -230,16 +232,23 @@ def read_many(loc: Location, keys: Iterable[str], *, max_bytes: int | None = Non
         except (OSError, ValueError) as exc:
             return exc
 
-    pending: deque[tuple[str, Future[bytes | OSError | ValueError]]] = deque()
-    with ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix="read_many") as pool:
-        for key in keys:
-            pending.append((key, pool.submit(read, key)))
+    return map_ahead(read, keys, max_concurrency=max_concurrency, name="read_many")
+
+
+def map_ahead(fn: Callable[[T], R], items: Iterable[T], *, max_concurrency: int,
+              name: str) -> Iterator[tuple[T, R]]:
+    """``(item, fn(item))`` for each item, in order, up to ``max_concurrency`` calls at once
+    (threads named ``name``); at most ``2 * max_concurrency`` results are held ahead."""
+    pending: deque[tuple[T, Future[R]]] = deque()
+    with ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix=name) as pool:
+        for item in items:
+            pending.append((item, pool.submit(fn, item)))
             if len(pending) >= 2 * max_concurrency:
-                key, future = pending.popleft()
-                yield key, future.result()
+                item, future = pending.popleft()
+                yield item, future.result()
         while pending:
-            key, future = pending.popleft()
-            yield key, future.result()
+            item, future = pending.popleft()
+            yield item, future.result()
 
 
 class PendingWrites:

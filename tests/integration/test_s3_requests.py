@@ -15,7 +15,7 @@ import boto3
 import numpy as np
 import pytest
 from cache_helpers import SMALL_SPEC, make_run_header, make_unit
-from s3_proxy import S3Proxy
+from s3_proxy import S3Proxy, request_kind
 
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.open import open_cache
@@ -268,3 +268,33 @@ def test_status_lists_a_group_folder_at_a_time(s3_cache: str, moto_server: dict[
                                "in_flight": 0}
     assert status["state"] == "finalized"
     assert status["abandoned"] == []
+
+
+def test_validate_lists_group_folders_side_by_side(s3_cache: str, moto_server: dict[str, Any],
+                                                   proxy: S3Proxy) -> None:
+    """validate lists each array's group folder once, folders side by side (a folder's LIST
+    pages follow one another, the folders need not), as many at once as ``max_concurrency``
+    allows: with 2, two folders' LISTs are in flight together and never three."""
+    proxy.latency_s = 0.05  # requests overlap only if they are sent before others come back
+    proxy.reset()
+    report = validate_cache(s3_cache, storage_options=_options(moto_server, proxy),
+                            max_concurrency=2)
+    log, spans = list(proxy.log), list(proxy.spans)
+    assert report.problems == [], report.problems
+    folders = sorted(f"{name}/c/0/" for name in array_layouts(READ_SPEC))
+    assert len(folders) > 2
+    assert sorted(_recursive_lists(log)) == folders
+    listings = [(start, end) for path, start, end in spans
+                if request_kind("GET", path) == "LIST" and _recursive_lists([("LIST", path)])]
+    assert len(listings) == len(folders)
+    assert _most_at_once(listings) == 2, listings
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    """Most of the (start, end) spans that overlap at one moment."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
