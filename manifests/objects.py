@@ -117,11 +117,15 @@ def _listing(loc: storage.Location, prefix: str) -> dict[str, dict[str, Any]]:
     path = loc.path(prefix)
     if loc.is_local:
         return _local_objects(loc.root, path)
-    loc.fs.invalidate_cache(path)
     try:
+        if storage.is_s3(loc):
+            return dict(storage.s3_objects(loc, prefix))
+        loc.fs.invalidate_cache(path)
         found = loc.fs.find(path, detail=True)
     except FileNotFoundError:
         return {}
+    finally:
+        loc.fs.invalidate_cache(path)  # fsspec keeps listings: drop this one's
     return {str(p)[len(loc.root) + 1:]: info for p, info in found.items()}
 
 
@@ -204,13 +208,13 @@ def _remote_files(loc: storage.Location, prefix: str,
     stack = [prefix]
     while stack:
         key = stack.pop()
+        if _listed_whole(key, spec):
+            yield from _listing(loc, key).items()
+            continue
         path = loc.path(key) if key else loc.root
         loc.fs.invalidate_cache(path)
         try:
-            if _listed_whole(key, spec):
-                listing = list(loc.fs.find(path, detail=True).values())
-            else:
-                listing = loc.fs.ls(path, detail=True)
+            listing = loc.fs.ls(path, detail=True)
         except FileNotFoundError:
             continue
         finally:

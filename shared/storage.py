@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Final, TypeVar
 
@@ -100,6 +101,50 @@ def open_location(uri: str, storage_options: Mapping[str, Any] | None = None) ->
         options["config_kwargs"] = config
     fs, root = fsspec.core.url_to_fs(uri, **options)
     return Location(uri=uri, fs=fs, root=str(root).rstrip("/"), storage_options=options)
+
+
+def is_s3(loc: Location) -> bool:
+    """Whether the location is on S3 (s3fs)."""
+    return fsspec.core.split_protocol(loc.uri)[0] in ("s3", "s3a")
+
+
+def s3_objects(loc: Location, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every object under ``prefix`` on S3 as ListObjectsV2 pages bring them: (key relative to
+    the root, ``{"size", "mtime"}``, the time a datetime). fsspec's ``find`` also builds and
+    caches a listing of every folder below ``prefix`` (a fifth of a group folder's listing
+    CPU), and botocore parsed each object's time with dateutil (nearly half of it; see
+    :func:`_parse_timestamp`)."""
+    fs = loc.fs
+    fs.connect()
+    fs.session.get_component("response_parser_factory").set_parser_defaults(
+        timestamp_parser=_parse_timestamp)
+    bucket, key, _ = fs.split_path(loc.path(prefix))
+    request, skip = {"Bucket": bucket, "Prefix": f"{key}/"}, len(loc.root) + 1
+    while True:
+        page = fs.call_s3("list_objects_v2", **request)
+        for obj in page.get("Contents", ()):
+            name = f"{bucket}/{obj['Key']}"
+            if not name.endswith("/"):  # a folder marker, no object
+                yield name[skip:], {"size": obj["Size"], "mtime": obj["LastModified"]}
+        if not page.get("IsTruncated"):
+            return
+        request["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def _parse_timestamp(value: Any) -> datetime:
+    """botocore's timestamp parser, cheaper: ISO 8601 text with a time zone (every listed
+    object's ``LastModified``) by ``datetime.fromisoformat`` (the same instant, in 0.1 us where
+    dateutil takes about 40), anything else (HTTP dates, numbers) by botocore's own parser."""
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.tzinfo is not None:
+            return parsed
+    from botocore.utils import parse_timestamp
+
+    return parse_timestamp(value)  # type: ignore[no-any-return]
 
 
 def zarr_store(loc: Location, *, read_only: bool) -> Store:

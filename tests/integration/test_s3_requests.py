@@ -18,6 +18,7 @@ from cache_helpers import SMALL_SPEC, make_run_header, make_unit
 from s3_proxy import S3Proxy, request_kind
 
 from sparkforge.manifests.finalize import finalize_cache
+from sparkforge.manifests.objects import object_times, stored_objects
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.status import StatusReader
 from sparkforge.manifests.summary import summarize_cache
@@ -298,3 +299,39 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
         running += step
         most = max(most, running)
     return most
+
+
+@pytest.mark.slow
+def test_listed_objects_match_boto3s_listing_and_skip_dateutil(
+        moto_server: dict[str, Any], proxy: S3Proxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder of more than one LIST page lists as boto3 lists it (every key, size and
+    time), and no object's time goes through dateutil, which boto3's own listing calls once
+    per object."""
+    import dateutil.parser
+
+    root = uuid.uuid4().hex
+    keys = [f"{root}/_commits/0/{i:05d}.json" for i in range(1_001)]
+    _put_directly(moto_server, keys)
+    client = boto3.client("s3", endpoint_url=moto_server["endpoint"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    calls = Counter[str]()
+    parse = dateutil.parser.parse
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls["dateutil"] += 1
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(dateutil.parser, "parse", counted)
+    expected = {obj["Key"].split("/", 1)[1]: (obj["Size"], obj["LastModified"].timestamp())
+                for page in client.get_paginator("list_objects_v2").paginate(
+                    Bucket=moto_server["bucket"], Prefix=f"{root}/_commits/0/")
+                for obj in page["Contents"]}
+    assert calls["dateutil"] == len(keys)  # the reference parsed every time through dateutil
+    loc = storage.open_location(f"s3://{moto_server['bucket']}/{root}",
+                                _options(moto_server, proxy))
+    calls.clear()
+    proxy.reset()
+    sizes, times = stored_objects(loc, "_commits/0"), object_times(loc, "_commits/0")
+    assert calls["dateutil"] == 0
+    assert proxy.reset()["LIST"] == 4  # two pages each
+    assert {key: (sizes[key], times[key]) for key in sizes} == expected
