@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -134,11 +133,11 @@ class StatusReader:
         ``_commits/`` held every unit's details at once)."""
         folders = bookkeeping_folders(self.loc, self.spec, prefix)
         times: dict[str, float | None] = {}
-        with ThreadPoolExecutor(max(1, min(len(folders), self.max_concurrency))) as pool:
-            for folder, found in zip(folders, pool.map(partial(object_times, self.loc), folders),
-                                     strict=True):
-                times |= found
-                self.loc.fs.invalidate_cache(self.loc.path(folder))
+        for folder, found in storage.map_ahead(partial(object_times, self.loc), folders,
+                                               max_concurrency=self.max_concurrency,
+                                               name="status-listing"):
+            times |= found
+            self.loc.fs.invalidate_cache(self.loc.path(folder))
         return times
 
     def _read_new(self, commit_times: Mapping[int, float | None], problems: list[str]) -> None:
