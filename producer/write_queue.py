@@ -72,6 +72,8 @@ class UnitFeed:
         self.ops: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=FEED_BLOCKS)
         self.tally = UnitTally()
         self.closed = False
+        self.taken = False
+        """Whether the writer thread took its ``commit`` or ``cancel`` (nothing left to drain)."""
         self._check = check
         self._open: list[int] = []  # the open sample's id, tokens, loss tokens and bytes
 
@@ -226,7 +228,7 @@ class UnitWriteQueue:
                         self._write_whole(item))
             except BaseException as exc:  # handed to the capture thread, which raises it
                 self._error = exc
-                if isinstance(item, UnitFeed):
+                if isinstance(item, UnitFeed) and not item.taken:
                     _drain(item)
                 continue
             if done is not None:
@@ -247,6 +249,7 @@ class UnitWriteQueue:
             stream = None
         while True:
             op, value = feed.ops.get()
+            feed.taken = op in ("commit", "cancel")
             if op == "cancel":
                 return None
             if op == "commit":
