@@ -411,8 +411,11 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_resumes_exactly(
     args = ("--data.num_workers", "1", "--checkpoint.every_n_train_steps", "2")
     ckpts = tmp_path / "ckpt"
     stopped = ("--checkpoint.dirpath", str(ckpts), *args)
+    # Every checkpoint kept: with only the latest, step 2's lived two steps, and a fast run
+    # replaced it before a poll saw it (CI: the run ended at step 60, never seen at step 2).
     cmd = [sys.executable, "-P", "-m", "sparkforge.app.cli",
-           *_train_args(tiny_cache, tmp_path / "run", "--trainer.max_steps", "60", *stopped)]
+           *_train_args(tiny_cache, tmp_path / "run", "--trainer.max_steps", "60", *stopped,
+                        "--checkpoint.save_top_k", "-1")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
