@@ -15,8 +15,9 @@ Phases, each in its own process (CPU time and peak RSS are that process's own):
   cache written by the real writer: forked, spawned (columns in shared memory), and spawned with
   that hand-over off (each worker unpickles its copy: the baseline).
 - ``throughput``: samples/s of the training loader over one real cache on S3 (moto behind the
-  counting proxy of ``tests/s3_proxy.py``), at 0 and 30 ms per request, each read twice,
-  alternating, in one process: their ratio, the requests and the most in flight.
+  counting proxy of ``tests/s3_proxy.py``), at 0 and 30 ms per request, a warm-up pass left
+  out, then 3 passes of each, alternating, in one process: their ratio (overall and pass by
+  pass), the requests and the most in flight.
 
     .venv/bin/python -P benchmarks/bench_scale_read.py --samples 100000 1000000 10000000
     .venv/bin/python -P benchmarks/bench_scale_read.py --old dd1fd3e   (also the old code)
@@ -44,9 +45,9 @@ sys.path.insert(0, str(TESTS))  # cache_helpers (the run header), s3_proxy, conf
 PER_UNIT, TOKENS = 256, 4
 """Synthesized units: 256 samples of 4 tokens, one slot of 1024 rows."""
 SHARE_COUNTS = (8, 64, 512)
-THROUGHPUT_UNITS, READ_AHEAD, LATENCIES = 128, 16, (0.0, 0.03)
+THROUGHPUT_UNITS, READ_AHEAD, LATENCIES, PAIRS = 128, 16, (0.0, 0.03), 3
 """The S3 cache of the throughput phase: 128 units, 16 read ahead (112 read after the first
-batch), at 0 and 30 ms per request."""
+batch), at 0 and 30 ms per request, 3 passes of each, alternating."""
 WORKER_STARTS = (("fork", "shared"), ("spawn", "shared"), ("spawn", "unshared"))
 """How the workers start: forked; spawned, the columns handed over in shared memory; spawned,
 each unpickling its own copy (the baseline)."""
@@ -279,8 +280,10 @@ def _is_loader_worker(pid: int) -> bool:
 
 
 def phase_throughput(num_units: int) -> dict[str, Any]:
-    """Training-loader samples/s from one S3 cache behind 0 and 30 ms per request, each
-    latency read twice, alternating (after the first batch, once the read-ahead is full)."""
+    """Training-loader samples/s from one S3 cache behind 0 and 30 ms per request: one
+    warm-up pass, left out, then each latency read PAIRS times, alternating (each pass timed
+    after its first batch, once the read-ahead is full); ``ratios`` pairs each 30 ms pass with
+    the 0 ms pass before it."""
     import uuid
 
     from conftest import moto_server
@@ -292,9 +295,13 @@ def phase_throughput(num_units: int) -> dict[str, Any]:
         uri = f"s3://{moto['bucket']}/{uuid.uuid4().hex}"
         real_cache(Path(), num_units, storage_options=moto["storage_options"], uri=uri)
         runs: dict[str, list[dict[str, Any]]] = {str(lat): [] for lat in LATENCIES}
-        for lat in LATENCIES * 2:
+        _read_through_proxy(uri, moto, LATENCIES[0])
+        for lat in LATENCIES * PAIRS:
             runs[str(lat)].append(_read_through_proxy(uri, moto, lat))
-        return {lat: {"samples_per_s": float(np.mean([r["samples_per_s"] for r in rs])),
+        rates = {lat: [r["samples_per_s"] for r in rs] for lat, rs in runs.items()}
+        first = rates[str(LATENCIES[0])]
+        return {lat: {"ratios": [b / a for a, b in zip(first, rates[lat], strict=True)],
+                      "samples_per_s": float(np.mean([r["samples_per_s"] for r in rs])),
                       "cpu_us": float(np.mean([r["cpu_us"] for r in rs])),
                       "server_cpu_us": float(np.mean([r["server_cpu_us"] for r in rs])),
                       "requests": rs[-1]["requests"],
@@ -424,7 +431,9 @@ def table(name: str, res: dict[str, Any], sizes: list[int]) -> list[str]:
     rate = {lat: t["samples_per_s"] for lat, t in res["throughput"].items()}
     for lat, t in res["throughput"].items():
         lines.append(f"S3 at {float(lat) * 1000:.0f} ms/request: {t['samples_per_s']:,.0f} "
-                     f"samples/s ({t['samples_per_s'] / rate[str(LATENCIES[0])]:.2f}x of 0 ms; "
+                     f"samples/s ({t['samples_per_s'] / rate[str(LATENCIES[0])]:.2f}x of 0 ms, "
+                     f"pass by pass {min(t.get('ratios', [0])):.2f}-"
+                     f"{max(t.get('ratios', [0])):.2f}x; "
                      f"CPU per sample: reader and proxy {t.get('cpu_us', 0):.0f} us, moto "
                      f"{t.get('server_cpu_us', 0):.0f} us), "
                      f"requests {t['requests']}, at most {t['max_in_flight']} in flight")
