@@ -112,7 +112,7 @@ ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
         tiny=draft_tiny),
     "deepseek_v4": DraftArchitecture(
         name="deepseek_v4",
-        model="sparkforge.trainer.architectures.deepseek_v4.model:DeepseekV4DSparkModel",
+        model="sparkforge.trainer.architectures.deepseek_v4.model:DeepseekV4DraftModel",
         expected_shapes=deepseek_v4_export.expected_shapes,
         formats={"dspark": ServingFormat(
             served_as=(), method="dspark", hf_config=deepseek_v4_export.refuse_hf_config,
@@ -120,7 +120,7 @@ ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
             config_from_hf=deepseek_v4_export.refuse_config_from_hf)},
         tiny=draft_tiny_deepseek_v4),
     "gemma4": DraftArchitecture(
-        name="gemma4", model="sparkforge.trainer.architectures.gemma4.model:Gemma4DSparkModel",
+        name="gemma4", model="sparkforge.trainer.architectures.gemma4.model:Gemma4DraftModel",
         expected_shapes=gemma4_export.expected_shapes,
         formats={"dspark": ServingFormat(
             served_as=("Gemma4DSparkModel",), method="dspark", hf_config=gemma4_export.hf_config,
@@ -128,7 +128,7 @@ ARCHITECTURES: dict[Architecture, DraftArchitecture] = {
             config_from_hf=gemma4_export.draft_config_from_hf)},
         tiny=draft_tiny_gemma4),
     "kimi_k3": DraftArchitecture(
-        name="kimi_k3", model="sparkforge.trainer.architectures.kimi_k3.model:K3DSparkModel",
+        name="kimi_k3", model="sparkforge.trainer.architectures.kimi_k3.model:KimiK3DraftModel",
         expected_shapes=kimi_k3_export.expected_shapes,
         formats={"dspark": ServingFormat(
             served_as=(kimi_k3_export.SERVED_AS,), method="dspark",

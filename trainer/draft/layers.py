@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.trainer.draft.block_conv import around, block_convs
 from sparkforge.trainer.draft.config import SharedDraftConfig
 from sparkforge.trainer.draft.passes import DraftLayer
@@ -94,7 +95,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
-class DSparkAttention(nn.Module):
+class DraftAttention(nn.Module):
     """Queries from the block only; keys/values = [projected context ; block], same weights.
 
     Args:
@@ -161,7 +162,7 @@ def attend_after_context(q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tens
     return res
 
 
-class DSparkLayer(nn.Module):
+class DraftDecoderLayer(nn.Module):
     """Pre-norm block: input_layernorm -> attention -> +res -> post_attention_layernorm -> MLP.
 
     With ``sandwich`` (Gemma's layer) the attention and MLP outputs are normed before their
@@ -183,7 +184,7 @@ class DSparkLayer(nn.Module):
     post_feedforward_layernorm: nn.Module
 
     def __init__(self, cfg: SharedDraftConfig,
-                 attention: Callable[..., nn.Module] = DSparkAttention, *,
+                 attention: Callable[..., nn.Module] = DraftAttention, *,
                  norm: type[RMSNorm] = RMSNorm,
                  act: Callable[[torch.Tensor], torch.Tensor] = F.silu,
                  sandwich: bool = False) -> None:
@@ -225,3 +226,12 @@ class DSparkLayer(nn.Module):
         mlp = around(self.mlp_conv, self.mlp, self.pre_feedforward_layernorm(x))
         out = x + self.post_feedforward_layernorm(mlp)
         return out
+
+
+RENAMED = {"DSparkAttention": "DraftAttention", "DSparkLayer": "DraftDecoderLayer"}
+"""Old names this module still serves, each as its new name (``renamed_attribute``)."""
+
+
+def __getattr__(name: str) -> Any:
+    """An old name of ``RENAMED``, with a FutureWarning naming its replacement."""
+    return renamed_attribute(__name__, name, RENAMED)

@@ -28,7 +28,7 @@ from sparkforge.trainer.draft.block_conv import BlockConv
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
 from sparkforge.trainer.draft.config import SharedDraftConfig
 from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
-from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm
+from sparkforge.trainer.draft.layers import DraftDecoderLayer, RMSNorm
 from sparkforge.trainer.draft.passes import (
     AttnImpl,
     DraftContextCache,
@@ -74,9 +74,9 @@ class DraftModel(nn.Module):
         ConfigError: the config names another architecture than ``architecture``.
     """
 
-    layer_factory: ClassVar[Callable[..., nn.Module]] = DSparkLayer
-    """Builds one draft layer from the config (the pre-norm Qwen3-style ``DSparkLayer`` unless
-    an architecture configures another)."""
+    layer_factory: ClassVar[Callable[..., nn.Module]] = DraftDecoderLayer
+    """Builds one draft layer from the config (the pre-norm Qwen3-style ``DraftDecoderLayer``
+    unless an architecture configures another)."""
     architecture: ClassVar[str | None] = None
     """The config ``architecture`` this model builds (None: any)."""
     context_names: ClassVar[tuple[str, str]] = ("fc", "hidden_norm")

@@ -16,8 +16,8 @@ from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.architectures.config import DraftConfig, from_target_config
 from sparkforge.trainer.architectures.deepseek_v4.export import expected_shapes
 from sparkforge.trainer.architectures.deepseek_v4.model import (
-    DeepseekV4DSparkAttention,
-    DeepseekV4DSparkLayer,
+    DeepseekV4DraftAttention,
+    DeepseekV4DraftLayer,
 )
 from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
 from sparkforge.trainer.architectures.options import options_dict
@@ -117,7 +117,7 @@ def test_attention_equals_transformers_v4_attention() -> None:
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0.0, 0.3)
-    ours = DeepseekV4DSparkAttention(cfg)
+    ours = DeepseekV4DraftAttention(cfg)
     renames = {"wq_a": "q_a_proj", "q_norm": "q_a_norm", "wq_b": "q_b_proj", "wkv": "kv_proj",
                "kv_norm": "kv_norm", "wo_a": "o_a_proj", "wo_b": "o_b_proj"}
     state = {f"{ours_name}.weight": hf.get_parameter(f"{hf_name}.weight")
@@ -156,7 +156,7 @@ def _rms(x: np.ndarray, weight: np.ndarray | float, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x) + eps) * weight
 
 
-def _hand_layer(layer: DeepseekV4DSparkLayer, cfg: DraftConfig, ctx: np.ndarray,
+def _hand_layer(layer: DeepseekV4DraftLayer, cfg: DraftConfig, ctx: np.ndarray,
                 block: np.ndarray, anchor: int) -> np.ndarray:
     """One V4 draft layer for one block, query by query and head by head, in float64."""
     w = {n: p.detach().double().numpy() for n, p in layer.named_parameters()}
@@ -203,7 +203,7 @@ def test_layer_equals_a_hand_written_computation() -> None:
     cfg = dataclasses.replace(tiny, options=dataclasses.replace(tiny.options, swiglu_limit=0.3),
                               rope_parameters={"rope_type": "default", "rope_theta": 10_000.0})
     torch.manual_seed(1)
-    layer = DeepseekV4DSparkLayer(cfg)
+    layer = DeepseekV4DraftLayer(cfg)
     with torch.no_grad():
         for name, p in layer.named_parameters():
             p.normal_(1.0 if "norm" in name else 0.0, 0.3)

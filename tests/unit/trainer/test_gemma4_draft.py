@@ -15,13 +15,13 @@ from sparkforge.app.tiny_target import tiny_gemma4_config
 from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.architectures.config import DraftConfig, from_target_config
 from sparkforge.trainer.architectures.gemma4.export import expected_shapes
-from sparkforge.trainer.architectures.gemma4.model import Gemma4DSparkLayer, Gemma4DSparkModel
+from sparkforge.trainer.architectures.gemma4.model import Gemma4DraftLayer, Gemma4DraftModel
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 
 FULL = 1   # the full-attention layer of a 2-layer tiny Gemma4 target
 
 
-def _pair(seed: int = 0) -> tuple[Gemma4TextDecoderLayer, Gemma4DSparkLayer, DraftConfig]:
+def _pair(seed: int = 0) -> tuple[Gemma4TextDecoderLayer, Gemma4DraftLayer, DraftConfig]:
     """transformers' full-attention Gemma4 layer with random weights, and ours holding them."""
     hf_cfg = tiny_gemma4_config(num_hidden_layers=2)
     hf_cfg._attn_implementation = "eager"
@@ -32,7 +32,7 @@ def _pair(seed: int = 0) -> tuple[Gemma4TextDecoderLayer, Gemma4DSparkLayer, Dra
     with torch.no_grad():
         for p in hf.parameters():   # norms around 1, projections small: nothing is trivial
             p.copy_(1.0 + 0.3 * torch.randn_like(p) if p.ndim == 1 else 0.1 * torch.randn_like(p))
-    ours = Gemma4DSparkLayer(cfg).eval()
+    ours = Gemma4DraftLayer(cfg).eval()
     ours.load_state_dict({k: v for k, v in hf.state_dict().items() if k != "layer_scalar"})
     return hf, ours, cfg
 
@@ -99,7 +99,7 @@ def test_embedding_and_teacher_logits_equal_the_gemma4_target() -> None:
                              architecture="gemma4")
     draft = build_draft(cfg, embed_weight=target.model.embed_tokens.weight,
                         lm_head_weight=target.lm_head.weight)
-    assert isinstance(draft, Gemma4DSparkModel)
+    assert isinstance(draft, Gemma4DraftModel)
     ids = torch.randint(4, 1024, (1, 16))
     with torch.no_grad():
         out = target(ids, output_hidden_states=True)
@@ -149,7 +149,7 @@ def test_every_norm_of_the_gemma4_draft_is_gemmas() -> None:
     from sparkforge.trainer.draft.layers import GemmaRMSNorm, RMSNorm
 
     _, _, cfg = _pair()
-    model = Gemma4DSparkModel(cfg)
+    model = Gemma4DraftModel(cfg)
     norms = {n: type(m) for n, m in model.named_modules() if isinstance(m, RMSNorm)}
     assert {"hidden_norm", "norm", "layers.0.self_attn.q_norm", "layers.0.self_attn.v_norm",
             "layers.0.post_feedforward_layernorm"} <= set(norms)

@@ -21,7 +21,7 @@ from sparkforge.trainer.architectures.kimi_k3.export import (
     hf_config,
     serving_problems,
 )
-from sparkforge.trainer.architectures.kimi_k3.model import K3DSparkLayer
+from sparkforge.trainer.architectures.kimi_k3.model import KimiK3DraftLayer
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 from sparkforge.trainer.export import OPTIONAL_KEYS, config_from_hf
 
@@ -60,7 +60,7 @@ def _pair(seed: int = 0) -> tuple[DeepseekV3DecoderLayer, torch.nn.Module, Draft
     with torch.no_grad():
         for p in hf.parameters():   # norms around 1, projections small: nothing is trivial
             p.copy_(1.0 + 0.3 * torch.randn_like(p) if p.ndim == 1 else 0.1 * torch.randn_like(p))
-    ours = K3DSparkLayer(cfg).eval()
+    ours = KimiK3DraftLayer(cfg).eval()
     ours.load_state_dict(hf.state_dict())   # strict: the same names and shapes
     return hf, ours, cfg
 

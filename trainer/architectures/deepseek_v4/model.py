@@ -1,4 +1,5 @@
-"""The DeepSeek-V4 DSpark draft: dense pre-norm layers whose attention follows the V4 target.
+"""The DeepSeek-V4 draft, of every layout: dense pre-norm layers whose attention follows the V4
+target.
 
 Attention: Q-LoRA queries (``wq_a -> q_norm -> wq_b``, then a weightless RMS norm per head), one
 key/value latent shared by every head (``wkv -> kv_norm``, keys = values), interleaved RoPE on
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.deepseek_v4.config import v4_options
 from sparkforge.trainer.draft.block_conv import around, block_convs
@@ -59,7 +61,7 @@ def attend_with_sink(q_BNQD: torch.Tensor, kv_B1PD: torch.Tensor, sink_N: torch.
     return torch.matmul(probs.to(kv_B1PD.dtype), kv_B1PD)
 
 
-class DeepseekV4DSparkAttention(nn.Module):
+class DeepseekV4DraftAttention(nn.Module):
     """Block queries over ``[context ; block]`` keys of one shared K=V latent (V4 attention)."""
 
     def __init__(self, cfg: DraftConfig) -> None:
@@ -124,13 +126,13 @@ class ClampedSwiGLU(nn.Module):
         return out
 
 
-class DeepseekV4DSparkLayer(nn.Module):
+class DeepseekV4DraftLayer(nn.Module):
     """Pre-norm block: attn_norm -> attention -> +res -> ffn_norm -> dense SwiGLU -> +res."""
 
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = DeepseekV4DSparkAttention(cfg)
+        self.attn = DeepseekV4DraftAttention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # A V4 stage's dense part is its shared expert; the draft has no routed experts.
         self.ffn = nn.ModuleDict({"shared_experts": ClampedSwiGLU(
@@ -152,15 +154,15 @@ class DeepseekV4DSparkLayer(nn.Module):
         return out
 
 
-class DeepseekV4DSparkModel(DraftModel):
-    """The DeepSeek-V4 DSpark draft (PyTorch default init; embed/lm_head from the target).
+class DeepseekV4DraftModel(DraftModel):
+    """The DeepSeek-V4 draft (PyTorch default init; embed/lm_head from the target).
 
     Takes ``DraftModel``'s arguments; the config names ``architecture="deepseek_v4"``. Under
     "sdpa" the softmax with the sink runs eagerly over the dense mask; under "flex" the sink is
     applied through the log-sum-exp.
     """
 
-    layer_factory = DeepseekV4DSparkLayer
+    layer_factory = DeepseekV4DraftLayer
     architecture = "deepseek_v4"
     context_names = ("main_proj", "main_norm")
     interleaved_rope = True
@@ -170,3 +172,14 @@ class DeepseekV4DSparkModel(DraftModel):
     def rope_dim(cls, config: SharedDraftConfig) -> int:
         """The trailing ``qk_rope_head_dim`` channels of each head."""
         return v4_options(config).qk_rope_head_dim
+
+
+RENAMED = {"DeepseekV4DSparkModel": "DeepseekV4DraftModel",
+           "DeepseekV4DSparkAttention": "DeepseekV4DraftAttention",
+           "DeepseekV4DSparkLayer": "DeepseekV4DraftLayer"}
+"""Old names this module still serves, each as its new name (``renamed_attribute``)."""
+
+
+def __getattr__(name: str) -> Any:
+    """An old name of ``RENAMED``, with a FutureWarning naming its replacement."""
+    return renamed_attribute(__name__, name, RENAMED)

@@ -1,4 +1,5 @@
-"""The Kimi-K3 DSpark draft: dense pre-norm layers with the MLA attention of vLLM's K3 draft.
+"""The Kimi-K3 draft, of every layout: dense pre-norm layers with the MLA attention of vLLM's K3
+draft.
 
 Attention is DeepSeek-style multi-head latent attention with a query bottleneck: queries
 ``q_a_proj -> q_a_layernorm -> q_b_proj`` give each head ``qk_nope_head_dim`` plain and
@@ -8,7 +9,7 @@ latent normed by ``kv_a_layernorm`` and expanded per head by ``kv_b_proj`` into 
 values, the rope part rotated once and shared by every head. RoPE rotates adjacent channel
 pairs; the softmax scale is ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``. The MLP is a
 SwiGLU. Context rows enter each layer through the same ``kv_a_proj_with_mqa`` (vLLM projects
-them for all layers in one fused matmul), as in every DSpark draft.
+them for all layers in one fused matmul), as in every draft.
 
 Parameter names are the checkpoint keys vLLM's ``K3DSparkForCausalLM`` loads: ``context_proj``
 and ``context_norm`` project the concatenated target features, ``final_norm`` precedes the
@@ -19,14 +20,16 @@ follow the legend in ``sparkforge.trainer.draft.model``; R is ``qk_rope_head_dim
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
 
+from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.kimi_k3.config import k3_options
 from sparkforge.trainer.draft.config import SharedDraftConfig
-from sparkforge.trainer.draft.layers import DSparkLayer, RMSNorm, attend_after_context
+from sparkforge.trainer.draft.layers import DraftDecoderLayer, RMSNorm, attend_after_context
 from sparkforge.trainer.draft.model import DraftModel
 from sparkforge.trainer.draft.passes import RopeTables
 from sparkforge.trainer.draft.rope import apply_interleaved_rotary
@@ -74,17 +77,18 @@ class K3LatentAttention(nn.Module):
         return attend_after_context(q, k_blk, v_blk, ctx_kv, mask, self.scale, self.o_proj)
 
 
-K3DSparkLayer = functools.partial(DSparkLayer, attention=K3LatentAttention)
+KimiK3DraftLayer = functools.partial(DraftDecoderLayer, attention=K3LatentAttention)
 """One K3 draft layer: Qwen3's pre-norm block and SwiGLU around the latent attention."""
 
 
-class K3DSparkModel(DraftModel):
-    """The Kimi-K3 DSpark draft (HF normal init; embed/lm_head from the target).
+class KimiK3DraftModel(DraftModel):
+    """The Kimi-K3 draft (HF normal init; embed/lm_head from the target).
 
-    Takes ``DraftModel``'s arguments; the config names ``architecture="kimi_k3"``.
+    Takes ``DraftModel``'s arguments; the config names ``architecture="kimi_k3"``. Its old name
+    is ``K3DSparkModel``; the exported ``config.json`` still names vLLM's ``K3DSparkModel``.
     """
 
-    layer_factory = K3DSparkLayer
+    layer_factory = KimiK3DraftLayer
     architecture = "kimi_k3"
     context_names = ("context_proj", "context_norm")
     final_norm_name = "final_norm"
@@ -94,3 +98,12 @@ class K3DSparkModel(DraftModel):
     def rope_dim(cls, config: SharedDraftConfig) -> int:
         """The key's rope part, ``qk_rope_head_dim`` channels shared by every head."""
         return k3_options(config).qk_rope_head_dim
+
+
+RENAMED = {"K3DSparkModel": "KimiK3DraftModel", "K3DSparkLayer": "KimiK3DraftLayer"}
+"""Old names this module still serves, each as its new name (``renamed_attribute``)."""
+
+
+def __getattr__(name: str) -> Any:
+    """An old name of ``RENAMED``, with a FutureWarning naming its replacement."""
+    return renamed_attribute(__name__, name, RENAMED)
