@@ -398,7 +398,12 @@ def exists(loc: Location, key: str) -> bool:
     sends a HEAD and, when the object is missing (as a unit's commit record is before every
     commit), a LIST for a folder of that name.
     """
-    path = loc.path(key)
+    return path_exists(loc, loc.path(key))
+
+
+def path_exists(loc: Location, path: str) -> bool:
+    """:func:`exists` of a filesystem path under ``loc`` the code names itself, not a key from
+    the cache (zarr's own keys, such as ``.zgroup``, are not :func:`safe_key` keys)."""
     loc.fs.invalidate_cache(path)
     if not loc.is_local:
         try:

@@ -62,6 +62,26 @@ def diff_json(old: object, new: object, path: str = "") -> list[str]:
     return []
 
 
+_ZARR_V2_KEYS = (".zgroup", ".zarray")
+"""Root keys of a zarr v2 group or array: every sparkforge cache is a zarr v3 group."""
+
+
+def _refuse_zarr_v2(loc: storage.Location, uri: str) -> None:
+    """Refuse a store without a cache header whose root is a zarr v2 node (another dataset, or
+    the remains of a creation under ``ZARR_DEFAULT_ZARR_FORMAT=2``, which no sparkforge
+    finished): the writer would put a v3 group beside it, which zarr warns about at every open.
+
+    Raises:
+        CacheMismatchError: naming the v2 keys found.
+    """
+    found = [key for key in _ZARR_V2_KEYS if storage.path_exists(loc, f"{loc.root}/{key}")]
+    if found:
+        raise CacheMismatchError(
+            f"{uri} holds zarr v2 metadata ({', '.join(found)}) and no cache header "
+            f"({HEADER_KEY}): sparkforge caches are zarr v3 groups, so it is not one; write the "
+            "cache to an empty folder, or delete those keys if nothing else is stored there")
+
+
 class CacheWriter:
     """Writes units into one cache store; safe to run as several processes or threads on disjoint
     units (each thread fills its own shard buffers). A unit's independent requests go out
@@ -86,7 +106,8 @@ class CacheWriter:
 
         Raises:
             ManifestError: naming the first header field that would not parse.
-            CacheMismatchError: naming each differing field (dotted path) and both values.
+            CacheMismatchError: naming each differing field (dotted path) and both values, or
+                the zarr v2 metadata a store without a header holds.
         """
         try:
             wanted = json.loads(json.dumps({"format_version": spec.format_version,
@@ -95,8 +116,14 @@ class CacheWriter:
             raise SparkforgeError(f"header must be JSON-serialisable: {exc}") from exc
         RunHeader.from_json(wanted["header"])
         loc = storage.open_location(uri, storage_options)
-        group = zarr.open_group(storage.zarr_store(loc, read_only=False), mode="a")
-        if not storage.exists(loc, HEADER_KEY):
+        fresh = not storage.exists(loc, HEADER_KEY)
+        if fresh:
+            _refuse_zarr_v2(loc, uri)
+        # Caches are zarr v3: without the format, zarr also probes v2's .zgroup, .zattrs and
+        # .zmetadata (on S3 a HEAD and a LIST each).
+        group = zarr.open_group(storage.zarr_store(loc, read_only=False), mode="a",
+                                zarr_format=3)
+        if fresh:
             create_arrays(group, spec)
             try:
                 storage.exclusive_create(loc, HEADER_KEY, json.dumps(wanted, indent=1).encode())

@@ -335,3 +335,17 @@ def test_listed_objects_match_boto3s_listing_and_skip_dateutil(
     assert calls["dateutil"] == 0
     assert proxy.reset()["LIST"] == 4  # two pages each
     assert {key: (sizes[key], times[key]) for key in sizes} == expected
+
+
+def test_reopening_a_writer_probes_no_zarr_v2_metadata(s3_cache: str, moto_server: dict[str, Any],
+                                                       proxy: S3Proxy) -> None:
+    """A writer reopening a cache asks for zarr v3 metadata only: no .zgroup, .zattrs or
+    .zmetadata, and no LIST (s3fs asking whether a missing one is a folder)."""
+    proxy.reset()
+    CacheWriter.open(s3_cache, spec=READ_SPEC, header=make_run_header(READ_SPEC,
+                                                                      num_units=NUM_UNITS),
+                     storage_options=_options(moto_server, proxy))
+    log = list(proxy.log)
+    assert not [path for kind, path in log if kind == "LIST"], log
+    assert not [path for _, path in log if _key(path).startswith((".zgroup", ".zattrs",
+                                                                   ".zmetadata"))], log

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 from cache_helpers import make_header, make_run_header, make_unit
 
 from sparkforge.manifests.finalize import finalize_cache
@@ -75,6 +77,36 @@ def test_reopen_with_same_spec_resumes(tmp_path: Path) -> None:
     """Reopening with the same spec sees the committed units."""
     _writer(tmp_path / "c").write_unit(1, *make_unit(SPEC, 1))
     assert _writer(tmp_path / "c").committed_units() == {1}
+
+
+@pytest.mark.parametrize(("make", "key"), [
+    (lambda path: zarr.open_group(path, mode="w", zarr_format=2), ".zgroup"),
+    (lambda path: zarr.create_array(path, shape=(4,), dtype="int32", zarr_format=2), ".zarray"),
+])
+def test_a_zarr_v2_store_is_refused_before_anything_is_written(
+        tmp_path: Path, make: Callable[[str], object], key: str) -> None:
+    """A folder holding a zarr v2 group or array and no header is not a cache (every cache is a
+    zarr v3 group): the writer names the v2 key and leaves the folder as it was, where it would
+    put a v3 group beside the v2 one."""
+    make(str(tmp_path / "c"))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(CacheMismatchError, match=rf"holds zarr v2 metadata \({key}\)"):
+        _writer(tmp_path / "c")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_the_writer_creates_zarr_v3_whatever_zarrs_default_format(tmp_path: Path) -> None:
+    """Under zarr's ``default_zarr_format: 2`` (``ZARR_DEFAULT_ZARR_FORMAT=2``) the writer
+    still creates a v3 group and arrays, which a reader opens without that setting."""
+    with zarr.config.set({"default_zarr_format": 2}):
+        _writer(tmp_path / "c").write_unit(0, *make_unit(SPEC, 0))
+    assert (tmp_path / "c/zarr.json").is_file()
+    assert not list((tmp_path / "c").rglob(".z*"))
+    finalize_cache(str(tmp_path / "c"), expected_units=1)
+    expected, _ = make_unit(SPEC, 0)
+    got = open_cache(str(tmp_path / "c")).read_unit(0)
+    for have, want in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(have.final_hidden, want.final_hidden)
 
 
 @pytest.mark.parametrize(("change", "match"), [
