@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from sparkforge.app.code_target import code_chats, read_source, source_files
-from sparkforge.app.tiny_target import build_tokenizer
+from sparkforge.app.tiny_text import build_tokenizer
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

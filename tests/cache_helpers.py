@@ -167,7 +167,7 @@ def write_tiny_cache(uri: str, target_dir: Path, *, hidden_dtype: str = "bfloat1
     from safetensors.torch import save
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-    from sparkforge.app.tiny_target import synthetic_corpus
+    from sparkforge.app.tiny_text import synthetic_corpus
     from sparkforge.manifests.finalize import finalize_cache
     from sparkforge.shared.writer import CacheWriter
 

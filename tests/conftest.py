@@ -56,7 +56,7 @@ def tiny_v4_cache(tmp_path_factory: pytest.TempPathFactory, tiny_v4_target: Path
     import yaml
 
     from sparkforge.app.cli import main
-    from sparkforge.app.tiny_target import demo_conversations
+    from sparkforge.app.tiny_text import demo_conversations
 
     root = tmp_path_factory.mktemp("tiny_v4_cache")
     rows = root / "chat.jsonl"

@@ -87,7 +87,7 @@ def build_tiny_family(out_dir: Path, model_type: str, *, seed: int = 0) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sparkforge.app.tiny_target import build_tokenizer
+    from sparkforge.app.tiny_text import build_tokenizer
 
     if model_type in COMPOSITES:
         return build_tiny_minimax_vl(out_dir, seed=seed, images=False)

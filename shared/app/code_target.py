@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-from sparkforge.app.tiny_target import write_chats
+from sparkforge.app.tiny_text import write_chats
 from sparkforge.shared.errors import SparkforgeError
 
 USER_PROMPT = "Continue this code:\n"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sparkforge.app.tiny_target import SPECIAL_TOKENS, build_tokenizer
+from sparkforge.app.tiny_text import SPECIAL_TOKENS, build_tokenizer
 
 MINIMAX_IMAGE_TOKENS = ("]<]start of image[>[", "]<]end of image[>[", "]<]image[>[")
 """MiniMax-M3 VL's begin-of-image, end-of-image and image tokens (``MiniMaxM3VLProcessor``);

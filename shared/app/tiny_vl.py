@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from sparkforge.app.tiny_target import demo_conversations
+from sparkforge.app.tiny_text import demo_conversations
 
 
 def tiny_image(seed: int, *, size: tuple[int, int] = (28, 20)) -> Any:

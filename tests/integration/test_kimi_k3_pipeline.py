@@ -39,7 +39,7 @@ def captured(tiny_family: Callable[[str], Path], tmp_path_factory: pytest.TempPa
              ) -> Callable[[str], tuple[Path, Path]]:
     """``captured(model_type)``: a tiny target and its HF-captured cache (16 chat rows, feature
     ids [0, 1, 2]), built once per module."""
-    from sparkforge.app.tiny_target import demo_conversations
+    from sparkforge.app.tiny_text import demo_conversations
 
     built: dict[str, tuple[Path, Path]] = {}
 

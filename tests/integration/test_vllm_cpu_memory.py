@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkforge.app.tiny_target import demo_conversations
+from sparkforge.app.tiny_text import demo_conversations
 
 ENV = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1"}
 

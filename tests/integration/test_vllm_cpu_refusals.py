@@ -49,7 +49,7 @@ def test_vllm_cpu_engine_refuses_the_family(model_type: str, tmp_path: Path,
                                             tiny_family: Callable[[str], Path],
                                             tiny_gemma4_mm: Path) -> None:
     """The vLLM backend fails on the family's tiny target with its recorded error and place."""
-    from sparkforge.app.tiny_target import demo_conversations
+    from sparkforge.app.tiny_text import demo_conversations
 
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in demo_conversations(4)))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sparkforge.app.tiny_target import demo_conversations
+from sparkforge.app.tiny_text import demo_conversations
 from sparkforge.trainer.architectures.config import from_target_config
 from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.eval.forced import sample_tau_sums
