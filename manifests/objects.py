@@ -68,21 +68,28 @@ def stored_objects(loc: storage.Location, prefix: str) -> dict[str, int]:
 
 
 MAX_LISTINGS_IN_FLIGHT: Final = 8
-"""Folders listed at once by :func:`listed_folders`, at most: each listing holds at most one
-group's objects (about 3,000 in a typical group, 100,000 at the most), and twice as many are
-held ahead of the consumer."""
+"""Arrays listed at once by validate, at most (see :func:`group_listings`)."""
 
 
-def listed_folders(loc: storage.Location, prefixes: Iterable[str], *,
-                   max_in_flight: int = MAX_LISTINGS_IN_FLIGHT) -> Iterator[dict[str, int]]:
-    """:func:`stored_objects` of each prefix, in order. On an object store up to
-    ``max_in_flight`` folders are listed at once: a folder's LIST pages follow one another
-    (each names the next), so one folder at a time waits out a round trip per page."""
-    if loc.is_local:
-        yield from (stored_objects(loc, prefix) for prefix in prefixes)
+def group_listings(loc: storage.Location, parent: str,
+                   folders: Iterable[str]) -> Iterator[dict[str, int]]:
+    """:func:`stored_objects` of each folder below ``parent`` (an array's group folders below
+    its ``c``: see :func:`listing_parent`), given in the order an S3 listing brings them
+    (ascending ``folder + "/"``). On S3 all of ``parent`` is one ListObjectsV2 stream, split
+    into the folders as its pages come (a page per 1,000 objects, where a listing per folder
+    also sent each folder's partial last page); one folder's objects and one page are held at
+    a time."""
+    if not storage.is_s3(loc):
+        yield from (stored_objects(loc, folder) for folder in folders)
         return
-    for _, found in storage.map_ahead(lambda prefix: stored_objects(loc, prefix), prefixes,
-                                      max_concurrency=max_in_flight, name="list"):
+    listing = storage.s3_objects(loc, parent)
+    item = next(listing, None)
+    for folder in folders:
+        head, found = f"{folder}/", {}
+        while item is not None and (item[0] < head or item[0].startswith(head)):
+            if item[0].startswith(head):  # keys before it belong to no folder asked for
+                found[item[0]] = int(item[1]["size"])
+            item = next(listing, None)
         yield found
 
 
@@ -101,6 +108,12 @@ def slot_folders(slots: SlotColumns, spec: CacheSpec) -> Iterator[slice]:
 def group_folder(name: str, key: str, spec: CacheSpec) -> str:
     """The folder listed for ``key``'s group: ``<array>/c/<group>`` (format 3), else the array."""
     return "/".join(key.split("/")[:3]) if spec.format_version >= 3 else name
+
+
+def listing_parent(name: str, spec: CacheSpec) -> str:
+    """The folder holding every :func:`group_folder` of array ``name``: its ``c`` (format 3),
+    else the array."""
+    return f"{name}/c" if spec.format_version >= 3 else name
 
 
 def object_times(loc: storage.Location, prefix: str) -> dict[str, float | None]:

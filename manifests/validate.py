@@ -32,8 +32,9 @@ from sparkforge.manifests.objects import (
     escaping_links,
     existing_location,
     group_folder,
+    group_listings,
     irregular_objects,
-    listed_folders,
+    listing_parent,
     read_json,
     slot_folders,
 )
@@ -286,33 +287,60 @@ def _check_objects(loc: storage.Location, spec: CacheSpec, slots: SlotColumns,
                    reported: set[str], max_listings: int) -> npt.NDArray[np.int64]:
     """Every committed slot has its object in every array (missing ones would read as zeros);
     an object already ``reported`` (a link out, a special file) is not called missing too.
-    Listed one slot group folder (format 3) per listing, ``max_listings`` folders at once, so
-    only those groups' listings are held. Returns the bytes of each slot's objects (0 for a
-    missing one), in the rows of ``slots``."""
+    Each array is listed as :func:`group_listings` streams it, ``max_listings`` arrays at once,
+    so only a group's objects per array are held. Returns the bytes of each slot's objects (0
+    for a missing one), in the rows of ``slots``."""
+    def check(name: str) -> _ArrayObjects:
+        return _check_array_objects(loc, spec, slots, name, arrays[name], reported)
+
     slot_bytes = np.zeros(len(slots), dtype=np.int64)
     lines: dict[str, list[str]] = {"missing": [], "empty": []}
     counts: Counter[str] = Counter()
-    units, ids = slots.unit.tolist(), slots.slot.tolist()
-    folders = [(name, arr, rows) for name, arr in arrays.items()
-               for rows in slot_folders(slots, spec)]
-    listings = listed_folders(loc, (group_folder(name, slot_key(name, arr, ids[rows.start], spec),
-                                                 spec) for name, arr, rows in folders),
-                              max_in_flight=max_listings)
-    for (name, arr, rows), present in zip(folders, listings, strict=True):
-        for i in range(rows.start, rows.stop):
-            key = slot_key(name, arr, ids[i], spec)
-            size = present.get(key)
-            slot_bytes[i] += size or 0
-            kind = None if key in reported else "missing" if size is None else \
-                "empty" if size == 0 else None
-            if kind is not None:
-                counts[kind] += 1
-                if len(lines[kind]) <= MAX_LISTED:
-                    lines[kind].append(f"unit {units[i]}, slot {ids[i]}: object {key} " + (
-                        "is missing (it would read back as zeros)" if kind == "missing"
-                        else "is empty"))
-    for kind, found in lines.items():
-        report.problems += capped(found, counts[kind])
+    for _, found in storage.map_ahead(check, list(arrays), max_concurrency=max_listings,
+                                      name="list"):
+        slot_bytes += found.slot_bytes
+        counts += found.counts
+        for kind, more in found.lines.items():
+            lines[kind] += more[:MAX_LISTED + 1 - len(lines[kind])]
+    for kind, listed in lines.items():
+        report.problems += capped(listed, counts[kind])
     report.checked["objects"] += len(slots) * len(arrays)
     report.checked["slots"] = len(slots)
     return slot_bytes
+
+
+@dataclass
+class _ArrayObjects:
+    """One array's objects against the slots: bytes per slot row, and the missing and empty
+    ones (counted, the first lines kept)."""
+
+    slot_bytes: npt.NDArray[np.int64]
+    counts: Counter[str]
+    lines: dict[str, list[str]]
+
+
+def _check_array_objects(loc: storage.Location, spec: CacheSpec, slots: SlotColumns, name: str,
+                         arr: zarr.Array[Any], reported: set[str]) -> _ArrayObjects:
+    """:func:`_check_objects` of one array, its group folders in listing order."""
+    out = _ArrayObjects(np.zeros(len(slots), dtype=np.int64), Counter(),
+                        {"missing": [], "empty": []})
+
+    def key(slot: int) -> str:
+        return slot_key(name, arr, slot, spec)
+
+    folders = sorted(((group_folder(name, key(int(slots.slot[rows.start])), spec), rows)
+                      for rows in slot_folders(slots, spec)), key=lambda f: f"{f[0]}/")
+    listings = group_listings(loc, listing_parent(name, spec), (f for f, _ in folders))
+    for (_, rows), present in zip(folders, listings, strict=True):
+        for i, slot in enumerate(slots.slot[rows].tolist(), start=rows.start):
+            size = present.get(k := key(slot))
+            out.slot_bytes[i] = size or 0
+            kind = None if k in reported else "missing" if size is None else \
+                "empty" if size == 0 else None
+            if kind is not None:
+                out.counts[kind] += 1
+                if len(out.lines[kind]) <= MAX_LISTED:
+                    out.lines[kind].append(f"unit {slots.unit[i]}, slot {slot}: object {k} " + (
+                        "is missing (it would read back as zeros)" if kind == "missing"
+                        else "is empty"))
+    return out

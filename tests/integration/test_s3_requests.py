@@ -18,7 +18,7 @@ from cache_helpers import SMALL_SPEC, make_run_header, make_unit
 from s3_proxy import S3Proxy, request_kind
 
 from sparkforge.manifests.finalize import finalize_cache
-from sparkforge.manifests.objects import object_times, stored_objects
+from sparkforge.manifests.objects import group_listings, object_times, stored_objects
 from sparkforge.manifests.open import open_cache
 from sparkforge.manifests.status import StatusReader
 from sparkforge.manifests.summary import summarize_cache
@@ -271,24 +271,46 @@ def test_status_lists_a_group_folder_at_a_time(s3_cache: str, moto_server: dict[
     assert status["abandoned"] == []
 
 
-def test_validate_lists_group_folders_side_by_side(s3_cache: str, moto_server: dict[str, Any],
-                                                   proxy: S3Proxy) -> None:
-    """validate lists each array's group folder once, folders side by side (a folder's LIST
-    pages follow one another, the folders need not), as many at once as ``max_concurrency``
-    allows: with 2, two folders' LISTs are in flight together and never three."""
+def test_validate_lists_each_arrays_objects_as_one_stream_arrays_side_by_side(
+        s3_cache: str, moto_server: dict[str, Any], proxy: S3Proxy) -> None:
+    """validate lists each array's ``<array>/c/`` once, as one stream of pages (not a listing
+    per group folder), arrays side by side (an array's LIST pages follow one another, the
+    arrays need not), as many at once as ``max_concurrency`` allows: with 2, two arrays' LISTs
+    are in flight together and never three."""
     proxy.latency_s = 0.05  # requests overlap only if they are sent before others come back
     proxy.reset()
     report = validate_cache(s3_cache, storage_options=_options(moto_server, proxy),
                             max_concurrency=2)
     log, spans = list(proxy.log), list(proxy.spans)
     assert report.problems == [], report.problems
-    folders = sorted(f"{name}/c/0/" for name in array_layouts(READ_SPEC))
-    assert len(folders) > 2
-    assert sorted(_recursive_lists(log)) == folders
+    arrays = sorted(f"{name}/c/" for name in array_layouts(READ_SPEC))
+    assert len(arrays) > 2
+    assert sorted(_recursive_lists(log)) == arrays
     listings = [(start, end) for path, start, end in spans
                 if request_kind("GET", path) == "LIST" and _recursive_lists([("LIST", path)])]
-    assert len(listings) == len(folders)
+    assert len(listings) == len(arrays)
     assert _most_at_once(listings) == 2, listings
+
+
+@pytest.mark.slow
+def test_one_listing_stream_splits_into_the_group_folders_asked_for(
+        moto_server: dict[str, Any], proxy: S3Proxy) -> None:
+    """One stream over ``<array>/c/`` of two LIST pages, split into the folders asked for in
+    listing order (``1/`` < ``10/`` < ``2/``), holds what listing each folder alone finds:
+    across the page boundary, with objects of a folder not asked for and of none between
+    them, and an asked folder that is empty."""
+    root = uuid.uuid4().hex
+    counts = {"1": 500, "10": 100, "2": 450, "5": 50}
+    keys = [f"{root}/x/c/{g}/{i}/0" for g, n in counts.items() for i in range(n)]
+    _put_directly(moto_server, [*keys, f"{root}/x/c/stray"])
+    loc = storage.open_location(f"s3://{moto_server['bucket']}/{root}",
+                                _options(moto_server, proxy))
+    folders = ["x/c/1", "x/c/10", "x/c/2", "x/c/3"]
+    expected = [stored_objects(loc, folder) for folder in folders]
+    assert [len(e) for e in expected] == [500, 100, 450, 0]
+    proxy.reset()
+    assert list(group_listings(loc, "x/c", folders)) == expected
+    assert proxy.reset()["LIST"] == 2
 
 
 def _most_at_once(spans: list[tuple[float, float]]) -> int:
