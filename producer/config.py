@@ -22,6 +22,8 @@ from sparkforge.shared.image_sources import (
 from sparkforge.shared.images import DEFAULT_MAX_IMAGE_PIXELS
 from sparkforge.shared.layout import MAX_UNITS, AuxCodec, CacheSpec
 from sparkforge.shared.mix import MixSource
+from sparkforge.shared.storage import DEFAULT_MAX_CONCURRENCY
+from sparkforge.shared.unit_stream import WRITE_AHEAD_BYTES
 
 # Settings that change how a run goes but not a byte of the cache: left out of the cache header, so
 # a resumed run (or another worker) may differ in them. Everything else must match on resume.
@@ -29,7 +31,8 @@ RUN_LOCAL_FIELDS = frozenset({
     "storage_options", "output", "worker_index", "num_workers", "window", "max_retries",
     "max_consecutive_failures", "parity_samples", "scratch_dir", "read_batch_rows", "hf_device",
     "hf_batch_tokens",
-    "finalize", "progress", "writer_queue_units", "writer_threads", "non_finite",
+    "finalize", "progress", "writer_queue_units", "writer_threads", "writer_max_concurrency",
+    "writer_max_in_flight_bytes", "non_finite",
     "max_image_pixels",  # an image cache records it in producer_config.resolved.images
     "image_sources", "max_image_bytes", "image_read_timeout_s",  # where images may come from
     "template_row_seconds",  # CPU seconds, like max_retries: the machine's, not the data's
@@ -127,6 +130,12 @@ class ProducerConfig:
     """Writer threads, each writing one unit at a time, and as many codec threads; 0: the CPUs
     left after the engine (available CPUs minus one per engine GPU process, one for vLLM's
     scheduler and one for the capture loop; >= 1)."""
+    writer_max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    """Writes the writer has in flight at once, all threads together (slot objects, and a
+    unit's claim beside its commit check): on an object store each waits out a round trip."""
+    writer_max_in_flight_bytes: int = WRITE_AHEAD_BYTES
+    """Encoded slot objects each writer thread holds while they are sent (at least one,
+    however large), besides its shard buffers; counted in the writer memory logged at start."""
     data_format: Literal["auto", "jsonl", "parquet"] = "auto"
     """Input format; auto reads it from the file suffix."""
     worker_index: int | None = None
@@ -173,7 +182,8 @@ class ProducerConfig:
         problems = []
         positive = ("num_feature_layers", "rows_per_unit", "shard_rows", "window",
                     "hf_batch_tokens", "max_consecutive_failures", "read_batch_rows",
-                    "max_line_bytes", "writer_queue_units",
+                    "max_line_bytes", "writer_queue_units", "writer_max_concurrency",
+                    "writer_max_in_flight_bytes",
                     "max_image_pixels", "max_image_bytes")
         for name in positive:
             if getattr(self, name) < 1:

@@ -35,6 +35,7 @@ from sparkforge.producer.stop import SignalStop, StopRequested
 from sparkforge.producer.summary import RunSummary
 from sparkforge.producer.target_files import target_files, target_identity
 from sparkforge.producer.units import WorkerShare, owned_units, resolve_share
+from sparkforge.producer.write_queue import writer_memory_bytes
 from sparkforge.shared import storage
 from sparkforge.shared.errors import Interrupted
 from sparkforge.shared.io_errors import storage_errors
@@ -60,7 +61,16 @@ def _open_writer(cfg: ProducerConfig, prep: Prepared) -> CacheWriter:
                      max_seq_len=cfg.seq_len, aux_codec=cfg.aux_codec, topk=cfg.topk,
                      shard_rows=cfg.shard_rows, rows_per_unit=cfg.rows_per_unit)
     writer = CacheWriter.open(cfg.output, spec=spec, header=header,
-                              storage_options=cfg.storage_options)
+                              storage_options=cfg.storage_options,
+                              max_concurrency=cfg.writer_max_concurrency,
+                              max_in_flight_bytes=cfg.writer_max_in_flight_bytes)
+    threads = writer_threads(cfg)
+    logger.info("writer: %d threads, %d writes in flight, at most %.1f MiB held (each thread's "
+                "shard buffers and up to %.1f MiB of slot objects in flight)", threads,
+                cfg.writer_max_concurrency,
+                writer_memory_bytes(spec, threads=threads,
+                                    in_flight_bytes=cfg.writer_max_in_flight_bytes) / 2**20,
+                cfg.writer_max_in_flight_bytes / 2**20)
     # Written last, so its presence means every target file is there (the header already
     # guarantees it is this target's); other workers and re-runs skip the multi-GB upload.
     if not storage.exists(writer.loc, f"{TARGET_PREFIX}/weights.safetensors"):

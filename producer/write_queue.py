@@ -19,6 +19,7 @@ those not yet committed; a re-run redoes them.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from typing import Any
 
 from sparkforge.producer.summary import UnitTally, nbytes
 from sparkforge.shared.errors import SparkforgeError
+from sparkforge.shared.layout import CacheSpec, array_layouts
 from sparkforge.shared.records import SampleRecord, SampleRows, SampleStart, UnitAccounting
 from sparkforge.shared.writer import CacheWriter, UnitAlreadyCommitted
 
@@ -43,6 +45,15 @@ def default_writer_threads(*, cpus: int, engine_processes: int) -> int:
             scheduler; 0 for an in-process transformers forward).
     """
     return max(1, cpus - engine_processes - 1)
+
+
+def writer_memory_bytes(spec: CacheSpec, *, threads: int, in_flight_bytes: int) -> int:
+    """Most host memory the writer threads hold besides the blocks waiting for them: per thread,
+    its shard buffers (``shard_rows`` rows of every array) and the encoded slot objects it has
+    in flight, ``in_flight_bytes`` or one object if larger (taken at its raw size)."""
+    shards = [spec.shard_rows * a.dtype.itemsize * math.prod(a.row_shape)
+              for a in array_layouts(spec).values()]
+    return threads * (sum(shards) + max(in_flight_bytes, max(shards)))
 
 
 FEED_BLOCKS = 2

@@ -2,7 +2,7 @@
 
 The writer packs a unit's samples in order into the attempt's slots and encodes each slot as soon
 as it is full, so memory holds one slot of rows per array (plus the encoded objects still being
-sent, at most :data:`WRITE_AHEAD_BYTES`), and a capture that hands a long sample over a chunk at a
+sent, at most ``SlotArrays.max_bytes``), and a capture that hands a long sample over a chunk at a
 time never holds the sample whole. Slot objects are sent several at once, while the next slot fills.
 Nothing is visible until ``commit``, once every slot object is durable, publishes the unit's commit
 record (an exclusive create); a crash or an error before it leaves only slot objects of an attempt
@@ -29,7 +29,8 @@ from sparkforge.shared.layout import ArrayLayout, CacheSpec, commit_key, slot_bl
 from sparkforge.shared.records import SampleRows, SampleStart, UnitAccounting
 
 WRITE_AHEAD_BYTES: Final = 256 << 20
-"""Encoded slot objects one stream may hold while they are sent (at least one, however large)."""
+"""Encoded slot objects one stream may hold while they are sent, by default (at least one,
+however large)."""
 
 
 class UnitAlreadyCommitted(SparkforgeError):
@@ -50,6 +51,8 @@ class SlotArrays:
     pool: ThreadPoolExecutor
     max_in_flight: int
     """Slot objects one stream sends at once."""
+    max_bytes: int = WRITE_AHEAD_BYTES
+    """Encoded bytes of the slot objects one stream holds while they are sent."""
 
 
 def start_problems(spec: CacheSpec, s: SampleStart) -> list[str]:
@@ -118,7 +121,7 @@ class UnitStream:
         # a killed writer leaves each whole or absent; the commit record is fsynced.
         self._writes = storage.PendingWrites(target.loc, target.pool,
                                              max_in_flight=target.max_in_flight,
-                                             max_bytes=WRITE_AHEAD_BYTES, sync=False)
+                                             max_bytes=target.max_bytes, sync=False)
 
     def _fail(self, sample_id: int, problems: list[str]) -> None:
         if problems:

@@ -34,6 +34,7 @@ from sparkforge.shared.layout import (
 )
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.unit_stream import (
+    WRITE_AHEAD_BYTES,
     SlotArrays,
     UnitAlreadyCommitted,
     UnitStream,
@@ -88,21 +89,26 @@ class CacheWriter:
     together, at most ``max_concurrency`` of the writer's at once."""
 
     def __init__(self, loc: storage.Location, spec: CacheSpec, group: zarr.Group, *,
-                 max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY) -> None:
+                 max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY,
+                 max_in_flight_bytes: int = WRITE_AHEAD_BYTES) -> None:
         self.loc, self.spec = loc, spec
         self._pool = ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix="unit_writes")
         self._target = SlotArrays(loc, spec, array_layouts(spec), open_arrays(group, spec),
-                                  threading.local(), self._pool, max(1, max_concurrency))
+                                  threading.local(), self._pool, max(1, max_concurrency),
+                                  max_in_flight_bytes)
 
     @classmethod
     def open(cls, uri: str, *, spec: CacheSpec, header: RunHeader,
              storage_options: Mapping[str, Any] | None = None,
-             max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY) -> CacheWriter:
+             max_concurrency: int = storage.DEFAULT_MAX_CONCURRENCY,
+             max_in_flight_bytes: int = WRITE_AHEAD_BYTES) -> CacheWriter:
         """Create the store, or reopen it after checking that spec and header are unchanged.
 
         The header is validated first (it must parse back from its JSON), so a bad header fails
         before anything is written or captured. ``max_concurrency`` bounds the requests the
-        writer has in flight at once (slot objects, and a unit's claim beside its commit check).
+        writer has in flight at once (slot objects, and a unit's claim beside its commit check);
+        ``max_in_flight_bytes`` the encoded slot objects each open unit holds while they are sent
+        (at least one, however large).
 
         Raises:
             ManifestError: naming the first header field that would not parse.
@@ -139,7 +145,8 @@ class CacheWriter:
         if problems:
             raise CacheMismatchError(f"cache at {uri} was created with a different spec/header: "
                                      + "; ".join(problems))
-        return cls(loc, spec, group, max_concurrency=max_concurrency)
+        return cls(loc, spec, group, max_concurrency=max_concurrency,
+                   max_in_flight_bytes=max_in_flight_bytes)
 
     def committed_units(self) -> set[int]:
         """Units whose commit record exists (read fresh from the store)."""

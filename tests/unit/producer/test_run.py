@@ -24,7 +24,7 @@ from sparkforge.manifests.open import open_cache
 from sparkforge.producer.run import CaptureAborted, run
 from sparkforge.shared.io_errors import StorageError
 from sparkforge.shared.records import SampleRows
-from sparkforge.shared.writer import CacheMismatchError, UnitStream
+from sparkforge.shared.writer import CacheMismatchError, CacheWriter, UnitStream
 
 HF_IDS = (1, 2, 3)  # DSpark ids 0, 1, 2 of the 4-layer tiny target
 
@@ -206,6 +206,33 @@ def test_resume_with_other_settings_is_refused(tiny_target: Path, source, tmp_pa
     # Settings that do not change the bytes may differ: this resumes (nothing left to do).
     again = producer_config(tiny_target, data, cfg.output, window=3, max_retries=0)
     assert run(again, source=source).units_done == 0
+
+
+def test_writer_flags_reach_the_writer_and_its_memory_is_logged(
+        tiny_target: Path, source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """--writer_max_concurrency sizes the writer's pool and each stream's writes in flight,
+    --writer_max_in_flight_bytes each stream's byte bound, and the writer memory logged at start
+    counts that bound per thread beside the shard buffers (256 rows of 3 fp32 aux layers and the
+    final hidden state at H=128, int32 ids, uint8 mask)."""
+    opened: list[CacheWriter] = []
+    real_open = CacheWriter.open
+
+    def recording_open(*args: object, **kwargs: object) -> CacheWriter:
+        opened.append(real_open(*args, **kwargs))  # type: ignore[arg-type]
+        return opened[-1]
+
+    monkeypatch.setattr(CacheWriter, "open", recording_open)
+    data = write_jsonl(tmp_path / "d.jsonl", chat_rows(3))
+    cfg = producer_config(tiny_target, data, str(tmp_path / "cache"), writer_threads=2,
+                          writer_max_concurrency=3, writer_max_in_flight_bytes=1 << 20)
+    with caplog.at_level("INFO", logger="sparkforge.producer.run"):
+        assert run(cfg, source=source).finalized
+    (writer,) = opened
+    assert writer._pool._max_workers == 3
+    assert (writer._target.max_in_flight, writer._target.max_bytes) == (3, 1 << 20)
+    held = 2 * (256 * ((3 + 1) * 128 * 4 + 4 + 1) + (1 << 20))
+    assert f"3 writes in flight, at most {held / 2**20:.1f} MiB held" in caplog.text
 
 
 def test_two_workers_equal_one(tiny_target: Path, source, tmp_path: Path) -> None:

@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 from cache_helpers import SMALL_FP8_SPEC, SMALL_SPEC, make_run_header, make_unit
 
-from sparkforge.producer.write_queue import CapturedUnit, UnitWriteQueue, default_writer_threads
+from sparkforge.producer.write_queue import (
+    CapturedUnit,
+    UnitWriteQueue,
+    default_writer_threads,
+    writer_memory_bytes,
+)
 from sparkforge.shared.layout import CacheSpec
 from sparkforge.shared.records import SampleRecord, UnitAccounting
 from sparkforge.shared.writer import CacheWriter
@@ -132,3 +137,14 @@ def test_default_writer_threads_leave_the_engine_its_cores(cpus: int, engine: in
                                                            expected: int) -> None:
     """Writer threads are the CPUs minus engine processes minus the capture loop, at least 1."""
     assert default_writer_threads(cpus=cpus, engine_processes=engine) == expected
+
+
+def test_writer_memory_counts_each_threads_buffers_and_slot_objects_in_flight() -> None:
+    """Per thread: one shard of rows of every array (SMALL_SPEC: 32 rows of 2 bf16 aux layers
+    and the final hidden state at H=16, int32 ids, uint8 mask: 101 bytes a row) and the bytes in
+    flight, or one shard object (the largest: 32 rows x 32 bytes) when the bound is smaller."""
+    buffers = 32 * (3 * 16 * 2 + 4 + 1)
+    assert writer_memory_bytes(SMALL_SPEC, threads=3, in_flight_bytes=10_000) == 3 * (buffers
+                                                                                   + 10_000)
+    assert writer_memory_bytes(SMALL_SPEC, threads=3, in_flight_bytes=1) == 3 * (buffers
+                                                                               + 32 * 32)
