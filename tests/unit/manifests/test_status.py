@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cache_helpers import SMALL_SPEC, build_cache, make_header, make_unit
 
+import sparkforge.manifests.status as status_module
 from sparkforge.app.cli import main
 from sparkforge.manifests.finalize import finalize_cache
 from sparkforge.manifests.status import StatusReader
 from sparkforge.shared import storage
 from sparkforge.shared.header import RunHeader
-from sparkforge.shared.layout import CacheSpec, attempt_key, commit_key
+from sparkforge.shared.layout import CacheSpec, attempt_key, commit_key, units_per_group
 from sparkforge.shared.writer import CacheWriter
 
 NUM_UNITS = 4
@@ -190,8 +193,6 @@ def test_watch_refreshes_until_finalized(running: Path, capsys: pytest.CaptureFi
 @pytest.mark.slow
 def test_status_on_s3(moto_server: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     """Through s3fs: a run in progress, then finished; times come from S3's LastModified."""
-    import uuid
-
     options = moto_server["storage_options"]
     uri = f"s3://{moto_server['bucket']}/{uuid.uuid4().hex}"
     writer = CacheWriter.open(uri, spec=SMALL_SPEC, header=run_header(SMALL_SPEC, 3),
@@ -215,3 +216,49 @@ def test_status_on_s3(moto_server: dict[str, Any], capsys: pytest.CaptureFixture
     status = json.loads(capsys.readouterr().out)
     assert status["state"] == "finalized"
     assert (status["samples"], status["tokens"]) == expected_counts([0, 1, 2])
+
+
+GROUPED_SPEC = dataclasses.replace(SMALL_SPEC, max_seq_len=32 * 20_000, rows_per_unit=2)
+"""2 units a group: 40,000 slots an attempt (of the 100,000 a group folder holds), so a cache of a
+few short samples spans several group folders."""
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_status_lists_every_group_folder_and_counts_across_them(
+        where: str, tmp_path: Path, moto_server: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 units in 4 groups, listed 2 folders at a time: units 0, 1, 2, 4, 6 committed (unit 1 on
+    its second attempt, its first abandoned), 3 and 7 claimed only, 5 untouched. Every group
+    folder of ``_commits/`` and ``_attempts/`` is listed once and what each holds is counted."""
+    assert units_per_group(GROUPED_SPEC) == 2
+    options = moto_server["storage_options"] if where == "s3" else None
+    uri = (f"s3://{moto_server['bucket']}/{uuid.uuid4().hex}" if where == "s3"
+           else str(tmp_path / "cache"))
+    writer = CacheWriter.open(uri, spec=GROUPED_SPEC, header=run_header(GROUPED_SPEC, 8),
+                              storage_options=options)
+    storage.exclusive_create(writer.loc, attempt_key(GROUPED_SPEC, 1, 0), b"")
+    committed = [0, 1, 2, 4, 6]
+    for unit in committed:
+        writer.write_unit(unit, *make_unit(GROUPED_SPEC, unit, lengths=[3, 5]))
+    for unit in (3, 7):
+        storage.exclusive_create(writer.loc, attempt_key(GROUPED_SPEC, unit, 0), b"")
+    listed: list[str] = []
+    real = status_module.object_times
+
+    def recording(loc: storage.Location, folder: str) -> dict[str, float | None]:
+        listed.append(folder)
+        return real(loc, folder)
+
+    monkeypatch.setattr(status_module, "object_times", recording)
+    reader = StatusReader.open(uri, storage_options=options)
+    reader.max_concurrency = 2
+    status = reader.read()
+    assert sorted(listed) == [f"{prefix}/{g}" for prefix in ("_attempts", "_commits")
+                              for g in range(4)]
+    assert status["problems"] == []
+    assert status["units"] == {"total": 8, "committed": 5, "missing": 3, "in_flight": 2}
+    assert [(a["unit"], a["attempt"]) for a in status["in_flight"]] == [(3, 0), (7, 0)]
+    assert [(a["unit"], a["attempt"]) for a in status["abandoned"]] == [(1, 0)]
+    records = [r for u in committed for r in make_unit(GROUPED_SPEC, u, lengths=[3, 5])[0]]
+    assert (status["samples"], status["tokens"]) == (len(records),
+                                                     sum(r.num_tokens for r in records))
