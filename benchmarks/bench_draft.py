@@ -46,7 +46,7 @@ def _throughput(cfg: DraftConfig, seq_len: int, steps: int, device: str = "cpu",
     for _ in range(steps + 1):
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-            value = compute_dspark_loss(model(**batch), loss).loss
+            value = compute_dspark_loss(model(batch), loss).loss
         value.backward()
         if cuda:
             torch.cuda.synchronize()

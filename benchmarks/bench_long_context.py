@@ -64,7 +64,7 @@ def _case(seq_len: int, attention: str) -> dict[str, float]:
 
     def step() -> None:
         model.zero_grad(set_to_none=False)
-        compute_dspark_loss(model(**batch), LossSpec()).loss.backward()
+        compute_dspark_loss(model(batch), LossSpec()).loss.backward()
 
     step()  # warm-up: thread pools, lazy imports, gradient buffers
     with open("/proc/self/clear_refs", "w") as refs:  # noqa: PTH123 - reset VmHWM to VmRSS

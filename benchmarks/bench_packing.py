@@ -97,10 +97,8 @@ def step(model: torch.nn.Module, opt: torch.optim.Optimizer,
          batch: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, float]:
     """One training step; its time, kept anchors, supervised slots and real tokens."""
     start = time.perf_counter()
-    out = model(batch["input_ids"], batch["loss_mask"], batch["target_hidden_states"].float(),
-                batch["target_last_hidden_states"].float(),
-                attention_mask=batch["attention_mask"], position_ids=batch.get("position_ids"),
-                document_ids=batch.get("document_ids"), generator=gen)
+    hidden = {k: batch[k].float() for k in ("target_hidden_states", "target_last_hidden_states")}
+    out = model(batch | hidden, generator=gen)
     res = compute_dspark_loss(out, LossSpec())
     res.loss.backward()
     opt.step()

@@ -151,6 +151,7 @@ def phase_step(uri: str, batch_size: int, steps: int, device: str) -> dict[str, 
     from sparkforge.trainer.architectures.config import DraftConfig
     from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
     from sparkforge.trainer.datamodule import CacheDataModule
+    from sparkforge.trainer.draft.draft_batch import DraftBatch
     from sparkforge.trainer.loss import compute_dspark_loss
     from sparkforge.trainer.run_config import LossSpec
 
@@ -179,8 +180,9 @@ def phase_step(uri: str, batch_size: int, steps: int, device: str) -> dict[str, 
             t0 = time.perf_counter()
         b = {k: v.to(device, non_blocking=True) for k, v in host.items()}
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-            out = model(b["input_ids"], b["loss_mask"], b["target_hidden_states"],
-                        b["target_last_hidden_states"], attention_mask=b["attention_mask"])
+            out = model(DraftBatch(b["input_ids"], b["loss_mask"], b["target_hidden_states"],
+                                   b["target_last_hidden_states"],
+                                   attention_mask=b["attention_mask"]))
             loss = compute_dspark_loss(out, LossSpec()).loss
         loss.backward()
         opt.step()

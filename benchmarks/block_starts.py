@@ -54,12 +54,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _first_slot_accept(draft: Any, loss: Any, batch: dict[str, torch.Tensor],
                        anchors: torch.Tensor) -> tuple[list[float | None], list[int]]:
     """The served first-slot acceptance at each of ``anchors`` [1, A] (None where unsupervised)."""
+    from sparkforge.trainer.draft.draft_batch import DraftBatch, FixedAnchors
     from sparkforge.trainer.loss import compute_dspark_loss
 
     keep = torch.ones_like(anchors, dtype=torch.bool)
-    out = draft(batch["input_ids"], batch["loss_mask"], batch["target_hidden_states"],
-                batch["target_last_hidden_states"], attention_mask=batch["attention_mask"],
-                anchor_positions=anchors, block_keep_mask=keep)
+    out = draft(DraftBatch(batch["input_ids"], batch["loss_mask"], batch["target_hidden_states"],
+                           batch["target_last_hidden_states"],
+                           attention_mask=batch["attention_mask"]), FixedAnchors(anchors, keep))
     res = compute_dspark_loss(out, loss)
     accept = (res.selector.accept if res.selector is not None else res.accept_rate)[0, :, 0]
     return [float(a) if on else None for a, on in zip(

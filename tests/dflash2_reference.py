@@ -27,6 +27,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from sparkforge.trainer.architectures import build_draft
+from sparkforge.trainer.draft.draft_batch import FixedAnchors
 
 SUBLAYERS: Mapping[str, tuple[str, str]] = {
     "qwen3": ("self_attn", "mlp"), "gemma4": ("self_attn", "mlp"),
@@ -98,11 +99,11 @@ class Reference:
         backbone = {k: p for k, p in self.backbone.named_parameters() if p.requires_grad}
         return backbone | self.extra
 
-    def forward_loss(self, batch: Mapping[str, torch.Tensor], anchors: Mapping[str, torch.Tensor],
+    def forward_loss(self, batch: Mapping[str, torch.Tensor], anchors: FixedAnchors,
                      gamma: float, selector_alpha: float) -> dict[str, torch.Tensor]:
         """Unary logits, candidate scores and the DFlash2 loss on ``anchors``."""
         self.hidden.clear()
-        out = self.backbone(**batch, **anchors)
+        out = self.backbone(batch, anchors)
         b, a, k, v = out.draft_logits.shape
         hidden = self.hidden[-1].view(b, a, self.cfg.block_size, -1)[:, :, 1:]
         unary = out.draft_logits

@@ -23,20 +23,20 @@ def recipe_loss(cfg: DraftConfig) -> LossSpec:
 
 def fixed_anchor_steps(model: Any, batch: Mapping[str, Any], spec: LossSpec, steps: int, *,
                        autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
-                       ) -> tuple[list[float], dict[str, Any]]:
+                       ) -> tuple[list[float], Any]:
     """``steps`` AdamW steps (lr 5e-3) on one batch with the anchors its first forward draws:
-    the losses, and those anchors (``anchor_positions``, ``block_keep_mask``)."""
+    the losses, and those anchors."""
+    from sparkforge.trainer.draft.draft_batch import FixedAnchors
     from sparkforge.trainer.loss import compute_dspark_loss
 
     with autocast():
-        first = model(**batch)
-    anchors = {"anchor_positions": first.anchor_positions,
-               "block_keep_mask": first.block_keep_mask}
+        first = model(batch)
+    anchors = FixedAnchors(first.anchor_positions, first.block_keep_mask)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
     losses = []
     for _ in range(steps):
         with autocast():
-            loss = compute_dspark_loss(model(**batch, **anchors), spec).loss
+            loss = compute_dspark_loss(model(batch, anchors), spec).loss
         opt.zero_grad()
         loss.backward()
         opt.step()

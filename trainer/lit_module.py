@@ -18,6 +18,7 @@ from sparkforge.shared.renamed import renamed_attribute
 from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
+from sparkforge.trainer.draft.draft_batch import DraftBatch, FixedAnchors
 from sparkforge.trainer.draft.model import DraftModel, DraftOutput
 from sparkforge.trainer.loss import LossOutput, compute_dspark_loss
 from sparkforge.trainer.metrics import (
@@ -206,15 +207,10 @@ class DraftLitModule(L.LightningModule):
                                 device=self.device)
 
     def forward(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None,
-                **fixed_anchors: torch.Tensor) -> tuple[DraftOutput, LossOutput]:
+                anchors: FixedAnchors | None = None) -> tuple[DraftOutput, LossOutput]:
         """Draft forward + loss on one collated batch."""
         assert self.model is not None
-        out = self.model(batch["input_ids"], batch["loss_mask"], batch["target_hidden_states"],
-                         batch["target_last_hidden_states"],
-                         attention_mask=batch.get("attention_mask"),
-                         position_ids=batch.get("position_ids"),
-                         document_ids=batch.get("document_ids"), generator=generator,
-                         **fixed_anchors)
+        out = self.model(DraftBatch.of(batch), anchors, generator)
         return out, compute_dspark_loss(out, self.loss_spec)
 
     # ---- training --------------------------------------------------------------------------------

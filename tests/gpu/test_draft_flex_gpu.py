@@ -15,6 +15,7 @@ from draft_helpers import fixed_anchor_steps, recipe_loss
 from sparkforge.trainer.architectures import ARCHITECTURES, build_draft
 from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.deepseek_v4.tiny import draft_tiny_deepseek_v4
+from sparkforge.trainer.draft.draft_batch import FixedAnchors
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 
@@ -46,8 +47,8 @@ def test_flex_and_sdpa_agree_with_gradients(architecture: str) -> None:
     flex = build_draft(cfg, attn_implementation="flex").cuda()
     flex.load_state_dict(sdpa.state_dict())
     batch = _batch(cfg)
-    a = sdpa(**batch)
-    f = flex(**batch, anchor_positions=a.anchor_positions, block_keep_mask=a.block_keep_mask)
+    a = sdpa(batch)
+    f = flex(batch, FixedAnchors(a.anchor_positions, a.block_keep_mask))
     torch.testing.assert_close(f.draft_logits, a.draft_logits, rtol=1e-3, atol=1e-4)
     la, lf = compute_dspark_loss(a, spec).loss, compute_dspark_loss(f, spec).loss
     la.backward()
@@ -73,6 +74,6 @@ def test_v4_bf16_training_steps(attn: str) -> None:
     assert losses[-1] < 0.8 * losses[0]
     model.to(torch.bfloat16)
     assert model.rotary_emb.inv_freq.dtype == torch.float32
-    out = model(**{k: v.to(torch.bfloat16) if "hidden" in k else v for k, v in batch.items()},
-                **anchors)
+    out = model({k: v.to(torch.bfloat16) if "hidden" in k else v for k, v in batch.items()},
+                anchors)
     assert torch.isfinite(out.draft_logits.float()).all()

@@ -6,6 +6,7 @@ import torch
 
 from sparkforge.trainer.architectures import build_draft, tiny_draft
 from sparkforge.trainer.draft.anchors import anchor_candidates, sample_anchors
+from sparkforge.trainer.draft.draft_batch import FixedAnchors
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 
@@ -47,7 +48,7 @@ def step(model: torch.nn.Module, batch: dict[str, torch.Tensor], anchors: torch.
     """Forward and backward of the DSpark loss over the given anchors; returns the detached
     loss numerator (the loss times its global denominator, additive over anchors)."""
     model.zero_grad()
-    res = compute_dspark_loss(model(**batch, anchor_positions=anchors, block_keep_mask=keep),
+    res = compute_dspark_loss(model(batch, FixedAnchors(anchors, keep)),
                               LossSpec())
     res.loss.backward()
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1

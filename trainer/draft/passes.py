@@ -9,6 +9,7 @@ Shape suffixes follow the legend in ``sparkforge.trainer.draft.model``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
@@ -21,13 +22,19 @@ from sparkforge.trainer.draft.anchor_chunks import anchor_chunk_size, run_layers
 from sparkforge.trainer.draft.anchors import (
     anchor_candidates,
     build_eval_mask,
-    document_bounds,
     label_indices,
-    sample_anchors,
 )
 from sparkforge.trainer.draft.attention_mask import dense_allowed, flex_block_mask
 from sparkforge.trainer.draft.block_layout import BlockLayout
 from sparkforge.trainer.draft.config import SharedDraftConfig
+from sparkforge.trainer.draft.draft_batch import (
+    Blocks,
+    DraftBatch,
+    FixedAnchors,
+    RowGeometry,
+    place_blocks,
+    row_geometry,
+)
 from sparkforge.trainer.draft.heads import ConfidenceHead, MarkovHead
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 from sparkforge.trainer.draft.selector import CandidateSelector, candidate_scores
@@ -240,75 +247,6 @@ def run_layers(
     return out
 
 
-@dataclass(frozen=True)
-class RowGeometry:
-    """Where a batch's rows count: what ``attention_mask``, ``position_ids`` and
-    ``document_ids`` say together about padded and packed rows."""
-
-    loss_mask: torch.Tensor
-    """[B, S] the loss mask with right padding removed, so no anchor and no label lies in it
-    (context is strictly before the anchor, so padding is never visible)."""
-    positions_BS: torch.Tensor
-    """[B, S] per-document positions of a packed row (default 0..S-1) for the context and
-    block RoPE."""
-    starts_BS: torch.Tensor | None
-    """[B, S] first position of each token's document (None: one document per row)."""
-    ends_BS: torch.Tensor | None
-    """[B, S] end (exclusive) of each token's document or of the real tokens (None: the row's
-    end); labels, teacher targets and the Markov head's previous tokens stop there."""
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """The batch's blocks: their anchors and the document bounds each one sees."""
-
-    anchors: torch.Tensor
-    """[B, A] int64 anchor positions, sorted (0 for dummy blocks)."""
-    keep: torch.Tensor
-    """[B, A] bool, False for dummy blocks."""
-    anchor_ids_BA: torch.Tensor
-    """[B, A] the data token at each anchor."""
-    starts_BA: torch.Tensor | None
-    """[B, A] first position of the anchor's document (None: the row's start)."""
-    ends_BA: torch.Tensor | None
-    """[B, A] end (exclusive) of the anchor's document (None: the row's end)."""
-
-
-def row_geometry(input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                 attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-                 document_ids: torch.Tensor | None) -> RowGeometry:
-    """The rows' geometry from the collated batch's optional padding and packing tensors."""
-    if attention_mask is not None:
-        loss_mask = loss_mask * attention_mask.to(loss_mask.dtype)
-    batch, seq_len = input_ids.shape
-    starts_BS = ends_BS = None
-    if document_ids is not None:
-        starts_BS, ends_BS = document_bounds(document_ids)
-    elif attention_mask is not None:
-        ends_BS = attention_mask.long().sum(dim=1, keepdim=True).expand(batch, seq_len)
-    positions_BS = position_ids if position_ids is not None else torch.arange(
-        seq_len, device=input_ids.device).expand(batch, seq_len)
-    return RowGeometry(loss_mask=loss_mask, positions_BS=positions_BS, starts_BS=starts_BS,
-                       ends_BS=ends_BS)
-
-
-def place_blocks(stack: DraftStack, input_ids: torch.Tensor, rows: RowGeometry,
-                 candidates_BC: torch.Tensor, anchor_positions: torch.Tensor | None,
-                 block_keep_mask: torch.Tensor | None,
-                 generator: torch.Generator | None) -> Blocks:
-    """The given anchors, or ``num_anchors`` sampled among the candidates, with their bounds."""
-    if anchor_positions is None:
-        anchor_positions, block_keep_mask = sample_anchors(
-            rows.loss_mask, stack.config.num_anchors, generator=generator,
-            candidates_BC=candidates_BC)
-    assert block_keep_mask is not None, "block_keep_mask is required with anchor_positions"
-    anchors = anchor_positions
-    return Blocks(
-        anchors=anchors, keep=block_keep_mask, anchor_ids_BA=torch.gather(input_ids, 1, anchors),
-        starts_BA=None if rows.starts_BS is None else torch.gather(rows.starts_BS, 1, anchors),
-        ends_BA=None if rows.ends_BS is None else torch.gather(rows.ends_BS, 1, anchors))
-
-
 def block_hidden(stack: DraftStack, target_hidden_states: torch.Tensor, rows: RowGeometry,
                  blocks: Blocks) -> torch.Tensor:
     """[B, A, K', H] normed hidden states of every block's draft slots over its context."""
@@ -349,76 +287,75 @@ def teacher_logits(stack: DraftStack, target_last_hidden_states: torch.Tensor,
     return logits(stack, t_hid.to(stack.lm_head.weight.dtype)).view(batch, num_a, num_drafts, -1)
 
 
-def training_forward(
-    stack: DraftStack,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    target_hidden_states: torch.Tensor,
-    target_last_hidden_states: torch.Tensor | None = None,
-    *,
-    attention_mask: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    document_ids: torch.Tensor | None = None,
-    anchor_positions: torch.Tensor | None = None,
-    block_keep_mask: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
-) -> DraftOutput:
+@dataclass(frozen=True)
+class BlockLabels:
+    """What each block's draft slots are trained towards, and the tokens they follow."""
+
+    target_ids: torch.Tensor
+    """[B, A, K] data tokens at anchor+k+1 (clamped index, 0 for dummy blocks)."""
+    prev_ids: torch.Tensor
+    """[B, A, K] teacher-forced previous tokens (anchor, then the true tokens)."""
+    teacher_logits: torch.Tensor | None
+    """[B, A, K, V] detached teacher logits (None without last hidden states)."""
+
+
+def block_labels(stack: DraftStack, batch: DraftBatch, blocks: Blocks) -> BlockLabels:
+    """The labels, previous tokens and teacher logits of every block's draft slots."""
+    anchors, seq_len = blocks.anchors, batch.input_ids.shape[1]
+    _, safe_BAK = label_indices(anchors, blocks.keep, num_draft_tokens(stack), seq_len,
+                                blocks.ends_BA)
+    target_ids = torch.gather(batch.input_ids, 1, safe_BAK.flatten(1)).view_as(safe_BAK)
+    last = batch.target_last_hidden_states
+    return BlockLabels(
+        target_ids=target_ids,
+        prev_ids=torch.cat([blocks.anchor_ids_BA[..., None], target_ids[..., :-1]], dim=-1),
+        teacher_logits=None if last is None else teacher_logits(stack, last, anchors, safe_BAK))
+
+
+def draft_logits(stack: DraftStack, h_BAKH: torch.Tensor, labels: BlockLabels,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """[B, A, K, V] base logits + Markov bias of the draft slots, and the candidate selector's
+    candidates and scores (None without the selector)."""
+    out = logits(stack, h_BAKH)
+    if stack.markov_head is not None:
+        out = out + stack.markov_head(labels.prev_ids, h_BAKH)
+    if stack.candidate_selector is None:
+        return out, None, None
+    cand, scores = candidate_scores(stack.candidate_selector, out, h_BAKH, labels.prev_ids,
+                                    labels.target_ids)
+    return out, cand, scores
+
+
+def training_forward(stack: DraftStack, batch: DraftBatch | Mapping[str, torch.Tensor],
+                     anchors: FixedAnchors | None = None,
+                     generator: torch.Generator | None = None) -> DraftOutput:
     """Teacher-forced training forward (every architecture's ``forward``).
 
     Args:
         stack: The draft.
-        input_ids: [B, S] int, unshifted.
-        loss_mask: [B, S] 0/1, aligned with input_ids.
-        target_hidden_states: [B, S, F*H] features concatenated in id order.
-        target_last_hidden_states: [B, S, H] the target's lm_head input; needed for the L1
-            term, the confidence label and the acceptance metrics.
-        attention_mask: [B, S] 1 on real tokens, 0 on right padding (see ``RowGeometry``).
-        position_ids: [B, S] per-document positions of a packed row (default 0..S-1).
-        document_ids: [B, S] equal on each document of a packed row (contiguous runs). A block
-            then sees only its anchor's document, and an anchor needs its first target (DSpark)
-            or its block (DFlash) inside it.
-        anchor_positions: [B, A] fixed anchors (with block_keep_mask); sampled if None.
-        block_keep_mask: [B, A] bool, required with anchor_positions.
+        batch: The batch's tensors, or a collated batch holding them (``DraftBatch.of``).
+        anchors: Fixed anchors; sampled (``num_anchors`` per row) if None.
         generator: RNG for anchor sampling (default: the global torch RNG).
     """
-    layout, seq_len = stack.layout, input_ids.shape[1]
-    rows = row_geometry(input_ids, loss_mask, attention_mask, position_ids, document_ids)
-    loss_mask = rows.loss_mask
-    candidates_BC = anchor_candidates(loss_mask, layout, block_size=stack.config.block_size,
+    batch, layout, cfg = DraftBatch.of(batch), stack.layout, stack.config
+    rows = row_geometry(batch)
+    candidates_BC = anchor_candidates(rows.loss_mask, layout, block_size=cfg.block_size,
                                       ends_BS=rows.ends_BS)
-    blocks = place_blocks(stack, input_ids, rows, candidates_BC, anchor_positions,
-                          block_keep_mask, generator)
-    anchors, keep, ends_BA = blocks.anchors, blocks.keep, blocks.ends_BA
-    h_BAKH = block_hidden(stack, target_hidden_states, rows, blocks)
-
-    num_drafts = layout.num_drafts(stack.config.block_size)
-    _, safe_BAK = label_indices(anchors, keep, num_drafts, seq_len, ends_BA)
-    target_ids = torch.gather(input_ids, 1, safe_BAK.flatten(1)).view_as(safe_BAK)
-    target_logits = None if target_last_hidden_states is None else teacher_logits(
-        stack, target_last_hidden_states, anchors, safe_BAK)
-    prev_BAK = torch.cat([blocks.anchor_ids_BA[..., None], target_ids[..., :-1]], dim=-1)
-    draft_logits = logits(stack, h_BAKH)
-    if stack.markov_head is not None:
-        draft_logits = draft_logits + stack.markov_head(prev_BAK, h_BAKH)
-    cand = scores = None
-    if stack.candidate_selector is not None:
-        cand, scores = candidate_scores(stack.candidate_selector, draft_logits, h_BAKH, prev_BAK,
-                                        target_ids)
+    blocks = place_blocks(batch.input_ids, rows, candidates_BC, cfg.num_anchors, anchors,
+                          generator)
+    h_BAKH = block_hidden(stack, batch.target_hidden_states, rows, blocks)
+    labels = block_labels(stack, batch, blocks)
+    out_logits, cand, scores = draft_logits(stack, h_BAKH, labels)
     return DraftOutput(
-        draft_logits=draft_logits,
-        target_ids=target_ids,
-        eval_mask=build_eval_mask(loss_mask, anchors, keep, num_drafts,
-                                  prefix=layout.prefix_mask, ends_BA=ends_BA),
-        block_keep_mask=keep,
-        anchor_positions=anchors,
-        prev_token_ids=prev_BAK,
-        confidence_logits=confidence(stack, h_BAKH, prev_BAK),
-        target_logits=target_logits,
-        num_valid_anchors=candidates_BC.sum(dim=1),
-        seq_len=seq_len,
-        candidate_ids=cand,
-        candidate_scores=scores,
-    )
+        draft_logits=out_logits, target_ids=labels.target_ids,
+        eval_mask=build_eval_mask(rows.loss_mask, blocks.anchors, blocks.keep,
+                                  num_draft_tokens(stack), prefix=layout.prefix_mask,
+                                  ends_BA=blocks.ends_BA),
+        block_keep_mask=blocks.keep, anchor_positions=blocks.anchors,
+        prev_token_ids=labels.prev_ids,
+        confidence_logits=confidence(stack, h_BAKH, labels.prev_ids),
+        target_logits=labels.teacher_logits, num_valid_anchors=candidates_BC.sum(dim=1),
+        seq_len=batch.input_ids.shape[1], candidate_ids=cand, candidate_scores=scores)
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from sparkforge.trainer.data import CacheStream, load_split_index
+from sparkforge.trainer.draft.draft_batch import DraftBatch
 from sparkforge.trainer.eval.acceptance import calibration_summary
 from sparkforge.trainer.eval.bootstrap import ratio_ci
 from sparkforge.trainer.eval.calibration import policy_table
@@ -45,9 +46,9 @@ def teacher_forced(draft: Any, reader: Any, cfg: EvalConfig, loss: LossSpec,
             if cfg.max_eval_batches is not None and i >= cfg.max_eval_batches:
                 break
             b = {k: v.to(device) for k, v in batch.items()}
-            out = draft(b["input_ids"], b["loss_mask"], b["target_hidden_states"],
-                        b["target_last_hidden_states"], attention_mask=b["attention_mask"],
-                        generator=gen)
+            out = draft(DraftBatch(b["input_ids"], b["loss_mask"], b["target_hidden_states"],
+                                   b["target_last_hidden_states"],
+                                   attention_mask=b["attention_mask"]), generator=gen)
             res = compute_dspark_loss(out, loss)
             sums = accumulate(sums, metric_sums(out, res.accept_rate, res.weights, res.selector))
             if res.accept_rate is not None:

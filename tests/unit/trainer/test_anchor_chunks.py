@@ -12,6 +12,7 @@ from draft_helpers import recipe_loss
 from sparkforge.trainer.architectures import DRAFT_PAIRS
 from sparkforge.trainer.draft import anchor_chunks
 from sparkforge.trainer.draft.anchor_chunks import anchor_chunk_size, dense_grid
+from sparkforge.trainer.draft.draft_batch import FixedAnchors
 from sparkforge.trainer.loss import compute_dspark_loss
 
 FIELDS = ("draft_logits", "target_logits", "confidence_logits", "eval_mask", "target_ids")
@@ -28,7 +29,7 @@ def _packed(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _step(model: Any, batch: dict[str, torch.Tensor], anchors: torch.Tensor,
           keep: torch.Tensor) -> tuple[Any, dict[str, torch.Tensor]]:
     model.zero_grad()
-    out = model(**batch, anchor_positions=anchors, block_keep_mask=keep)
+    out = model(batch, FixedAnchors(anchors, keep))
     compute_dspark_loss(out, recipe_loss(model.config)).loss.backward()
     return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -84,7 +85,7 @@ def test_no_mask_holds_more_than_a_chunk(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(anchor_chunks, "dense_allowed", recording)
     monkeypatch.setattr(anchor_chunks, "DENSE_GRID_LIMIT", dense_grid(2, k, 24))
     anchors = torch.tensor([[5, 6, 7, 8, 12, 13, 20, 21]] * 2)
-    out = model(**batch, anchor_positions=anchors, block_keep_mask=anchors > 0)
+    out = model(batch, FixedAnchors(anchors, anchors > 0))
     out.draft_logits.sum().backward()
     forward = seen[: len(seen) // 2]   # the backward pass recomputes each chunk once
     assert [s[2:] for s in forward] == [(2 * k, 6 + 2 * k), (2 * k, 8 + 2 * k),

@@ -23,6 +23,7 @@ from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.cli import train_cli
 from sparkforge.trainer.draft.anchors import anchor_candidates
 from sparkforge.trainer.draft.block_layout import DFLASH_LAYOUT, NO_HEADS
+from sparkforge.trainer.draft.draft_batch import FixedAnchors
 from sparkforge.trainer.draft.model import DraftOutput
 from sparkforge.trainer.export import (
     ExportError,
@@ -139,10 +140,8 @@ def test_dflash_position_k_is_block_slot_k_plus_1() -> None:
     b = make_batch(cfg, seq_len=24)
     anchors = torch.tensor([[5, 9, 15], [6, 10, 14]])
     keep = torch.ones(2, 3, dtype=torch.bool)
-    args = (b["input_ids"], b["loss_mask"], b["target_hidden_states"],
-            b["target_last_hidden_states"])
-    fl = dflash(*args, anchor_positions=anchors, block_keep_mask=keep)
-    sp = dspark(*args, anchor_positions=anchors, block_keep_mask=keep)
+    fl = dflash(b, FixedAnchors(anchors, keep))
+    sp = dspark(b, FixedAnchors(anchors, keep))
     assert fl.draft_logits.shape[2] == dflash.num_draft_tokens == cfg.block_size - 1 == 4
     # DSpark slot k predicts anchor+k+1 from block slot k; DFlash's position k sits at slot k+1.
     # Both see the same block tokens and context, so DFlash position k = DSpark slot k+1's logits.
@@ -204,7 +203,7 @@ def test_unserved_pair_trains_and_export_refuses_it_in_one_line(tmp_path: Path) 
     cfg = tiny_draft("gemma4", "dflash")
     torch.manual_seed(0)
     model = build_draft(cfg)
-    out = model(**make_batch(cfg))
+    out = model(make_batch(cfg))
     assert out.draft_logits.shape[2] == cfg.block_size - 1
     compute_dspark_loss(out, LossSpec(objective="dflash")).loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)

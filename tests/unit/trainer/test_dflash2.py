@@ -21,6 +21,7 @@ from dflash2_reference import (
 from sparkforge.shared.errors import SparkforgeError
 from sparkforge.trainer.architectures import ARCHITECTURES, build_draft, tiny_draft
 from sparkforge.trainer.draft.block_conv import block_causal_conv
+from sparkforge.trainer.draft.draft_batch import FixedAnchors
 from sparkforge.trainer.draft.selector import (
     CandidateSelector,
     sample_with_selector,
@@ -59,8 +60,8 @@ def test_a_fresh_dflash2_draft_is_its_dflash_draft() -> None:
     dflash.load_state_dict(dflash2.state_dict(), strict=False)
     batch = make_batch(cfg)
     torch.manual_seed(1)
-    a = dflash2(**batch)
-    b = dflash(**batch, anchor_positions=a.anchor_positions, block_keep_mask=a.block_keep_mask)
+    a = dflash2(batch)
+    b = dflash(batch, FixedAnchors(a.anchor_positions, a.block_keep_mask))
     torch.testing.assert_close(a.draft_logits, b.draft_logits, rtol=0, atol=0)
 
 
@@ -78,8 +79,8 @@ def test_forward_loss_and_gradients_equal_the_reference(architecture: str) -> No
     ref = Reference(model)
     batch = make_batch(model.config)
     torch.manual_seed(2)
-    out = model(**batch)
-    anchors = {"anchor_positions": out.anchor_positions, "block_keep_mask": out.block_keep_mask}
+    out = model(batch)
+    anchors = FixedAnchors(out.anchor_positions, out.block_keep_mask)
     spec = LossSpec(objective="dflash2", loss_decay_gamma=GAMMA)
     res = compute_dspark_loss(out, spec)
     want = ref.forward_loss(batch, anchors, GAMMA, spec.selector_loss_alpha or 0.0)
@@ -153,7 +154,7 @@ def test_metrics_report_the_selectors_tau_beside_tau() -> None:
     recall of the data token and the teacher's mass the candidates could serve."""
     torch.manual_seed(0)
     model = build_draft(tiny_draft("qwen3", "dflash2"))
-    out = model(**make_batch(model.config))
+    out = model(make_batch(model.config))
     res = compute_dspark_loss(out, LossSpec(objective="dflash2"))
     ratios = metric_ratios(metric_sums(out, res.accept_rate, res.weights, res.selector))
     assert 1.0 <= ratios["selector_tau"] <= 4.0

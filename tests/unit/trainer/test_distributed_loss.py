@@ -37,7 +37,7 @@ def _setup() -> tuple[Qwen3DraftModel, dict[str, torch.Tensor]]:
     }
     torch.manual_seed(2)
     with torch.no_grad():
-        out = model(**batch)
+        out = model(batch)
     batch["anchor_positions"], batch["block_keep_mask"] = out.anchor_positions, out.block_keep_mask
     return model, batch
 
@@ -52,7 +52,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     model, batch = _setup()
     half = {k: v[2 * rank: 2 * rank + 2] for k, v in batch.items()}
-    out = model(**half)
+    out = model(half)
     loss = compute_dspark_loss(out, LossSpec())
     loss.loss.backward()
     for p in model.parameters():  # what DDP does: average gradients over ranks
@@ -77,7 +77,7 @@ def test_two_ranks_equal_one_rank_on_the_concatenated_batch(tmp_path: Path) -> N
     mp.spawn(_rank_main, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     ddp: dict[str, Any] = torch.load(tmp_path / "rank0.pt")
     model, batch = _setup()
-    out = model(**batch)
+    out = model(batch)
     loss = compute_dspark_loss(out, LossSpec())
     loss.loss.backward()
     single = _grads(model)
@@ -92,6 +92,6 @@ def test_two_ranks_equal_one_rank_on_the_concatenated_batch(tmp_path: Path) -> N
     for rank in range(2):
         model.zero_grad()
         half = {k: v[2 * rank: 2 * rank + 2] for k, v in batch.items()}
-        compute_dspark_loss(model(**half), LossSpec()).loss.backward()
+        compute_dspark_loss(model(half), LossSpec()).loss.backward()
         local.append(model.fc.weight.grad.clone())
     assert not torch.allclose((local[0] + local[1]) / 2, single["fc.weight"], rtol=1e-3)

@@ -16,6 +16,7 @@ from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.architectures.tiny import draft_tiny
 from sparkforge.trainer.checkpoint import CheckpointError, load_checkpoint
+from sparkforge.trainer.draft.draft_batch import FixedAnchors
 from sparkforge.trainer.export import (
     ExportError,
     export_checkpoint,
@@ -60,8 +61,8 @@ def test_export_reloads_with_identical_logits(tmp_path: Path) -> None:
     batch = _batch(model.config)
     anchors = torch.tensor([[6, 9, 15, 20], [7, 8, 12, 21]])
     keep = torch.ones_like(anchors, dtype=torch.bool)
-    a = model(**batch, anchor_positions=anchors, block_keep_mask=keep)
-    b = reloaded(**batch, anchor_positions=anchors, block_keep_mask=keep)
+    a = model(batch, FixedAnchors(anchors, keep))
+    b = reloaded(batch, FixedAnchors(anchors, keep))
     assert torch.equal(a.draft_logits, b.draft_logits)
     assert a.confidence_logits is not None
     assert b.confidence_logits is not None

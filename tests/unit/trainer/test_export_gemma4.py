@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.architectures.config import DraftConfig
 from sparkforge.trainer.architectures.tiny import draft_tiny
+from sparkforge.trainer.draft.draft_batch import FixedAnchors
 from sparkforge.trainer.export import (
     ExportError,
     config_from_hf,
@@ -79,8 +80,8 @@ def test_export_reloads_with_identical_logits(tmp_path: Path) -> None:
              "target_last_hidden_states": torch.randn(2, 24, 64, generator=g)}
     anchors = torch.tensor([[6, 9, 15, 20], [7, 8, 12, 19]])
     keep = torch.ones_like(anchors, dtype=torch.bool)
-    a = model(**batch, anchor_positions=anchors, block_keep_mask=keep)
-    b = reloaded(**batch, anchor_positions=anchors, block_keep_mask=keep)
+    a = model(batch, FixedAnchors(anchors, keep))
+    b = reloaded(batch, FixedAnchors(anchors, keep))
     assert torch.equal(a.draft_logits, b.draft_logits)
     assert torch.equal(a.target_logits, b.target_logits)
     assert torch.equal(a.confidence_logits, b.confidence_logits)

@@ -16,6 +16,7 @@ from sparkforge.trainer.architectures import build_draft
 from sparkforge.trainer.architectures.config import DraftConfig, from_target_config
 from sparkforge.trainer.architectures.gemma4.export import expected_shapes
 from sparkforge.trainer.architectures.gemma4.model import Gemma4DraftLayer, Gemma4DraftModel
+from sparkforge.trainer.draft.draft_batch import DraftBatch
 from sparkforge.trainer.draft.rope import RotaryEmbedding
 
 FULL = 1   # the full-attention layer of a 2-layer tiny Gemma4 target
@@ -103,8 +104,8 @@ def test_embedding_and_teacher_logits_equal_the_gemma4_target() -> None:
     ids = torch.randint(4, 1024, (1, 16))
     with torch.no_grad():
         out = target(ids, output_hidden_states=True)
-        d = draft(ids, torch.ones(1, 16), torch.cat(out.hidden_states[1:3], -1),
-                  out.hidden_states[-1])
+        d = draft(DraftBatch(ids, torch.ones(1, 16), torch.cat(out.hidden_states[1:3], -1),
+                             out.hidden_states[-1]))
         torch.testing.assert_close(draft.embed(ids), target.model.embed_tokens(ids))
     assert out.logits.abs().max() <= 2.0   # the cap bites: raw logits would exceed it
     for n in range(4):

@@ -136,7 +136,7 @@ def test_loss_chunk_size_does_not_change_loss_or_grads(build: Build) -> None:
     for chunk in (2, 10_000):
         model, batch = build(seed=2)
         torch.manual_seed(0)
-        res = compute_dspark_loss(model(**batch), LossSpec(l1_chunk_rows=chunk))
+        res = compute_dspark_loss(model(batch), LossSpec(l1_chunk_rows=chunk))
         res.loss.backward()
         grads.append((res.loss.detach(), model.fc.weight.grad.clone()))
     torch.testing.assert_close(grads[0][0], grads[1][0])

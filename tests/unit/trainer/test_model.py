@@ -17,6 +17,7 @@ from sparkforge.shared.errors import ConfigError
 from sparkforge.trainer.architectures import ARCHITECTURES, DRAFT_PAIRS, build_draft, draft_class
 from sparkforge.trainer.architectures.qwen3.model import Qwen3DraftModel
 from sparkforge.trainer.draft.block_layout import BLOCK_LAYOUTS
+from sparkforge.trainer.draft.draft_batch import DraftBatch, FixedAnchors
 from sparkforge.trainer.draft.rope import compute_inv_freq
 from sparkforge.trainer.loss import compute_dspark_loss
 
@@ -47,7 +48,7 @@ def test_forward_shapes_and_finite(architecture: str, layout: str, case: str) ->
     3 of a DFlash or DFlash2 one); ids, eval, confidence [B,A,K]; keep [B,A]; all finite."""
     overrides = HEAD_CASES[case]
     model, batch = build_tiny(architecture=architecture, layout=layout, **overrides)
-    out = model(**batch)
+    out = model(batch)
     b, a, k, v = 2, 8, BLOCK_LAYOUTS[layout].num_drafts(4), 256
     assert out.draft_logits.shape == out.target_logits.shape == (b, a, k, v)
     for t in (out.target_ids, out.eval_mask, out.prev_token_ids):
@@ -68,7 +69,7 @@ def test_forward_shapes_and_finite(architecture: str, layout: str, case: str) ->
 def test_labels_teacher_index_and_prev_tokens(build: Build) -> None:
     """Draft position k: target = ids[a+k+1], teacher = lm_head(last[a+k]), prev = ids[a+k]."""
     model, batch = build()
-    out = model(**batch)
+    out = model(batch)
     ids, last = batch["input_ids"], batch["target_last_hidden_states"]
     assert out.eval_mask.any()
     for b, n in zip(*out.eval_mask[..., 0].nonzero(as_tuple=True), strict=True):
@@ -87,7 +88,7 @@ def test_embeddings_and_head_frozen_copies(build: Build) -> None:
     model.set_target_weights(emb, head)
     assert torch.equal(model.embed_tokens.weight, emb)
     assert torch.equal(model.lm_head.weight, head)
-    compute_dspark_loss(model(**batch), recipe_loss(model.config)).loss.backward()
+    compute_dspark_loss(model(batch), recipe_loss(model.config)).loss.backward()
     assert model.embed_tokens.weight.grad is None
     assert model.lm_head.weight.grad is None
     assert not model.embed_tokens.weight.requires_grad
@@ -106,7 +107,7 @@ def test_every_trainable_parameter_gets_a_finite_gradient(build: Build) -> None:
     """The loss reaches every trainable parameter (backbone, Markov, confidence), finitely."""
     for head_type in ("vanilla", "gated", "rnn"):
         model, batch = build(markov_head_type=head_type)
-        compute_dspark_loss(model(**batch), recipe_loss(model.config)).loss.backward()
+        compute_dspark_loss(model(batch), recipe_loss(model.config)).loss.backward()
         for name, p in model.named_parameters():
             if p.requires_grad:
                 assert p.grad is not None, name
@@ -120,7 +121,7 @@ def test_forward_is_deterministic_under_a_seed(build: Build) -> None:
     for seed in (0, 0, 1):
         model, batch = build(seed=0)
         torch.manual_seed(seed)
-        out = model(**batch)
+        out = model(batch)
         loss = compute_dspark_loss(out, recipe_loss(model.config)).loss
         outs.append((out.anchor_positions, out.draft_logits, loss))
     assert torch.equal(outs[0][0], outs[1][0])
@@ -148,7 +149,7 @@ def test_inv_freq_stays_fp32_through_casts(build: Build, cast: Callable[[Any], A
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     bf16_inv = ref.to(torch.bfloat16).float()
     assert not torch.allclose(bf16_inv, ref, rtol=1e-6, atol=0)  # the pin matters
-    out = model(**batch)
+    out = model(batch)
     assert torch.isfinite(out.draft_logits.float()).all()
 
 
@@ -162,9 +163,8 @@ def test_sdpa_and_flex_agree(build: Build) -> None:
     flex = build_draft(sdpa.config, attn_implementation="flex")
     flex.load_state_dict(sdpa.state_dict())
     with torch.no_grad():
-        a = sdpa(**batch)
-        b = flex(**batch, anchor_positions=a.anchor_positions,
-                 block_keep_mask=a.block_keep_mask)
+        a = sdpa(batch)
+        b = flex(batch, FixedAnchors(a.anchor_positions, a.block_keep_mask))
     torch.testing.assert_close(b.draft_logits, a.draft_logits, rtol=1e-4, atol=1e-5)
     assert (a.confidence_logits is None) == (sdpa.confidence_head is None)
     if sdpa.confidence_head is not None:
@@ -177,7 +177,7 @@ def test_training_block_equals_cached_inference_block(build: Build) -> None:
     # So it sees exactly the context before its anchor (KV injection, RoPE at anchor+k).
     model, batch = build(seed=4)
     with torch.no_grad():
-        out = model(**batch)
+        out = model(batch)
         for n in range(3):
             a = int(out.anchor_positions[0, n])
             cache = model.extend_context(model.empty_cache(),
@@ -195,7 +195,7 @@ def test_right_padding_is_invisible(build: Build) -> None:
     attn = torch.ones_like(batch["loss_mask"])
     attn[1, 18:] = 0
     torch.manual_seed(0)
-    ref = model(**batch, attention_mask=attn)
+    ref = model(batch | {"attention_mask": attn})
     assert not (ref.anchor_positions[1][ref.block_keep_mask[1]] >= 17).any()
     noisy = {k: v.clone() for k, v in batch.items()}
     noisy["input_ids"][1, 18:] = 7
@@ -203,7 +203,7 @@ def test_right_padding_is_invisible(build: Build) -> None:
     noisy["target_last_hidden_states"][1, 18:] = -1e4
     noisy["loss_mask"][1, 18:] = 1  # padding rows carry loss_mask 1: attention_mask wins
     torch.manual_seed(0)
-    got = model(**noisy, attention_mask=attn)
+    got = model(noisy | {"attention_mask": attn})
     assert torch.equal(got.anchor_positions, ref.anchor_positions)
     m = ref.eval_mask
     torch.testing.assert_close(got.draft_logits[m], ref.draft_logits[m])
@@ -216,7 +216,7 @@ def test_dummy_blocks_give_no_nan(build: Build) -> None:
     """With no valid anchor (all dummy blocks) forward, loss and gradients stay finite."""
     model, batch = build()
     batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
-    out = model(**batch)
+    out = model(batch)
     assert not out.block_keep_mask.any()
     assert torch.isfinite(out.draft_logits).all()
     loss = compute_dspark_loss(out, recipe_loss(model.config))
@@ -231,7 +231,7 @@ def test_softcap_applies_to_base_and_teacher_logits(build: Build) -> None:
     """With a final logit softcap every base and teacher logit lies within +-cap."""
     model, batch = build(final_logit_softcapping=0.5, markov_rank=0,
                          confidence_head_with_markov=False)
-    out = model(**batch)
+    out = model(batch)
     assert out.draft_logits.abs().max() <= 0.5
     assert out.target_logits.abs().max() <= 0.5
 
@@ -267,8 +267,8 @@ def test_layer_id_convention_matches_hf(tiny_target: Any) -> None:
     draft = Qwen3DraftModel(cfg, embed_weight=target.model.embed_tokens.weight,
                              lm_head_weight=target.lm_head.weight)
     with torch.no_grad():
-        d = draft(ids, torch.ones(1, 16), torch.cat(out.hidden_states[1:4], -1),
-                  out.hidden_states[-1])
+        d = draft(DraftBatch(ids, torch.ones(1, 16), torch.cat(out.hidden_states[1:4], -1),
+                             out.hidden_states[-1]))
     for n in range(4):
         a = int(d.anchor_positions[0, n])
         for k in range(int(d.eval_mask[0, n].sum())):

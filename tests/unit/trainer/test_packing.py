@@ -18,6 +18,7 @@ from sparkforge.trainer.draft.anchors import (
 )
 from sparkforge.trainer.draft.attention_mask import dense_allowed
 from sparkforge.trainer.draft.block_layout import DFLASH_LAYOUT
+from sparkforge.trainer.draft.draft_batch import FixedAnchors
 from sparkforge.trainer.loss import compute_dspark_loss
 from sparkforge.trainer.run_config import LossSpec
 
@@ -91,8 +92,7 @@ def test_packed_row_equals_each_document_alone(architecture: str, layout: str) -
     for i, doc in enumerate(docs):
         a, keep = _alone_anchors(model, doc, seed=i)
         assert bool(keep.any())
-        out = model(**{k: v[None] for k, v in doc.items()}, anchor_positions=a,
-                    block_keep_mask=keep)
+        out = model({k: v[None] for k, v in doc.items()}, FixedAnchors(a, keep))
         _summed_objective(out, spec).backward()
         alone.append(out)
         anchors.append(a + offset)  # a dummy sits on its document's first token, as alone
@@ -101,8 +101,7 @@ def test_packed_row_equals_each_document_alone(architecture: str, layout: str) -
     want_grads = _grads(model)
 
     model.zero_grad()
-    packed = model(**_packed_row(docs), anchor_positions=torch.cat(anchors, 1),
-                   block_keep_mask=torch.cat(keeps, 1))
+    packed = model(_packed_row(docs), FixedAnchors(torch.cat(anchors, 1), torch.cat(keeps, 1)))
     _summed_objective(packed, spec).backward()
     for name in FIELDS:
         got = getattr(packed, name)
@@ -135,9 +134,8 @@ def test_packed_flex_mask_matches_the_dense_mask() -> None:
     row = _packed_row(_docs(cfg))
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        want = sdpa(**row, generator=gen)
-        got = flex(**row, anchor_positions=want.anchor_positions,
-                   block_keep_mask=want.block_keep_mask)
+        want = sdpa(row, generator=gen)
+        got = flex(row, FixedAnchors(want.anchor_positions, want.block_keep_mask))
     torch.testing.assert_close(got.draft_logits, want.draft_logits, atol=1e-5, rtol=1e-5)
 
 
@@ -181,8 +179,8 @@ def test_a_document_alone_in_a_padded_packed_row_equals_the_unpacked_row() -> No
     packed = dict(plain, position_ids=torch.cat([torch.arange(n), torch.zeros(PAD).long()])[None],
                   document_ids=torch.cat([torch.zeros(n), torch.full((PAD,), -1)]).long()[None])
     with torch.no_grad():
-        want = model(**plain, generator=torch.Generator().manual_seed(3))
-        got = model(**packed, generator=torch.Generator().manual_seed(3))
+        want = model(plain, generator=torch.Generator().manual_seed(3))
+        got = model(packed, generator=torch.Generator().manual_seed(3))
     assert torch.equal(got.anchor_positions, want.anchor_positions)
     assert torch.equal(got.eval_mask, want.eval_mask)
     torch.testing.assert_close(got.draft_logits, want.draft_logits, atol=1e-6, rtol=1e-6)
