@@ -1,10 +1,12 @@
-"""Old names of renamed classes: a module's ``__getattr__`` still serves them, with a warning."""
+"""Old names of renamed classes and moved modules: still served, with a warning."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 
 RENAMES_DROPPED_IN = "0.3.0"
@@ -31,3 +33,15 @@ def renamed_attribute(module: str, name: str, renamed: Mapping[str, str]) -> Any
     warnings.warn(f"{module}.{name} is renamed {new}; the old name is dropped in sparkforge "
                   f"{RENAMES_DROPPED_IN}", FutureWarning, stacklevel=3)
     return getattr(sys.modules[module], new)
+
+
+def renamed_module(old: str, new: str) -> ModuleType:
+    """Module ``new``, warning (``FutureWarning``) that its old path ``old`` goes.
+
+    A moved module's old file is then the one line ``sys.modules[__name__] =
+    renamed_module(__name__, "new.path")``, so ``from old import Name`` gives the very same
+    objects as ``from new import Name``.
+    """
+    warnings.warn(f"{old} is renamed {new}; the old module path is dropped in sparkforge "
+                  f"{RENAMES_DROPPED_IN}", FutureWarning, stacklevel=3)
+    return importlib.import_module(new)

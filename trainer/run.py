@@ -13,11 +13,11 @@ from sparkforge.manifests.contract import RunContract, check_contract
 from sparkforge.manifests.promises import check_promises
 from sparkforge.shared.errors import ConfigError, SparkforgeError
 from sparkforge.trainer.checkpoint import load_checkpoint
-from sparkforge.trainer.ckpt_folder import CheckpointFolderLock
 from sparkforge.trainer.datamodule import CacheDataModule
 from sparkforge.trainer.interrupt import StopOnSigterm, stopped_by_lightning
 from sparkforge.trainer.lit_module import DraftLitModule
 from sparkforge.trainer.run_config import validation_on
+from sparkforge.trainer.run_folder.checkpoints import CheckpointFolderLock
 
 logger = logging.getLogger(__name__)
 LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")

@@ -361,7 +361,7 @@ def test_a_folder_another_live_run_holds_is_refused(
     same folder is refused before writing anything."""
     import fcntl
 
-    from sparkforge.trainer.ckpt_folder import LOCK_NAME
+    from sparkforge.trainer.run_folder.checkpoints import LOCK_NAME
 
     folder = tmp_path / "ckpt"
     folder.mkdir()

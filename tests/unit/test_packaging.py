@@ -33,6 +33,7 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
         ("sparkforge.manifests.cli", "torch"),
         ("sparkforge.manifests.cli", "vllm"),
         ("sparkforge.app.cli", "torch"),
+        ("sparkforge.trainer.run_folder", "lightning"),
     ],
 )
 def test_import_does_not_pull_in(module: str, forbidden: str) -> None:

@@ -1,10 +1,16 @@
-"""The run folder of a run without a logger: which settings name a new folder."""
+"""The run folder of a run without a logger: which settings name a new folder; the old path of
+the checkpoint-folder lock."""
 
 from __future__ import annotations
 
+import importlib
+import sys
+
+import pytest
 import yaml
 
-from sparkforge.trainer.run_folder import run_folder, wants_run_folder
+from sparkforge.shared.renamed import RENAMES_DROPPED_IN
+from sparkforge.trainer.run_folder import checkpoints, run_folder, wants_run_folder
 
 CONFIG = {"seed_everything": 0, "ckpt_path": None,
           "model": {"optimizer": {"lr": 3e-3}},
@@ -36,3 +42,16 @@ def test_only_a_run_without_logger_and_root_folder_gets_one() -> None:
     assert wants_run_folder({"logger": []})
     assert not wants_run_folder({"logger": False, "default_root_dir": "out"})
     assert not wants_run_folder({"logger": {"class_path": "CSVLogger"}})
+
+
+def test_the_old_checkpoint_folder_module_is_the_new_one_with_a_future_warning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sparkforge.trainer.ckpt_folder`` still imports: the same module as
+    ``run_folder.checkpoints``, with a FutureWarning naming it and the version dropping the old
+    path."""
+    monkeypatch.delitem(sys.modules, "sparkforge.trainer.ckpt_folder", raising=False)
+    with pytest.warns(FutureWarning, match=r"sparkforge\.trainer\.ckpt_folder is renamed "
+                      rf"sparkforge\.trainer\.run_folder\.checkpoints; .*{RENAMES_DROPPED_IN}"):
+        old = importlib.import_module("sparkforge.trainer.ckpt_folder")
+    assert old is checkpoints
+    assert old.CheckpointFolderLock is checkpoints.CheckpointFolderLock

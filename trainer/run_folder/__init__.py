@@ -1,4 +1,10 @@
-"""The one folder a run without a logger or ``--trainer.default_root_dir`` writes into.
+"""Where a run's files and checkpoints live.
+
+This package's top level stays free of torch and Lightning (the console script imports it);
+the checkpoint-folder lock, a Lightning callback, is in ``run_folder.checkpoints``.
+
+The run folder is the one folder a run without a logger or ``--trainer.default_root_dir``
+writes into.
 
 Lightning's default root is the current directory, so ``--trainer.logger false`` used to leave
 ``checkpoints/`` and ``config.yaml`` there. Such a run writes under
