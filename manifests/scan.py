@@ -93,7 +93,7 @@ def scan_slots(loc: storage.Location, slots: Iterable[SlotToScan], m: CacheManif
     order given; ``slot_bytes`` (slot -> bytes of its objects, from a listing) bounds the bytes
     read ahead."""
     store = _Prefetched(storage.zarr_store(loc, read_only=True))
-    arrays = open_arrays(zarr.open_group(store, mode="r"), m.storage.spec)
+    arrays = open_arrays(zarr.open_group(store, mode="r", zarr_format=3), m.storage.spec)
     partial: dict[int, tuple[int, int]] = {}  # samples spanning slots: (rows, loss tokens) seen
     for slot, objects in _fetched(loc, slots, arrays, m.storage.spec, slot_bytes,
                                   max_concurrency):

@@ -242,7 +242,8 @@ def _check_arrays(loc: storage.Location, m: CacheManifest,
     spec: CacheSpec = m.storage.spec
     try:
         storage.check_zarr_metadata(loc, array_layouts(spec))
-        group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r")
+        group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r",
+                                zarr_format=3)
     except Exception as exc:  # zarr raises many types (RecursionError too) for bad metadata
         report.problems.append(f"store: not a zarr group ({type(exc).__name__}: {exc})")
         return None

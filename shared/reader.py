@@ -100,7 +100,8 @@ def read_arrays(loc: storage.Location, spec: CacheSpec,
     names = list(array_layouts(spec) if names is None else names)
     storage.check_zarr_metadata(loc, names)
     try:
-        group = zarr.open_group(StrictStore(storage.zarr_store(loc, read_only=True)), mode="r")
+        group = zarr.open_group(StrictStore(storage.zarr_store(loc, read_only=True)), mode="r",
+                                zarr_format=3)
         return open_arrays(group, spec, names)
     except Exception as exc:  # zarr raises many types (RecursionError too) for bad metadata
         raise CacheDataError(f"{loc.uri}: zarr metadata cannot be read ({type(exc).__name__}: "

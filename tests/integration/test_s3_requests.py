@@ -359,15 +359,24 @@ def test_listed_objects_match_boto3s_listing_and_skip_dateutil(
     assert {key: (sizes[key], times[key]) for key in sizes} == expected
 
 
-def test_reopening_a_writer_probes_no_zarr_v2_metadata(s3_cache: str, moto_server: dict[str, Any],
-                                                       proxy: S3Proxy) -> None:
-    """A writer reopening a cache asks for zarr v3 metadata only: no .zgroup, .zattrs or
-    .zmetadata, and no LIST (s3fs asking whether a missing one is a folder)."""
+@pytest.mark.parametrize("opener", ["writer", "reader", "deep validate"])
+def test_opening_a_cache_probes_no_zarr_v2_metadata(opener: str, s3_cache: str,
+                                                   moto_server: dict[str, Any],
+                                                   proxy: S3Proxy) -> None:
+    """A writer reopening a cache, a reader and ``validate --deep`` ask for zarr v3 metadata
+    only: no .zgroup, .zattrs or .zmetadata, and no LIST of a missing one (s3fs asking whether
+    it is a folder)."""
+    options = _options(moto_server, proxy)
     proxy.reset()
-    CacheWriter.open(s3_cache, spec=READ_SPEC, header=make_run_header(READ_SPEC,
-                                                                      num_units=NUM_UNITS),
-                     storage_options=_options(moto_server, proxy))
+    if opener == "writer":
+        CacheWriter.open(s3_cache, spec=READ_SPEC, storage_options=options,
+                         header=make_run_header(READ_SPEC, num_units=NUM_UNITS))
+    elif opener == "reader":
+        open_cache(s3_cache, storage_options=options).read_unit(0)
+    else:
+        assert validate_cache(s3_cache, storage_options=options, deep=True).valid
     log = list(proxy.log)
-    assert not [path for kind, path in log if kind == "LIST"], log
-    assert not [path for _, path in log if _key(path).startswith((".zgroup", ".zattrs",
-                                                                   ".zmetadata"))], log
+    v2 = (".zgroup", ".zattrs", ".zmetadata")
+    assert not [path for _, path in log if _key(path).rsplit("/", 1)[-1].startswith(v2)], log
+    if opener != "deep validate":  # validate lists the cache's folders on purpose
+        assert not [path for kind, path in log if kind == "LIST"], log
