@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
-sys.path.insert(0, str(TESTS))  # cache_helpers (the run header), s3_proxy
+sys.path.insert(0, str(TESTS))  # cache_helpers (the run header), s3_proxy, s3_server
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_scale_read (old_code)
 
 ROWS_PER_UNIT, SAMPLE_TOKENS, SAMPLES_PER_SLOT = 256, 4, 32
@@ -275,17 +275,14 @@ def run_job(args: argparse.Namespace) -> None:
 
 
 def serve_moto(folder: Path) -> None:
-    """In the S3 server process: moto with ``folder``'s files under ``s3://bench-scale/cache/``
-    (loaded straight into its backend), its port on stdout, until stdin closes."""
-    import logging
-
+    """In the S3 server process: moto's S3 app (``tests/s3_server.py``) with ``folder``'s files
+    under ``s3://bench-scale/cache/`` (loaded straight into its backend), its port on stdout,
+    until stdin closes."""
     from moto.core import DEFAULT_ACCOUNT_ID
     from moto.s3.models import s3_backends
-    from moto.server import ThreadedMotoServer
+    from s3_server import start_s3_server
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    server = start_s3_server()
     backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
     backend.create_bucket(BUCKET, "us-east-1")
     for here, _, files in os.walk(folder):
@@ -293,9 +290,9 @@ def serve_moto(folder: Path) -> None:
             path = Path(here, name)
             backend.put_object(BUCKET, f"cache/{path.relative_to(folder).as_posix()}",
                                path.read_bytes())
-    print(server._server.server_address[1], flush=True)  # noqa: SLF001 (no public accessor)
+    print(server.server_address[1], flush=True)
     sys.stdin.read()
-    server.stop()
+    server.shutdown()
 
 
 @dataclass

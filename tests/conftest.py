@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -111,27 +109,18 @@ def moto_server() -> Iterator[dict[str, Any]]:
     Yields ``{"endpoint": url, "bucket": name, "storage_options": {...}}``; pass the options to
     any fsspec/s3fs call or sparkforge ``storage_options`` argument.
     """
-    # A separate process, not moto's ThreadedMotoServer: importing Flask here leaves LocalProxy
-    # globals in sys.modules whose hasattr() raises RuntimeError, which breaks vLLM's start-up
-    # scan of loaded modules (vllm/triton_utils/dispatcher.py) for any later in-process engine.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    # A separate process, not in this one: importing Flask here leaves LocalProxy globals in
+    # sys.modules whose hasattr() raises RuntimeError, which breaks vLLM's start-up scan of
+    # loaded modules (vllm/triton_utils/dispatcher.py) for any later in-process engine.
+    server = subprocess.Popen([sys.executable, "-P", str(Path(__file__).with_name("s3_server.py"))],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    assert server.stdin is not None
+    port = server.stdout.readline().strip()
+    if not port.isdigit():
+        server.kill()
+        raise RuntimeError(f"the S3 server did not start (printed {port!r})")
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                raise RuntimeError(f"moto server did not start on {endpoint}") from None
-            time.sleep(0.2)
     options = {"key": "testing", "secret": "testing", "endpoint_url": endpoint,
                "client_kwargs": {"region_name": "us-east-1"}}
     import boto3
@@ -142,7 +131,7 @@ def moto_server() -> Iterator[dict[str, Any]]:
     try:
         yield {"endpoint": endpoint, "bucket": "sparkforge-test", "storage_options": options}
     finally:
-        server.terminate()
+        server.stdin.close()
         server.wait(timeout=30)
 
 
