@@ -11,17 +11,27 @@ the least-squares slope of log(cost) over log(samples) across the sizes (1.0: li
     .venv/bin/python -P benchmarks/bench_scale.py --samples 100000 1000000 10000000 --modes local
     .venv/bin/python -P benchmarks/bench_scale.py --old 7fbae68   (also that revision's code,
         by its own copy of this benchmark, and old / new per row)
+
+``--s3rver PATH`` serves S3 with s3rver (``npm install s3rver@3.7.1``; PATH is
+``node_modules/.bin/s3rver``) instead of moto: its listing walks only the folders a page
+needs, where moto scans the bucket. validate is what it is for (the same requests as on moto,
+and every object found). Two of its differences from S3 spoil the other jobs' figures: it
+accepts a second ``If-None-Match: *`` PUT (a commit's claim is not exclusive), and a delimiter
+listing returns nothing for a folder whose objects lie two folders down (``<array>/c/``), so
+finalize counts too few objects and sends too few requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import re
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -352,25 +362,69 @@ def run_in_process(job: str, uri: str, units: int, options: dict[str, Any],
 
 
 @contextmanager
-def s3_cache(root: Path) -> Iterator[tuple[str, dict[str, Any], Served]]:
-    """The synthesized cache served by moto behind a latency-adding, counting proxy."""
+def s3_cache(root: Path, s3rver: str | None) -> Iterator[tuple[str, dict[str, Any], Served]]:
+    """The synthesized cache served by moto (or s3rver) behind a latency-adding, counting
+    proxy."""
     from s3_proxy import S3Proxy
 
+    server, port = start_s3rver(root, s3rver) if s3rver else start_moto(root)
+    proxy = S3Proxy(f"http://127.0.0.1:{port}")
+    key = "S3RVER" if s3rver else "testing"  # s3rver knows only its default account
+    options = {"key": key, "secret": key, "endpoint_url": proxy.endpoint,
+               "client_kwargs": {"region_name": "us-east-1"}}
+    try:
+        yield f"s3://{BUCKET}/cache", options, Served(proxy, server.pid)
+    finally:
+        proxy.close()
+        if s3rver:
+            server.terminate()
+        else:
+            assert server.stdin is not None
+            server.stdin.close()
+        server.wait(timeout=60)
+
+
+def start_moto(root: Path) -> tuple[subprocess.Popen[str], int]:
+    """moto's S3 app in its own process, ``root``'s files loaded (then removed here)."""
     moto = subprocess.Popen([sys.executable, "-P", __file__, "--serve", str(root)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert moto.stdout is not None
-    assert moto.stdin is not None
     port = int(moto.stdout.readline())
     shutil.rmtree(root)
-    proxy = S3Proxy(f"http://127.0.0.1:{port}")
-    options = {"key": "testing", "secret": "testing", "endpoint_url": proxy.endpoint,
-               "client_kwargs": {"region_name": "us-east-1"}}
-    try:
-        yield f"s3://{BUCKET}/cache", options, Served(proxy, moto.pid)
-    finally:
-        proxy.close()
-        moto.stdin.close()
-        moto.wait(timeout=60)
+    return moto, port
+
+
+def start_s3rver(root: Path, executable: str) -> tuple[subprocess.Popen[str], int]:
+    """s3rver serving ``root``'s files, moved into its folder layout first (each object a
+    ``._S3rver_object`` file beside its md5 and metadata)."""
+    data = root.parent / "s3rver"
+    for here, _, files in os.walk(root):
+        for name in files:
+            path = Path(here, name)
+            path.with_name(f"{name}._S3rver_object.md5").write_text(
+                hashlib.md5(path.read_bytes()).hexdigest())
+            path.with_name(f"{name}._S3rver_metadata.json").write_text(
+                '{"content-type": "binary/octet-stream"}')
+            path.rename(path.with_name(f"{name}._S3rver_object"))
+    (data / BUCKET).mkdir(parents=True)
+    root.rename(data / BUCKET / "cache")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Its continuation tokens use a cipher OpenSSL 3 keeps in its legacy provider.
+    env = os.environ | {"NODE_OPTIONS": "--openssl-legacy-provider"}
+    server = subprocess.Popen([executable, "-d", str(data), "-a", "127.0.0.1", "-p", str(port),
+                               "--silent"], env=env, stdout=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, port
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise SystemExit(f"s3rver did not start on port {port}") from None
+            time.sleep(0.2)
 
 
 def measure(samples: int, mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -391,7 +445,7 @@ def measure(samples: int, mode: str, args: argparse.Namespace, workdir: Path) ->
         out["largest_folder"] = largest_folder(root)
         shutil.rmtree(root)
     else:
-        with s3_cache(root) as (uri, options, served):
+        with s3_cache(root, args.s3rver) as (uri, options, served):
             out["jobs"] = {}
             for j in jobs:  # each latency in turn, job by job (a job may need the one before)
                 for latency in args.latency_ms[-1:] if j in WRITES else args.latency_ms:
@@ -422,7 +476,8 @@ LABEL_WIDTH = 56
 def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
           args: argparse.Namespace) -> str:
     """One mode's rows: sizes across, the growth exponent last."""
-    where = ("local disk" if mode == "local" else "S3 (moto) behind a proxy adding "
+    where = ("local disk" if mode == "local" else
+             f"S3 ({'s3rver' if args.s3rver else 'moto'}) behind a proxy adding "
              f"{' / '.join(f'{x:g}' for x in args.latency_ms)} ms per request")
     lines = [f"{where}; max_concurrency {args.max_concurrency}",
              f"{'':<{LABEL_WIDTH}}" + "".join(f"{n:>14,}" for n in sizes) + f"{'exponent':>10}"]
@@ -488,7 +543,7 @@ def parse_table(text: str) -> dict[str, dict[str, list[float]]]:
     tables: dict[str, dict[str, list[float]]] = {}
     rows: dict[str, list[float]] = {}
     for line in text.splitlines():
-        if line.startswith(("local disk", "S3 (moto)")):
+        if line.startswith(("local disk", "S3 (")):
             rows = tables.setdefault(line.split(";")[0], {})
         elif match := re.fullmatch(r"(\S.*?) {2,}([-\d.,]+(?: +[-\d.,]+)*)", line):
             try:
@@ -539,6 +594,8 @@ def main() -> int:
                    help="run only these jobs (each needs the ones before it in this list)")
     p.add_argument("--workdir", help="where the local caches go (default: a temporary folder)")
     p.add_argument("--old", help="also run this git revision's code (its own copy of this file)")
+    p.add_argument("--s3rver", metavar="PATH", help="serve S3 with this s3rver executable, not "
+                   "moto (see the module docstring)")
     p.add_argument("--job", choices=list(JOBS), help=argparse.SUPPRESS)
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--synthesize", help=argparse.SUPPRESS)
@@ -559,7 +616,8 @@ def main() -> int:
     flags = (["--samples", *map(str, args.samples), "--modes", *args.modes,
               "--latency_ms", *(f"{x:g}" for x in args.latency_ms), "--max_concurrency",
               str(args.max_concurrency)] + ([] if args.jobs == list(JOBS) else
-                                            ["--jobs", *args.jobs]))
+                                            ["--jobs", *args.jobs])
+             + (["--s3rver", args.s3rver] if args.s3rver else []))
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         tables = []
         for mode in args.modes:
