@@ -14,40 +14,32 @@ from __future__ import annotations
 
 import argparse
 import math
-import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(TESTS))
 from bench_scale_read import cpu_seconds  # noqa: E402
+from s3_server import start_on_free_port  # noqa: E402
 
-SERVER = Path(__file__).resolve().parents[1] / "tests" / "s3_server.py"
+SERVER = TESTS / "s3_server.py"
 BUCKET = "bench-s3-server"
 PAGE = 1000
 
 
-def start(kind: str) -> tuple[subprocess.Popen[str], str]:
+def start(kind: str) -> tuple[subprocess.Popen[Any], str]:
     """``dispatcher``: ``python -m moto.server``; ``s3-app``: ``tests/s3_server.py``."""
     if kind == "s3-app":
         proc = subprocess.Popen([sys.executable, "-P", str(SERVER)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         return proc, f"http://127.0.0.1:{int(proc.stdout.readline())}"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.2)
+    proc, port = start_on_free_port([sys.executable, "-m", "moto.server", "-H", "127.0.0.1"])
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def client(endpoint: str) -> Any:
@@ -62,7 +54,7 @@ def put(s3: Any, keys: list[str]) -> None:
         list(pool.map(lambda k: s3.put_object(Bucket=BUCKET, Key=k, Body=b"x" * 200), keys))
 
 
-def measure(proc: subprocess.Popen[str], s3: Any, gets: int) -> tuple[float, float]:
+def measure(proc: subprocess.Popen[Any], s3: Any, gets: int) -> tuple[float, float]:
     """Server CPU ms per GET (of ``gets`` objects, 16 at a time) and per one LIST page."""
     before = cpu_seconds(proc.pid)
     with ThreadPoolExecutor(16) as pool:

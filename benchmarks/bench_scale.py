@@ -31,7 +31,6 @@ import os
 import re
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -394,7 +393,7 @@ def start_moto(root: Path) -> tuple[subprocess.Popen[str], int]:
     return moto, port
 
 
-def start_s3rver(root: Path, executable: str) -> tuple[subprocess.Popen[str], int]:
+def start_s3rver(root: Path, executable: str) -> tuple[subprocess.Popen[bytes], int]:
     """s3rver serving ``root``'s files, moved into its folder layout first (each object a
     ``._S3rver_object`` file beside its md5 and metadata)."""
     data = root.parent / "s3rver"
@@ -408,23 +407,11 @@ def start_s3rver(root: Path, executable: str) -> tuple[subprocess.Popen[str], in
             path.rename(path.with_name(f"{name}._S3rver_object"))
     (data / BUCKET).mkdir(parents=True)
     root.rename(data / BUCKET / "cache")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from s3_server import start_on_free_port
+
     # Its continuation tokens use a cipher OpenSSL 3 keeps in its legacy provider.
-    env = os.environ | {"NODE_OPTIONS": "--openssl-legacy-provider"}
-    server = subprocess.Popen([executable, "-d", str(data), "-a", "127.0.0.1", "-p", str(port),
-                               "--silent"], env=env, stdout=subprocess.DEVNULL, text=True)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return server, port
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                raise SystemExit(f"s3rver did not start on port {port}") from None
-            time.sleep(0.2)
+    return start_on_free_port([executable, "-d", str(data), "-a", "127.0.0.1", "--silent"],
+                              env={"NODE_OPTIONS": "--openssl-legacy-provider"})
 
 
 def measure(samples: int, mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

@@ -7,13 +7,19 @@ service's URL patterns before it picks S3: a third of the server's CPU on valida
 code, minus that step.
 
 Run as a script, it prints its port on stdout and serves until stdin closes.
+:func:`start_on_free_port` starts the other servers the benchmarks compare it with.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import subprocess
 import sys
 import threading
+import time
+from collections.abc import Mapping
 
 from werkzeug.serving import BaseWSGIServer, make_server
 
@@ -27,6 +33,32 @@ def start_s3_server(port: int = 0) -> BaseWSGIServer:
     server = make_server("127.0.0.1", port, create_backend_app("s3"), threaded=True)
     threading.Thread(target=server.serve_forever, name="s3-server", daemon=True).start()
     return server
+
+
+def start_on_free_port(argv: list[str], *, env: Mapping[str, str] | None = None,
+                       ) -> tuple[subprocess.Popen[bytes], int]:
+    """Another server's command (moto's own, s3rver) with ``-p PORT`` added, a free port, once
+    it accepts connections (at most 60 s).
+
+    Raises:
+        RuntimeError: the server exited or did not listen in time.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([*argv, "-p", str(port)], env=None if env is None else
+                              os.environ | dict(env), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, port
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"{argv[0]} did not start on port {port}") from None
+            time.sleep(0.2)
 
 
 def main() -> None:
