@@ -359,6 +359,38 @@ def test_listed_objects_match_boto3s_listing_and_skip_dateutil(
     assert {key: (sizes[key], times[key]) for key in sizes} == expected
 
 
+def test_object_reads_skip_dateutil(s3_cache: str, moto_server: dict[str, Any], proxy: S3Proxy,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GET on S3, ours (:func:`storage.read_bytes`) or the zarr store's (an array's
+    objects), parses the response's ``Last-Modified`` header without dateutil, which boto3's
+    own GET calls once."""
+    import dateutil.parser
+    import zarr
+
+    calls = Counter[str]()
+    parse = dateutil.parser.parse
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls["dateutil"] += 1
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(dateutil.parser, "parse", counted)
+    loc = storage.open_location(s3_cache, _options(moto_server, proxy))
+    client = boto3.client("s3", endpoint_url=moto_server["endpoint"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    bucket, key = loc.path("manifest.json").split("/", 1)
+    client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert calls["dateutil"] == 1  # the reference parsed its header through dateutil
+    calls.clear()
+    proxy.reset()
+    assert storage.read_bytes(loc, "manifest.json")
+    group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r", zarr_format=3)
+    ids = group["input_ids"]
+    assert np.asarray(ids[(0,) * ids.ndim]).size == 1
+    assert proxy.reset()["GET"] >= 3  # manifest.json, zarr metadata, an input_ids object
+    assert calls["dateutil"] == 0
+
+
 @pytest.mark.parametrize("opener", ["writer", "reader", "deep validate"])
 def test_opening_a_cache_probes_no_zarr_v2_metadata(opener: str, s3_cache: str,
                                                    moto_server: dict[str, Any],

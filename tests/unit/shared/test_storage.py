@@ -91,3 +91,16 @@ def test_pending_writes_end_before_wait_raises_the_failure(tmp_path: Path) -> No
             writes.wait()
         assert [storage.read_bytes(loc, f"ok/{i}") for i in range(3)] == [
             b"version 3", b"version 4", b"version 5"]
+
+
+@pytest.mark.parametrize("value", [
+    "2026-12-03T14:00:00.000Z", "2026-12-03T14:00:00.123456Z", "2026-12-03T16:00:00+02:00",
+    "Thu, 03 Dec 2026 14:33:29 GMT", "Thu, 03 Dec 2026 14:33:29 +0200",
+    "Thu, 03 Dec 2026 14:33:29 -0000", "2026-12-03T14:00:00", "1764770000", 1764770000])
+def test_s3_times_parse_to_the_instants_botocore_parses(value: object) -> None:
+    """The cheaper parser of S3 times (listed ``LastModified``, a GET's ``Last-Modified``
+    header) gives the instant botocore's own parser gives for ISO 8601 and HTTP dates with and
+    without a zone and for Unix seconds."""
+    from botocore.utils import parse_timestamp
+
+    assert storage._parse_timestamp(value) == parse_timestamp(value)

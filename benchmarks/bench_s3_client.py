@@ -1,0 +1,88 @@
+"""What an S3 request costs our client in CPU: botocore's own timestamp parser against the one
+``storage.open_location`` installs.
+
+Every S3 response carries times: each listed object's ``LastModified`` (ISO 8601) and each GET's
+``Last-Modified`` header (an HTTP date), and botocore's default parser reads both with dateutil.
+This prints, in one run, this process's CPU per GET (``storage.read_many``, 32 in flight) and per
+1,000-object LIST page (``storage.s3_objects``) with each parser, interleaved over rounds against
+the tests' S3 server (``tests/s3_server.py``, another process), the medians and their ratio.
+
+    .venv/bin/python -P benchmarks/bench_s3_client.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+BUCKET = "bench-s3-client"
+OBJECTS = 3000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--gets", type=int, default=1000, help="GETs per round and parser")
+    args = p.parse_args()
+
+    import boto3
+    from botocore.utils import parse_timestamp
+
+    from sparkforge.shared import storage
+
+    server = subprocess.Popen([sys.executable, "-P", str(TESTS / "s3_server.py")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    endpoint = f"http://127.0.0.1:{int(server.stdout.readline())}"
+    try:
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        s3.create_bucket(Bucket=BUCKET)
+        keys = [f"cache/c/{i:05d}" for i in range(OBJECTS)]
+        for key in keys:
+            s3.put_object(Bucket=BUCKET, Key=key, Body=b"x" * 200)
+        loc = storage.open_location(f"s3://{BUCKET}/cache", {
+            "endpoint_url": endpoint, "key": "testing", "secret": "testing",
+            "client_kwargs": {"region_name": "us-east-1"}})
+        factory = loc.fs.session.get_component("response_parser_factory")
+        parsers: dict[str, Callable[[Any], Any]] = {
+            "botocore's parser": parse_timestamp, "open_location's": storage._parse_timestamp}
+        per_get: dict[str, list[float]] = {name: [] for name in parsers}
+        per_page: dict[str, list[float]] = {name: [] for name in parsers}
+        for _ in range(args.rounds):
+            for name, parser in parsers.items():
+                factory.set_parser_defaults(timestamp_parser=parser)
+                start = time.process_time()
+                names = (k.split("/", 1)[1] for k in keys[:args.gets])
+                assert all(isinstance(data, bytes)
+                           for _, data in storage.read_many(loc, names, max_concurrency=32))
+                per_get[name].append((time.process_time() - start) / args.gets * 1e3)
+                start = time.process_time()
+                assert sum(1 for _ in storage.s3_objects(loc, "c")) == OBJECTS
+                per_page[name].append((time.process_time() - start) / (OBJECTS / 1000) * 1e3)
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait()
+    print(f"client CPU ms, median of {args.rounds} rounds "
+          f"({args.gets} GETs, {OBJECTS // 1000} LIST pages each)")
+    print(f"{'':24}{'per GET':>10}{'per LIST page':>16}")
+    medians = {name: (statistics.median(per_get[name]), statistics.median(per_page[name]))
+               for name in parsers}
+    for name, (get, page) in medians.items():
+        print(f"{name:24}{get:10.3f}{page:16.2f}")
+    (old_get, old_page), (new_get, new_page) = medians.values()
+    print(f"{'ratio (botocore / ours)':24}{old_get / new_get:10.2f}{old_page / new_page:16.2f}")
+    print(f"\nreproduce: .venv/bin/python -P benchmarks/bench_s3_client.py --rounds {args.rounds} "
+          f"--gets {args.gets}")
+
+
+if __name__ == "__main__":
+    main()
