@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -22,6 +24,7 @@ from typing import Any, BinaryIO, Final, TypeVar
 
 import fsspec
 import zarr
+from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
@@ -271,12 +274,32 @@ def read_bytes(loc: Location, key: str, *, max_bytes: int | None = None) -> byte
     # One ranged GET from byte 0: at most max_bytes + 1 bytes come back, so a huge object is never
     # loaded, and s3fs sends no HEAD first (it asks an object's size before an unranged read).
     try:
-        data = loc.fs.cat_file(path, start=0, end=None if max_bytes is None else max_bytes + 1)
+        data = loc.fs.cat_file(path, start=0, end=_read_end(max_bytes))
     except OSError:
         # S3 refuses any range of an empty object (416, not satisfiable): only then, ask its size.
         if loc.is_local or loc.fs.size(path) != 0:
             raise
         data = b""
+    return _within(key, data, max_bytes)
+
+
+async def _read_bytes_async(loc: Location, key: str, max_bytes: int | None) -> bytes:
+    """:func:`read_bytes` on an asynchronous filesystem's own loop (never local disk)."""
+    path = loc.path(key)
+    try:
+        data = await loc.fs._cat_file(path, start=0, end=_read_end(max_bytes))
+    except OSError:
+        if await loc.fs._size(path) != 0:
+            raise
+        data = b""
+    return _within(key, data, max_bytes)
+
+
+def _read_end(max_bytes: int | None) -> int | None:
+    return None if max_bytes is None else max_bytes + 1
+
+
+def _within(key: str, data: object, max_bytes: int | None) -> bytes:
     assert isinstance(data, bytes)
     if max_bytes is not None and len(data) > max_bytes:
         raise ObjectTooLargeError(f"{key}: larger than the {max_bytes:,} bytes allowed; refusing "
@@ -288,17 +311,25 @@ DEFAULT_MAX_CONCURRENCY: Final = 32
 """Reads in flight at once by default: object stores answer each in tens of milliseconds, so
 throughput comes from many at once (local disk is served as fast either way)."""
 
+ReadResult = bytes | OSError | ValueError
+
 
 def read_many(loc: Location, keys: Iterable[str], *, max_bytes: int | None = None,
               max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-              ) -> Iterator[tuple[str, bytes | OSError | ValueError]]:
+              ) -> Iterator[tuple[str, ReadResult]]:
     """Read objects as :func:`read_bytes` does, up to ``max_concurrency`` at once, in key order.
 
     Each key comes back with its bytes, or with the error reading it raised (a missing object's
     ``FileNotFoundError``, an unsafe or oversized one's ``ValueError``), so one bad object stops
-    nothing. At most ``2 * max_concurrency`` objects are held ahead of the consumer.
+    nothing. At most ``2 * max_concurrency`` objects are held ahead of the consumer. On an
+    asynchronous filesystem (S3, GCS) the reads are coroutines on its own loop, sent a batch at
+    a time: a thread per read costs the client about a fifth more CPU per GET (S3:
+    ``benchmarks/bench_s3_client.py``).
     """
-    def read(key: str) -> bytes | OSError | ValueError:
+    if isinstance(loc.fs, AsyncFileSystem):
+        return _read_many_async(loc, keys, max_bytes, max(1, max_concurrency))
+
+    def read(key: str) -> ReadResult:
         try:
             return read_bytes(loc, key, max_bytes=max_bytes)
         except (OSError, ValueError) as exc:
@@ -307,20 +338,61 @@ def read_many(loc: Location, keys: Iterable[str], *, max_bytes: int | None = Non
     return map_ahead(read, keys, max_concurrency=max_concurrency, name="read_many")
 
 
+def _read_many_async(loc: Location, keys: Iterable[str], max_bytes: int | None,
+                     max_concurrency: int) -> Iterator[tuple[str, ReadResult]]:
+    """:func:`read_many` on the filesystem's loop: batches of ``max_concurrency`` keys, the
+    next batch sent while the one before is handed out, one gate on the reads in flight."""
+    gate = asyncio.Semaphore(max_concurrency)
+
+    async def read(key: str) -> ReadResult:
+        async with gate:
+            try:
+                return await _read_bytes_async(loc, key, max_bytes)
+            except (OSError, ValueError) as exc:
+                return exc
+
+    async def batch(chunk: list[str]) -> list[ReadResult]:
+        return await asyncio.gather(*(read(key) for key in chunk))
+
+    def send(chunk: list[str]) -> Future[list[ReadResult]]:
+        return asyncio.run_coroutine_threadsafe(batch(chunk), loc.fs.loop)
+
+    for chunk, results in _in_order(send, _batches(keys, max_concurrency), ahead=2):
+        yield from zip(chunk, results, strict=True)
+
+
+def _batches(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    it = iter(items)
+    while batch := list(itertools.islice(it, size)):
+        yield batch
+
+
 def map_ahead(fn: Callable[[T], R], items: Iterable[T], *, max_concurrency: int,
               name: str) -> Iterator[tuple[T, R]]:
     """``(item, fn(item))`` for each item, in order, up to ``max_concurrency`` calls at once
     (threads named ``name``); at most ``2 * max_concurrency`` results are held ahead."""
-    pending: deque[tuple[T, Future[R]]] = deque()
     with ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix=name) as pool:
+        yield from _in_order(lambda item: pool.submit(fn, item), items,
+                             ahead=2 * max_concurrency)
+
+
+def _in_order(submit: Callable[[T], Future[R]], items: Iterable[T], *,
+              ahead: int) -> Iterator[tuple[T, R]]:
+    """``(item, result)`` for each item, in order, with at most ``ahead`` items submitted and
+    not yet handed out; those left when the consumer stops are cancelled."""
+    pending: deque[tuple[T, Future[R]]] = deque()
+    try:
         for item in items:
-            pending.append((item, pool.submit(fn, item)))
-            if len(pending) >= 2 * max_concurrency:
+            pending.append((item, submit(item)))
+            if len(pending) >= ahead:
                 item, future = pending.popleft()
                 yield item, future.result()
         while pending:
             item, future = pending.popleft()
             yield item, future.result()
+    finally:
+        for _, future in pending:
+            future.cancel()
 
 
 class PendingWrites:

@@ -4,6 +4,8 @@ trainer's reads are GETs only, with DataLoader workers that reuse their rank's i
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -357,6 +359,46 @@ def test_listed_objects_match_boto3s_listing_and_skip_dateutil(
     assert calls["dateutil"] == 0
     assert proxy.reset()["LIST"] == 4  # two pages each
     assert {key: (sizes[key], times[key]) for key in sizes} == expected
+
+
+def test_read_many_on_s3_reads_on_the_loop_in_order_a_few_at_a_time(
+        moto_server: dict[str, Any], proxy: S3Proxy) -> None:
+    """``storage.read_many`` on S3 hands back each key's bytes or error in key order (a missing
+    object's FileNotFoundError, an oversized one refused, an empty one as b""), at most
+    ``max_concurrency`` requests in flight, no thread per read, and a consumer that stops
+    early leaves no more than two batches sent."""
+    root = uuid.uuid4().hex
+    client = boto3.client("s3", endpoint_url=moto_server["endpoint"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    bodies = {f"o/{i:02d}": f"object {i}".encode() for i in range(30)}
+    bodies |= {"o/empty": b"", "o/large": b"x" * 101}
+    for key, body in bodies.items():
+        client.put_object(Bucket=moto_server["bucket"], Key=f"{root}/{key}", Body=body)
+    loc = storage.open_location(f"s3://{moto_server['bucket']}/{root}",
+                                _options(moto_server, proxy))
+    keys = [*sorted(bodies)[:15], "o/missing", *sorted(bodies)[15:]]
+    proxy.latency_s = 0.02  # requests overlap only if they are sent before others come back
+    proxy.reset()
+    got, threads = [], set()
+    for key, result in storage.read_many(loc, keys, max_bytes=100, max_concurrency=4):
+        got.append((key, result))
+        threads |= {t.name for t in threading.enumerate()}
+    assert [key for key, _ in got] == keys
+    for key, result in got:
+        if key == "o/missing":
+            assert isinstance(result, FileNotFoundError), result
+        elif key == "o/large":
+            assert isinstance(result, storage.ObjectTooLargeError), result
+        else:
+            assert result == bodies[key], (key, result)
+    assert 2 <= proxy.max_in_flight <= 4
+    assert not [name for name in threads if name.startswith("read_many")], threads
+    proxy.reset()
+    reads = storage.read_many(loc, keys, max_concurrency=4)
+    assert next(reads)[1] == bodies[keys[0]]
+    reads.close()
+    time.sleep(0.2)
+    assert proxy.reset()["GET"] <= 8
 
 
 def test_object_reads_skip_dateutil(s3_cache: str, moto_server: dict[str, Any], proxy: S3Proxy,
