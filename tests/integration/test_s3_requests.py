@@ -51,11 +51,31 @@ def _options(moto_server: dict[str, Any], proxy: S3Proxy) -> dict[str, Any]:
 
 def _put_directly(moto_server: dict[str, Any], keys: list[str]) -> None:
     """Create empty objects on moto itself, past the proxy (other workers' earlier units)."""
-    client = boto3.client("s3", endpoint_url=moto_server["endpoint"], region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client = _moto_client(moto_server)
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: client.put_object(Bucket=moto_server["bucket"], Key=k, Body=b""),
                       keys))
+
+
+def _moto_client(moto_server: dict[str, Any]) -> Any:
+    """A boto3 client of moto itself, past the proxy."""
+    return boto3.client("s3", endpoint_url=moto_server["endpoint"], region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def _count_dateutil(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """``calls["dateutil"]``: how many times dateutil parses a time from now on."""
+    import dateutil.parser
+
+    calls = Counter[str]()
+    parse = dateutil.parser.parse
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls["dateutil"] += 1
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(dateutil.parser, "parse", counted)
+    return calls
 
 
 def _key(path: str) -> str:
@@ -331,21 +351,11 @@ def test_listed_objects_match_boto3s_listing_and_skip_dateutil(
     """A folder of more than one LIST page lists as boto3 lists it (every key, size and
     time), and no object's time goes through dateutil, which boto3's own listing calls once
     per object."""
-    import dateutil.parser
-
     root = uuid.uuid4().hex
     keys = [f"{root}/_commits/0/{i:05d}.json" for i in range(1_001)]
     _put_directly(moto_server, keys)
-    client = boto3.client("s3", endpoint_url=moto_server["endpoint"], region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    calls = Counter[str]()
-    parse = dateutil.parser.parse
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls["dateutil"] += 1
-        return parse(*args, **kwargs)
-
-    monkeypatch.setattr(dateutil.parser, "parse", counted)
+    client = _moto_client(moto_server)
+    calls = _count_dateutil(monkeypatch)
     expected = {obj["Key"].split("/", 1)[1]: (obj["Size"], obj["LastModified"].timestamp())
                 for page in client.get_paginator("list_objects_v2").paginate(
                     Bucket=moto_server["bucket"], Prefix=f"{root}/_commits/0/")
@@ -368,8 +378,7 @@ def test_read_many_on_s3_reads_on_the_loop_in_order_a_few_at_a_time(
     ``max_concurrency`` requests in flight, no thread per read, and a consumer that stops
     early leaves no more than two batches sent."""
     root = uuid.uuid4().hex
-    client = boto3.client("s3", endpoint_url=moto_server["endpoint"], region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client = _moto_client(moto_server)
     bodies = {f"o/{i:02d}": f"object {i}".encode() for i in range(30)}
     bodies |= {"o/empty": b"", "o/large": b"x" * 101}
     for key, body in bodies.items():
@@ -406,20 +415,11 @@ def test_object_reads_skip_dateutil(s3_cache: str, moto_server: dict[str, Any], 
     """A GET on S3, ours (:func:`storage.read_bytes`) or the zarr store's (an array's
     objects), parses the response's ``Last-Modified`` header without dateutil, which boto3's
     own GET calls once."""
-    import dateutil.parser
     import zarr
 
-    calls = Counter[str]()
-    parse = dateutil.parser.parse
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls["dateutil"] += 1
-        return parse(*args, **kwargs)
-
-    monkeypatch.setattr(dateutil.parser, "parse", counted)
+    calls = _count_dateutil(monkeypatch)
     loc = storage.open_location(s3_cache, _options(moto_server, proxy))
-    client = boto3.client("s3", endpoint_url=moto_server["endpoint"], region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client = _moto_client(moto_server)
     bucket, key = loc.path("manifest.json").split("/", 1)
     client.get_object(Bucket=bucket, Key=key)["Body"].read()
     assert calls["dateutil"] == 1  # the reference parsed its header through dateutil
@@ -428,6 +428,7 @@ def test_object_reads_skip_dateutil(s3_cache: str, moto_server: dict[str, Any], 
     assert storage.read_bytes(loc, "manifest.json")
     group = zarr.open_group(storage.zarr_store(loc, read_only=True), mode="r", zarr_format=3)
     ids = group["input_ids"]
+    assert isinstance(ids, zarr.Array)
     assert np.asarray(ids[(0,) * ids.ndim]).size == 1
     assert proxy.reset()["GET"] >= 3  # manifest.json, zarr metadata, an input_ids object
     assert calls["dateutil"] == 0
