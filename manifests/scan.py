@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -109,29 +109,30 @@ def _fetched(loc: storage.Location, slots: Iterable[SlotToScan],
              arrays: Mapping[str, zarr.Array[Any]], spec: CacheSpec,
              slot_bytes: Callable[[int], int],
              max_concurrency: int) -> Iterator[tuple[SlotToScan, dict[str, bytes]]]:
-    """Each slot with its objects' bytes (those that could be read), fetched ahead in order."""
-    def fetch(key: str) -> bytes | None:
-        try:
-            return storage.read_bytes(loc, key)
-        except (OSError, ValueError):
-            return None  # left to zarr (a missing object reads back as zeros: crc32c mismatch)
-
-    ahead: deque[tuple[SlotToScan, int, dict[str, Future[bytes | None]]]] = deque()
+    """Each slot with its objects' bytes (those that could be read; a missing object is left to
+    zarr, which reads it back as zeros: a crc32c mismatch), fetched ahead in order, a slot's
+    objects sent as one batch."""
+    ahead: deque[tuple[SlotToScan, int, list[str], Future[list[storage.ReadResult]]]] = deque()
     held = 0
-    with ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix="deep_scan") as pool:
+
+    def done() -> tuple[SlotToScan, dict[str, bytes]]:
+        nonlocal held
+        slot, size, keys, results = ahead.popleft()
+        held -= size
+        return slot, {k: v for k, v in zip(keys, results.result(), strict=True)
+                      if isinstance(v, bytes)}
+
+    with storage.read_batches(loc, max_concurrency=max_concurrency) as send:
         for slot in slots:
             keys = [slot_key(name, arr, slot.slot, spec) for name, arr in arrays.items()]
             size = slot_bytes(slot.slot)
             while ahead and (held + size > READ_AHEAD_BYTES
                              or len(ahead) * len(keys) >= 2 * max_concurrency):
-                done, done_size, futures = ahead.popleft()
-                held -= done_size
-                yield done, {k: v for k, f in futures.items() if (v := f.result()) is not None}
-            ahead.append((slot, size, {k: pool.submit(fetch, k) for k in keys}))
+                yield done()
+            ahead.append((slot, size, keys, send(keys)))
             held += size
         while ahead:
-            done, _, futures = ahead.popleft()
-            yield done, {k: v for k, f in futures.items() if (v := f.result()) is not None}
+            yield done()
 
 
 def _scan_slot(slot: SlotToScan, arrays: Mapping[str, zarr.Array[Any]], m: CacheManifest,

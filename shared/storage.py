@@ -10,6 +10,7 @@ import os
 import re
 import stat
 import tempfile
+import threading
 import time
 import uuid
 from collections import deque
@@ -321,44 +322,73 @@ def read_many(loc: Location, keys: Iterable[str], *, max_bytes: int | None = Non
 
     Each key comes back with its bytes, or with the error reading it raised (a missing object's
     ``FileNotFoundError``, an unsafe or oversized one's ``ValueError``), so one bad object stops
-    nothing. At most ``2 * max_concurrency`` objects are held ahead of the consumer. On an
-    asynchronous filesystem (S3, GCS) the reads are coroutines on its own loop, sent a batch at
-    a time: a thread per read costs the client about a fifth more CPU per GET (S3:
-    ``benchmarks/bench_s3_client.py``).
+    nothing. The keys go out in batches of ``max_concurrency`` (:func:`read_batches`), the next
+    sent while the one before is handed out: at most ``2 * max_concurrency`` objects are held
+    ahead of the consumer.
+    """
+    size = max(1, max_concurrency)
+    with read_batches(loc, max_concurrency=size, max_bytes=max_bytes) as send:
+        for chunk, results in _in_order(send, _batches(keys, size), ahead=2):
+            yield from zip(chunk, results, strict=True)
+
+
+@contextmanager
+def read_batches(loc: Location, *, max_concurrency: int, max_bytes: int | None = None,
+                 ) -> Iterator[Callable[[list[str]], Future[list[ReadResult]]]]:
+    """``send(keys)``: a future of the keys' :func:`read_bytes` results (bytes or the error),
+    with at most ``max_concurrency`` reads in flight across all batches sent.
+
+    On an asynchronous filesystem (S3, GCS) a batch is one coroutine on the filesystem's own
+    loop: a thread per read, each waiting on that loop, costs the client about a fifth more CPU
+    per GET (S3: ``benchmarks/bench_s3_client.py``). Elsewhere the reads go to a thread pool.
     """
     if isinstance(loc.fs, AsyncFileSystem):
-        return _read_many_async(loc, keys, max_bytes, max(1, max_concurrency))
+        gate = asyncio.Semaphore(max(1, max_concurrency))
 
-    def read(key: str) -> ReadResult:
+        async def read(key: str) -> ReadResult:
+            async with gate:
+                try:
+                    return await _read_bytes_async(loc, key, max_bytes)
+                except (OSError, ValueError) as exc:
+                    return exc
+
+        async def batch(keys: list[str]) -> list[ReadResult]:
+            return await asyncio.gather(*(read(key) for key in keys))
+
+        yield lambda keys: asyncio.run_coroutine_threadsafe(batch(keys), loc.fs.loop)
+        return
+
+    def read_one(key: str) -> ReadResult:
         try:
             return read_bytes(loc, key, max_bytes=max_bytes)
         except (OSError, ValueError) as exc:
             return exc
 
-    return map_ahead(read, keys, max_concurrency=max_concurrency, name="read_many")
+    with ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix="read") as pool:
+        yield lambda keys: _all_of([pool.submit(read_one, key) for key in keys])
 
 
-def _read_many_async(loc: Location, keys: Iterable[str], max_bytes: int | None,
-                     max_concurrency: int) -> Iterator[tuple[str, ReadResult]]:
-    """:func:`read_many` on the filesystem's loop: batches of ``max_concurrency`` keys, the
-    next batch sent while the one before is handed out, one gate on the reads in flight."""
-    gate = asyncio.Semaphore(max_concurrency)
+def _all_of(futures: list[Future[R]]) -> Future[list[R]]:
+    """One future of the results of ``futures``, in their order, once all are done."""
+    combined: Future[list[R]] = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
 
-    async def read(key: str) -> ReadResult:
-        async with gate:
-            try:
-                return await _read_bytes_async(loc, key, max_bytes)
-            except (OSError, ValueError) as exc:
-                return exc
+    def one_done(_: Future[R]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            combined.set_result([f.result() for f in futures])
+        except BaseException as exc:  # a read raised what read_one does not catch
+            combined.set_exception(exc)
 
-    async def batch(chunk: list[str]) -> list[ReadResult]:
-        return await asyncio.gather(*(read(key) for key in chunk))
-
-    def send(chunk: list[str]) -> Future[list[ReadResult]]:
-        return asyncio.run_coroutine_threadsafe(batch(chunk), loc.fs.loop)
-
-    for chunk, results in _in_order(send, _batches(keys, max_concurrency), ahead=2):
-        yield from zip(chunk, results, strict=True)
+    if not futures:
+        combined.set_result([])
+    for future in futures:
+        future.add_done_callback(one_done)
+    return combined
 
 
 def _batches(items: Iterable[T], size: int) -> Iterator[list[T]]:
