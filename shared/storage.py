@@ -15,8 +15,8 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -369,21 +369,31 @@ def read_batches(loc: Location, *, max_concurrency: int, max_bytes: int | None =
 
 
 def _all_of(futures: list[Future[R]]) -> Future[list[R]]:
-    """One future of the results of ``futures``, in their order, once all are done."""
+    """One future of the results of ``futures``, in their order, once all are done; cancelling
+    it (a consumer that stopped) cancels those not started and drops the results."""
     combined: Future[list[R]] = Future()
-    left = [len(futures)]
+    left = len(futures)
     lock = threading.Lock()
 
     def one_done(_: Future[R]) -> None:
+        nonlocal left
         with lock:
-            left[0] -= 1
-            if left[0]:
+            left -= 1
+            if left:
                 return
-        try:
-            combined.set_result([f.result() for f in futures])
-        except BaseException as exc:  # a read raised what read_one does not catch
-            combined.set_exception(exc)
+        with suppress(CancelledError, InvalidStateError):  # cancelled: the consumer stopped
+            errors = [e for f in futures if (e := f.exception()) is not None]
+            if errors:  # a read raised what read_one does not catch
+                combined.set_exception(errors[0])
+            else:
+                combined.set_result([f.result() for f in futures])
 
+    def cancel_parts(done: Future[list[R]]) -> None:
+        if done.cancelled():
+            for future in futures:
+                future.cancel()
+
+    combined.add_done_callback(cancel_parts)
     if not futures:
         combined.set_result([])
     for future in futures:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -104,3 +105,18 @@ def test_s3_times_parse_to_the_instants_botocore_parses(value: object) -> None:
     from botocore.utils import parse_timestamp
 
     assert storage._parse_timestamp(value) == parse_timestamp(value)
+
+
+def test_read_many_stopped_early_reads_on_quietly(tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A consumer that stops after one object leaves no error behind: the batches still being
+    read finish or are cancelled without a callback failing (concurrent.futures logs those)."""
+    for i in range(64):
+        (tmp_path / f"k{i}").write_bytes(str(i).encode())
+    loc = storage.open_location(str(tmp_path))
+    reads = storage.read_many(loc, [f"k{i}" for i in range(64)], max_concurrency=4)
+    assert next(reads) == ("k0", b"0")
+    reads.close()  # type: ignore[attr-defined]
+    assert [(k, v) for k, v in storage.read_many(loc, ["k5", "k63"], max_concurrency=4)] == [
+        ("k5", b"5"), ("k63", b"63")]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
