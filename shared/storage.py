@@ -387,6 +387,7 @@ def _all_of(futures: list[Future[R]]) -> Future[list[R]]:
                 combined.set_exception(errors[0])
             else:
                 combined.set_result([f.result() for f in futures])
+        futures.clear()  # the parts' callbacks and this closure: no cycle keeps the bytes alive
 
     def cancel_parts(done: Future[list[R]]) -> None:
         if done.cancelled():
