@@ -19,6 +19,11 @@ and every object found). Two of its differences from S3 spoil the other jobs' fi
 accepts a second ``If-None-Match: *`` PUT (a commit's claim is not exclusive), and a delimiter
 listing returns nothing for a folder whose objects lie two folders down (``<array>/c/``), so
 finalize counts too few objects and sends too few requests.
+
+``--replay`` runs each read-only job twice on S3: answered by the server (the proxy keeping every
+answer), then by the proxy from those answers, the server not asked. The second run meets the
+same latency and answers with no server spending CPU on this machine's 2 cores, as a remote
+store's servers spend none there: it measures the client alone (``requests not replayed``: 0).
 """
 
 from __future__ import annotations
@@ -354,6 +359,8 @@ def run_in_process(job: str, uri: str, units: int, options: dict[str, Any],
         out["proxy_cpu_s"] = time.process_time() - proxy_cpu
         out["max_in_flight"] = served.proxy.max_in_flight
         out["lone_requests"] = lone_requests(served.proxy.spans)
+        if served.proxy.replaying:
+            out["replay_misses"] = served.proxy.replay_misses
         counts = served.proxy.reset()
         out["requests"] = sum(counts.values())
         out["requests_by_kind"] = dict(counts)
@@ -381,6 +388,8 @@ def s3_cache(root: Path, s3rver: str | None) -> Iterator[tuple[str, dict[str, An
             assert server.stdin is not None
             server.stdin.close()
         server.wait(timeout=60)
+        if s3rver:
+            shutil.rmtree(s3rver_folder(root))
 
 
 def start_moto(root: Path) -> tuple[subprocess.Popen[str], int]:
@@ -393,10 +402,15 @@ def start_moto(root: Path) -> tuple[subprocess.Popen[str], int]:
     return moto, port
 
 
+def s3rver_folder(root: Path) -> Path:
+    """Where s3rver keeps the objects of the cache synthesized at ``root``."""
+    return root.with_name(f"{root.name}-s3rver")
+
+
 def start_s3rver(root: Path, executable: str) -> tuple[subprocess.Popen[bytes], int]:
     """s3rver serving ``root``'s files, moved into its folder layout first (each object a
     ``._S3rver_object`` file beside its md5 and metadata)."""
-    data = root.parent / "s3rver"
+    data = s3rver_folder(root)
     for here, _, files in os.walk(root):
         for name in files:
             path = Path(here, name)
@@ -437,8 +451,16 @@ def measure(samples: int, mode: str, args: argparse.Namespace, workdir: Path) ->
             for j in jobs:  # each latency in turn, job by job (a job may need the one before)
                 for latency in args.latency_ms[-1:] if j in WRITES else args.latency_ms:
                     served.proxy.latency_s = latency / 1000
+                    replay = args.replay and j in READ_ONLY
+                    if replay:
+                        served.proxy.record()
                     out["jobs"][at(j, latency)] = run_in_process(j, uri, units, options, args,
                                                                  served, extra)
+                    if replay:
+                        served.proxy.replay()
+                        out["jobs"][at(j, latency, replayed=True)] = run_in_process(
+                            j, uri, units, options, args, served, extra)
+                        served.proxy.forward()
     return out
 
 
@@ -449,15 +471,21 @@ def exponent(sizes: list[int], values: list[float]) -> str:
     return f"{np.polyfit(np.log(sizes), np.log(values), 1)[0]:.2f}"
 
 
-def at(job: str, latency_ms: float) -> str:
-    """The key of a job's result at one injected latency."""
-    return f"{job}@{latency_ms:g}"
+def at(job: str, latency_ms: float, *, replayed: bool = False) -> str:
+    """The key of a job's result at one injected latency (answered by the server, or from its
+    answers kept by the proxy: ``--replay``)."""
+    return f"{job}@{latency_ms:g}" + (REPLAYED if replayed else "")
+
+
+REPLAYED = "/replayed"
+READ_ONLY = ("manifest", "validate", "deep", "inspect", "copy")
+"""Jobs that only read: ``--replay`` runs each a second time from the answers the first got."""
 
 
 WRITES = ("finalize",)
 """Jobs that change the cache: on S3 they run once, at the last latency given (commit runs at
 each, writing one more unit each time)."""
-LABEL_WIDTH = 56
+LABEL_WIDTH = 66
 
 
 def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
@@ -484,7 +512,9 @@ def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
         row("largest folder (entries)", [r["largest_folder"][0] for r in results], ",")
     for key in results[0]["jobs"]:
         job, _, latency = key.partition("@")
-        label = LABELS[job] + (f" at {latency} ms" if latency else "")
+        latency, _, replayed = latency.partition("/")
+        label = LABELS[job] + (f" at {latency} ms" if latency else "") + (
+            ", answers replayed" if replayed else "")
         got = [r["jobs"][key] for r in results]
         for name, field, fmt in (("wall s", "wall_s", ".3f"), ("CPU s", "cpu_s", ".3f"),
                                  ("peak RSS MB", "peak_rss_mb", ".0f"),
@@ -492,7 +522,8 @@ def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
                                  ("proxy CPU s", "proxy_cpu_s", ".3f"),
                                  ("requests", "requests", ","),
                                  ("most in flight", "max_in_flight", ","),
-                                 ("requests alone in flight", "lone_requests", ",")):
+                                 ("requests alone in flight", "lone_requests", ","),
+                                 ("requests not replayed", "replay_misses", ",")):
             if field in got[0]:
                 row(f"{label}: {name}", [g[field] for g in got], fmt)
             if field == "requests" and field in got[0]:
@@ -518,6 +549,12 @@ def s3_ratios(results: list[dict[str, Any]], args: argparse.Namespace,
             row(f"{LABELS[job]}: wall at {last:g} / {first:g} ms",
                 [r["jobs"][at(job, last)]["wall_s"] / r["jobs"][at(job, first)]["wall_s"]
                  for r in results], ".2f")
+    for job in JOBS:
+        for latency in args.latency_ms:
+            if at(job, latency, replayed=True) in jobs:
+                row(f"{LABELS[job]} at {latency:g} ms: wall replayed / served",
+                    [r["jobs"][at(job, latency, replayed=True)]["wall_s"]
+                     / r["jobs"][at(job, latency)]["wall_s"] for r in results], ".2f")
     for latency in args.latency_ms:
         if at("deep", latency) in jobs and at("copy", latency) in jobs:
             row(f"validate --deep / plain copy at {latency:g} ms (wall)",
@@ -583,6 +620,10 @@ def main() -> int:
     p.add_argument("--old", help="also run this git revision's code (its own copy of this file)")
     p.add_argument("--s3rver", metavar="PATH", help="serve S3 with this s3rver executable, not "
                    "moto (see the module docstring)")
+    p.add_argument("--replay", action="store_true",
+                   help="on S3, run each read-only job a second time with the server's answers "
+                        "replayed by the proxy: the latency and the same answers, no server CPU "
+                        "on this machine (as a remote store's)")
     p.add_argument("--job", choices=list(JOBS), help=argparse.SUPPRESS)
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--synthesize", help=argparse.SUPPRESS)
@@ -604,7 +645,8 @@ def main() -> int:
               "--latency_ms", *(f"{x:g}" for x in args.latency_ms), "--max_concurrency",
               str(args.max_concurrency)] + ([] if args.jobs == list(JOBS) else
                                             ["--jobs", *args.jobs])
-             + (["--s3rver", args.s3rver] if args.s3rver else []))
+             + (["--s3rver", args.s3rver] if args.s3rver else [])
+             + (["--replay"] if args.replay else []))
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         tables = []
         for mode in args.modes:

@@ -455,3 +455,29 @@ def test_opening_a_cache_probes_no_zarr_v2_metadata(opener: str, s3_cache: str,
     assert not [path for _, path in log if _key(path).rsplit("/", 1)[-1].startswith(v2)], log
     if opener != "deep validate":  # validate lists the cache's folders on purpose
         assert not [path for kind, path in log if kind == "LIST"], log
+
+
+def test_the_proxy_replays_a_validate_without_asking_upstream(
+        s3_cache: str, moto_server: dict[str, Any], proxy: S3Proxy) -> None:
+    """bench_scale's ``--replay`` measures a read job against kept answers: validate once with
+    the answers recorded, then a slot object deleted on moto itself; validate replayed gets
+    the answers from before (valid, nothing asked upstream), validate forwarded finds the
+    object missing."""
+    options = _options(moto_server, proxy)
+    proxy.record()
+    assert validate_cache(s3_cache, storage_options=options).valid
+    root = s3_cache.removeprefix(f"s3://{moto_server['bucket']}/")
+    client = _moto_client(moto_server)
+    victim = next(o["Key"] for o in client.list_objects_v2(
+        Bucket=moto_server["bucket"], Prefix=f"{root}/final_hidden/c/")["Contents"])
+    client.delete_object(Bucket=moto_server["bucket"], Key=victim)
+    proxy.replay()
+    proxy.reset()
+    replayed = validate_cache(s3_cache, storage_options=options)
+    assert replayed.valid, replayed.problems
+    assert proxy.replay_misses == 0
+    assert proxy.reset()["LIST"] > 0  # the same requests came, answered from memory
+    proxy.forward()
+    forwarded = validate_cache(s3_cache, storage_options=options)
+    assert any(victim.removeprefix(f"{root}/") in p and "is missing" in p
+               for p in forwarded.problems), forwarded.problems
