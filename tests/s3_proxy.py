@@ -63,7 +63,7 @@ class S3Proxy:
         """(path, monotonic start, monotonic end) of every answered request since :meth:`reset`."""
         self.replay_misses = 0
         """Requests asked upstream while replaying (none kept for them) since :meth:`reset`."""
-        self._kept: dict[tuple[str, str], _Answer] | None = None
+        self._kept: dict[tuple[str, str, str], _Answer] | None = None
         self._replaying = False
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -100,8 +100,8 @@ class S3Proxy:
         return counts
 
     def record(self) -> None:
-        """From now on keep upstream's answer to every GET and HEAD, by method and path (with
-        its query), dropping any kept before."""
+        """From now on keep upstream's answer to every GET and HEAD, by method, path (with its
+        query) and ``Range`` header, dropping any kept before."""
         self._kept, self._replaying = {}, False
 
     def replay(self) -> None:
@@ -120,10 +120,11 @@ class S3Proxy:
         """Ask upstream for every request again and keep nothing (the default)."""
         self._kept, self._replaying = None, False
 
-    def answer(self, method: str, path: str, ask: Callable[[], _Answer]) -> _Answer:
-        """The answer to one request: kept or ``ask()``-ed, as :meth:`record` and
-        :meth:`replay` say."""
-        key, kept = (method, path), self._kept
+    def answer(self, method: str, path: str, byte_range: str,
+               ask: Callable[[], _Answer]) -> _Answer:
+        """The answer to one request (``byte_range``: its ``Range`` header, or ""): kept or
+        ``ask()``-ed, as :meth:`record` and :meth:`replay` say."""
+        key, kept = (method, path, byte_range), self._kept
         if kept is not None and self._replaying and key in kept:
             return kept[key]
         got = ask()
@@ -158,7 +159,8 @@ def _handler(proxy: S3Proxy) -> type[BaseHTTPRequestHandler]:
         def _answer(self, body: bytes | None) -> None:
             if proxy.latency_s:
                 time.sleep(proxy.latency_s)
-            got = proxy.answer(self.command, self.path, lambda: self._ask(body))
+            got = proxy.answer(self.command, self.path, self.headers.get("Range", ""),
+                               lambda: self._ask(body))
             self.send_response_only(got.status, got.reason)
             for key, value in got.headers:
                 if key.lower() not in _HOP_HEADERS:
