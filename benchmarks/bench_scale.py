@@ -485,21 +485,19 @@ READ_ONLY = ("manifest", "validate", "deep", "inspect", "copy")
 WRITES = ("finalize",)
 """Jobs that change the cache: on S3 they run once, at the last latency given (commit runs at
 each, writing one more unit each time)."""
-LABEL_WIDTH = 66
 
 
 def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
           args: argparse.Namespace) -> str:
-    """One mode's rows: sizes across, the growth exponent last."""
+    """One mode's rows: sizes across, the growth exponent last, labels as wide as the widest."""
     where = ("local disk" if mode == "local" else
              f"S3 ({'s3rver' if args.s3rver else 'moto'}) behind a proxy adding "
              f"{' / '.join(f'{x:g}' for x in args.latency_ms)} ms per request")
-    lines = [f"{where}; max_concurrency {args.max_concurrency}",
-             f"{'':<{LABEL_WIDTH}}" + "".join(f"{n:>14,}" for n in sizes) + f"{'exponent':>10}"]
+    rows: list[tuple[str, str]] = []
 
     def row(label: str, values: list[float], fmt: str) -> None:
-        lines.append(f"{label:<{LABEL_WIDTH}}" + "".join(f"{v:>14{fmt}}" for v in values)
-                     + f"{exponent(sizes, values):>10}")
+        rows.append((label, "".join(f"{v:>14{fmt}}" for v in values)
+                     + f"{exponent(sizes, values):>10}"))
 
     row("units", [r["units"] for r in results], ",")
     row("slots", [r["slots"] for r in results], ",")
@@ -535,13 +533,16 @@ def table(mode: str, sizes: list[int], results: list[dict[str, Any]],
     elif {"deep", "copy"} <= set(results[0]["jobs"]):
         row("validate --deep / plain copy (wall)",
             [r["jobs"]["deep"]["wall_s"] / r["jobs"]["copy"]["wall_s"] for r in results], ".2f")
-    return "\n".join(lines)
+    width = max(len(label) for label, _ in rows) + 2
+    header = f"{'':<{width}}" + "".join(f"{n:>14,}" for n in sizes) + f"{'exponent':>10}"
+    return "\n".join([f"{where}; max_concurrency {args.max_concurrency}", header]
+                     + [f"{label:<{width}}{values}" for label, values in rows])
 
 
 def s3_ratios(results: list[dict[str, Any]], args: argparse.Namespace,
               row: Callable[[str, list[float], str], None]) -> None:
-    """Wall at the last latency / at the first for each read job, and --deep / plain copy at
-    each latency."""
+    """Wall at the last latency / at the first for each read job, replayed / served, and --deep /
+    plain copy at each latency, served and replayed."""
     jobs = results[0]["jobs"]
     first, last = args.latency_ms[0], args.latency_ms[-1]
     for job in JOBS:
@@ -556,10 +557,11 @@ def s3_ratios(results: list[dict[str, Any]], args: argparse.Namespace,
                     [r["jobs"][at(job, latency, replayed=True)]["wall_s"]
                      / r["jobs"][at(job, latency)]["wall_s"] for r in results], ".2f")
     for latency in args.latency_ms:
-        if at("deep", latency) in jobs and at("copy", latency) in jobs:
-            row(f"validate --deep / plain copy at {latency:g} ms (wall)",
-                [r["jobs"][at("deep", latency)]["wall_s"] / r["jobs"][at("copy", latency)]["wall_s"]
-                 for r in results], ".2f")
+        for replayed, how in ((False, ""), (True, ", answers replayed")):
+            deep, copy = (at(job, latency, replayed=replayed) for job in ("deep", "copy"))
+            if deep in jobs and copy in jobs:
+                row(f"validate --deep / plain copy at {latency:g} ms (wall{how})",
+                    [r["jobs"][deep]["wall_s"] / r["jobs"][copy]["wall_s"] for r in results], ".2f")
 
 
 def parse_table(text: str) -> dict[str, dict[str, list[float]]]:
