@@ -1,15 +1,19 @@
-"""What an S3 request costs our client in CPU, two choices against their baselines.
+"""What an S3 request costs our client in CPU, three choices against their baselines.
 
 - **Timestamp parser.** Every S3 response carries times: each listed object's ``LastModified``
   (ISO 8601) and each GET's ``Last-Modified`` header (an HTTP date), and botocore's default
   parser reads both with dateutil; ``storage.open_location`` installs a cheaper one.
+- **One parse per listing page.** botocore parses every S3 answer of status 200 with ElementTree
+  to look for an ``<Error>`` inside, before its response parser parses it again;
+  ``storage.open_location`` skips that first parse for a listing page that ends as a whole one.
 - **Reads on the loop.** ``storage.read_many`` sends an asynchronous filesystem's reads as
   coroutines on its loop, a batch at a time; the baseline is a thread per read, each waiting on
   the loop (``storage.map_ahead`` of ``storage.read_bytes``, which read_many did before).
 
 This prints, in one run, this process's CPU per GET (32 in flight) and per 1,000-object LIST page
-(``storage.s3_objects``), interleaved over rounds against the tests' S3 server
-(``tests/s3_server.py``, another process), the medians and their ratios.
+(``storage.s3_objects``; the pages with each error check have the cheaper parser), interleaved
+over rounds against the tests' S3 server (``tests/s3_server.py``, another process), the medians
+and their ratios.
 
     .venv/bin/python -P benchmarks/bench_s3_client.py
 """
@@ -37,6 +41,7 @@ def main() -> None:
     args = p.parse_args()
 
     import boto3
+    from botocore.handlers import _handle_200_error
     from botocore.utils import parse_timestamp
 
     from sparkforge.shared import storage
@@ -62,6 +67,10 @@ def main() -> None:
         per_get: dict[str, list[float]] = {name: [] for name in parsers}
         per_page: dict[str, list[float]] = {name: [] for name in parsers}
         threaded: list[float] = []
+        checks: dict[str, Callable[..., None]] = {
+            "botocore's check": _handle_200_error, "open_location's": storage._check_200_error}
+        per_checked_page: dict[str, list[float]] = {name: [] for name in checks}
+        events = loc.fs.s3.meta.events
         for _ in range(args.rounds):
             for name, parser in parsers.items():
                 factory.set_parser_defaults(timestamp_parser=parser)
@@ -77,6 +86,15 @@ def main() -> None:
                 lambda key: storage.read_bytes(loc, key), names, max_concurrency=32,
                 name="bench"))
             threaded.append((time.process_time() - start) / args.gets * 1e3)
+            for name, check in checks.items():
+                for other in checks.values():
+                    events.unregister("before-parse.s3.*", unique_id=other.__name__)
+                    events.unregister("before-parse.s3.*", other)
+                events.register_first("before-parse.s3.*", check, unique_id=check.__name__)
+                start = time.process_time()
+                assert sum(1 for _ in storage.s3_objects(loc, "c")) == OBJECTS
+                per_checked_page[name].append(
+                    (time.process_time() - start) / (OBJECTS / 1000) * 1e3)
     finally:
         assert server.stdin is not None
         server.stdin.close()
@@ -93,6 +111,9 @@ def main() -> None:
     threads = statistics.median(threaded)
     print(f"\nper GET, our parser: a thread per read {threads:.3f}, read_many on the loop "
           f"{new_get:.3f}, ratio {threads / new_get:.2f}")
+    old_check, new_check = (statistics.median(per_checked_page[name]) for name in checks)
+    print(f"\nper LIST page, our parser: botocore's 200-error check {old_check:.2f}, "
+          f"open_location's {new_check:.2f}, ratio {old_check / new_check:.2f}")
     print(f"\nreproduce: .venv/bin/python -P benchmarks/bench_s3_client.py --rounds {args.rounds} "
           f"--gets {args.gets}")
 

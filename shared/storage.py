@@ -107,7 +107,7 @@ def open_location(uri: str, storage_options: Mapping[str, Any] | None = None) ->
         options["config_kwargs"] = config
     fs, root = fsspec.core.url_to_fs(uri, **options)
     if on_s3:
-        _parse_times_cheaply(fs)
+        _cheaper_responses(fs)
     return Location(uri=uri, fs=fs, root=str(root).rstrip("/"), storage_options=options)
 
 
@@ -120,7 +120,7 @@ def s3_objects(loc: Location, prefix: str) -> Iterator[tuple[str, dict[str, Any]
     """Every object under ``prefix`` on S3 as ListObjectsV2 pages bring them: (key relative to
     the root, ``{"size", "mtime"}``, the time a datetime). fsspec's ``find`` also builds and
     caches a listing of every folder below ``prefix`` (a fifth of a group folder's listing
-    CPU); the objects' times are parsed cheaply (:func:`_parse_times_cheaply`)."""
+    CPU); the objects' times are parsed cheaply and each page once (:func:`_cheaper_responses`)."""
     fs = loc.fs
     bucket, key, _ = fs.split_path(loc.path(prefix))
     request, skip = {"Bucket": bucket, "Prefix": f"{key}/"}, len(loc.root) + 1
@@ -135,18 +135,46 @@ def s3_objects(loc: Location, prefix: str) -> Iterator[tuple[str, dict[str, Any]
         request["ContinuationToken"] = page["NextContinuationToken"]
 
 
-def _parse_times_cheaply(fs: Any) -> None:
-    """Have an s3fs filesystem's botocore client parse times with :func:`_parse_timestamp`.
+def _cheaper_responses(fs: Any) -> None:
+    """Have an s3fs filesystem's botocore client parse times with :func:`_parse_timestamp` and
+    check listing pages with :func:`_check_200_error`.
 
     botocore's endpoint makes a parser for each response from the session's parser factory, so
     the factory's default is set on the session: s3fs's own, or, before s3fs first connects, the
-    one it would make (``AioSession(**fs.kwargs)``, as its ``set_session`` does)."""
+    one it would make (``AioSession(**fs.kwargs)``, as its ``set_session`` does). A client copies
+    the session's handlers when it is made, so a client s3fs already made gets the check too."""
+    from botocore.handlers import _handle_200_error
+
     if fs.session is None:
         from aiobotocore.session import AioSession
 
         fs.session = AioSession(**fs.kwargs)
     fs.session.get_component("response_parser_factory").set_parser_defaults(
         timestamp_parser=_parse_timestamp)
+    client = getattr(fs, "_s3", None)
+    for events in (fs.session.get_component("event_emitter"),
+                   *([client.meta.events] if client is not None else [])):
+        events.unregister(_BEFORE_PARSE, _handle_200_error)
+        events.register_first(_BEFORE_PARSE, _check_200_error, unique_id=_check_200_error.__name__)
+
+
+_BEFORE_PARSE: Final = "before-parse.s3.*"
+_LISTING_END: Final = b"</ListBucketResult>"
+
+
+def _check_200_error(operation_model: Any, response_dict: Any, **kwargs: Any) -> None:
+    """botocore's check for an error inside an S3 answer of status 200 (it parses the body with
+    ElementTree before the response parser parses it again: a quarter to a half of a listing
+    page's CPU), skipped for a listing page that ends as a whole page does. An error S3 sends
+    with a 200 is an ``<Error>`` document and a page the network cut off lacks its closing tag,
+    so both still go to botocore's check, which makes them a 500 that botocore retries."""
+    from botocore.handlers import _handle_200_error
+
+    if (operation_model.name == "ListObjectsV2" and response_dict
+            and response_dict.get("status_code") == 200
+            and (response_dict.get("body") or b"").rstrip().endswith(_LISTING_END)):
+        return
+    _handle_200_error(operation_model, response_dict, **kwargs)
 
 
 def _parse_timestamp(value: Any) -> datetime:
@@ -183,7 +211,7 @@ def zarr_store(loc: Location, *, read_only: bool) -> Store:
     store = FsspecStore.from_url(loc.uri, storage_options=dict(loc.storage_options),
                                  read_only=read_only)
     if is_s3(loc):  # its own filesystem: the asynchronous one
-        _parse_times_cheaply(store.fs)
+        _cheaper_responses(store.fs)
     return store
 
 

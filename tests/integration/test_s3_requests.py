@@ -79,6 +79,20 @@ def _count_dateutil(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return calls
 
 
+def _count_200_error_checks(monkeypatch: pytest.MonkeyPatch, calls: Counter[str]) -> None:
+    """``calls["200 error check"]``: how many bodies botocore parses looking for an error
+    inside a 200 answer from now on."""
+    import botocore.handlers
+
+    looks = botocore.handlers._looks_like_special_case_error
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls["200 error check"] += 1
+        return looks(*args, **kwargs)
+
+    monkeypatch.setattr(botocore.handlers, "_looks_like_special_case_error", counted)
+
+
 def _key(path: str) -> str:
     """The cache key a request path names (``/bucket/root/key``; '' for the root itself)."""
     parts = path.split("?")[0].split("/", 3)
@@ -350,26 +364,49 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
 def test_listed_objects_match_boto3s_listing_and_skip_dateutil(
         moto_server: dict[str, Any], proxy: S3Proxy, monkeypatch: pytest.MonkeyPatch) -> None:
     """A folder of more than one LIST page lists as boto3 lists it (every key, size and
-    time), and no object's time goes through dateutil, which boto3's own listing calls once
-    per object."""
+    time), no object's time goes through dateutil, which boto3's own listing calls once per
+    object, and no page is parsed a second time by botocore's check for an error inside a 200,
+    which boto3's listing runs on every page."""
     root = uuid.uuid4().hex
     keys = [f"{root}/_commits/0/{i:05d}.json" for i in range(1_001)]
     _put_directly(moto_server, keys)
     client = _moto_client(moto_server)
     calls = _count_dateutil(monkeypatch)
+    _count_200_error_checks(monkeypatch, calls)
     expected = {obj["Key"].split("/", 1)[1]: (obj["Size"], obj["LastModified"].timestamp())
                 for page in client.get_paginator("list_objects_v2").paginate(
                     Bucket=moto_server["bucket"], Prefix=f"{root}/_commits/0/")
                 for obj in page["Contents"]}
     assert calls["dateutil"] == len(keys)  # the reference parsed every time through dateutil
+    assert calls["200 error check"] == 2  # and checked both pages
     loc = storage.open_location(f"s3://{moto_server['bucket']}/{root}",
                                 _options(moto_server, proxy))
     calls.clear()
     proxy.reset()
     sizes, times = stored_objects(loc, "_commits/0"), object_times(loc, "_commits/0")
-    assert calls["dateutil"] == 0
+    assert calls["dateutil"] == calls["200 error check"] == 0
     assert proxy.reset()["LIST"] == 4  # two pages each
     assert {key: (sizes[key], times[key]) for key in sizes} == expected
+
+
+def test_a_filesystem_connected_before_it_is_opened_checks_pages_once(
+        moto_server: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An s3fs filesystem whose botocore client exists before ``open_location`` meets it (the
+    client copied the session's handlers) also lists without botocore's second parse of each
+    page."""
+    import fsspec
+
+    root = uuid.uuid4().hex
+    _put_directly(moto_server, [f"{root}/c/{i}" for i in range(3)])
+    fs = fsspec.filesystem("s3", **moto_server["storage_options"], skip_instance_cache=True)
+    fs.ls(moto_server["bucket"])  # makes the client
+    calls: Counter[str] = Counter()
+    _count_200_error_checks(monkeypatch, calls)
+    storage._cheaper_responses(fs)
+    loc = storage.Location(uri=f"s3://{moto_server['bucket']}/{root}", fs=fs,
+                           root=f"{moto_server['bucket']}/{root}", storage_options={})
+    assert [key for key, _ in storage.s3_objects(loc, "c")] == ["c/0", "c/1", "c/2"]
+    assert calls["200 error check"] == 0
 
 
 def test_read_many_on_s3_reads_on_the_loop_in_order_a_few_at_a_time(

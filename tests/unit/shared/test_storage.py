@@ -107,6 +107,30 @@ def test_s3_times_parse_to_the_instants_botocore_parses(value: object) -> None:
     assert storage._parse_timestamp(value) == parse_timestamp(value)
 
 
+_PAGE = (b'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="http://s3.amazonaws'
+         b'.com/doc/2006-03-01/"><Name>b</Name><Prefix>c/</Prefix><KeyCount>1</KeyCount>'
+         b'<IsTruncated>false</IsTruncated><Contents><Key>c/0</Key><Size>3</Size></Contents>'
+         b'</ListBucketResult>\n')
+_ERROR = b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code></Error>'
+
+
+@pytest.mark.parametrize(("operation", "body"), [
+    ("ListObjectsV2", _PAGE), ("ListObjectsV2", _PAGE[:-40]), ("ListObjectsV2", _ERROR),
+    ("ListObjectsV2", b""), ("CompleteMultipartUpload", _ERROR), ("CopyObject", _PAGE[:-40])])
+def test_s3_200_error_check_gives_botocores_verdict(operation: str, body: bytes) -> None:
+    """The listing pages' cheaper check for an error inside a 200 answer leaves the status that
+    botocore's check leaves: 200 for a whole page, 500 (retried) for a page cut off or an
+    ``<Error>`` body, of a listing or of any other call."""
+    import botocore.session
+    from botocore.handlers import _handle_200_error
+
+    model = botocore.session.get_session().get_service_model("s3").operation_model(operation)
+    ours, theirs = ({"status_code": 200, "body": body, "headers": {}} for _ in range(2))
+    storage._check_200_error(model, ours)
+    _handle_200_error(model, theirs)
+    assert ours["status_code"] == theirs["status_code"]
+
+
 def test_read_many_stopped_early_reads_on_quietly(tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     """A consumer that stops after one object leaves no error behind: the batches still being
