@@ -64,18 +64,24 @@ def _moto_client(moto_server: dict[str, Any], through: S3Proxy | None = None) ->
                         aws_secret_access_key="testing")
 
 
+def _count_calls(monkeypatch: pytest.MonkeyPatch, calls: Counter[str], label: str, owner: Any,
+                 name: str) -> None:
+    """``calls[label]``: how many times ``owner.name`` is called from now on."""
+    original = getattr(owner, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[label] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+
+
 def _count_dateutil(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """``calls["dateutil"]``: how many times dateutil parses a time from now on."""
     import dateutil.parser
 
     calls = Counter[str]()
-    parse = dateutil.parser.parse
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls["dateutil"] += 1
-        return parse(*args, **kwargs)
-
-    monkeypatch.setattr(dateutil.parser, "parse", counted)
+    _count_calls(monkeypatch, calls, "dateutil", dateutil.parser, "parse")
     return calls
 
 
@@ -84,13 +90,8 @@ def _count_200_error_checks(monkeypatch: pytest.MonkeyPatch, calls: Counter[str]
     inside a 200 answer from now on."""
     import botocore.handlers
 
-    looks = botocore.handlers._looks_like_special_case_error
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls["200 error check"] += 1
-        return looks(*args, **kwargs)
-
-    monkeypatch.setattr(botocore.handlers, "_looks_like_special_case_error", counted)
+    _count_calls(monkeypatch, calls, "200 error check", botocore.handlers,
+                 "_looks_like_special_case_error")
 
 
 def _key(path: str) -> str:
