@@ -54,14 +54,12 @@ def s3_server(s3rver: str | None) -> Iterator[tuple[str, str]]:
             server.wait()
         return
     sys.path.insert(0, str(TESTS))
-    from s3_server import start_on_free_port
+    from s3_server import S3RVER_KEY, start_s3rver
 
     with tempfile.TemporaryDirectory() as folder:
-        # Its continuation tokens use a cipher OpenSSL 3 keeps in its legacy provider.
-        node, port = start_on_free_port([s3rver, "-d", folder, "-a", "127.0.0.1", "--silent"],
-                                        env={"NODE_OPTIONS": "--openssl-legacy-provider"})
+        node, port = start_s3rver(s3rver, folder)
         try:
-            yield f"http://127.0.0.1:{port}", "S3RVER"
+            yield f"http://127.0.0.1:{port}", S3RVER_KEY
         finally:
             node.terminate()
             node.wait()

@@ -372,10 +372,11 @@ def s3_cache(root: Path, s3rver: str | None) -> Iterator[tuple[str, dict[str, An
     """The synthesized cache served by moto (or s3rver) behind a latency-adding, counting
     proxy."""
     from s3_proxy import S3Proxy
+    from s3_server import S3RVER_KEY
 
     server, port = start_s3rver(root, s3rver) if s3rver else start_moto(root)
     proxy = S3Proxy(f"http://127.0.0.1:{port}")
-    key = "S3RVER" if s3rver else "testing"  # s3rver knows only its default account
+    key = S3RVER_KEY if s3rver else "testing"  # s3rver knows only its default account
     options = {"key": key, "secret": key, "endpoint_url": proxy.endpoint,
                "client_kwargs": {"region_name": "us-east-1"}}
     try:
@@ -421,11 +422,9 @@ def start_s3rver(root: Path, executable: str) -> tuple[subprocess.Popen[bytes], 
             path.rename(path.with_name(f"{name}._S3rver_object"))
     (data / BUCKET).mkdir(parents=True)
     root.rename(data / BUCKET / "cache")
-    from s3_server import start_on_free_port
+    from s3_server import start_s3rver as start
 
-    # Its continuation tokens use a cipher OpenSSL 3 keeps in its legacy provider.
-    return start_on_free_port([executable, "-d", str(data), "-a", "127.0.0.1", "--silent"],
-                              env={"NODE_OPTIONS": "--openssl-legacy-provider"})
+    return start(executable, str(data))
 
 
 def measure(samples: int, mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

@@ -7,7 +7,8 @@ service's URL patterns before it picks S3: a third of the server's CPU on valida
 code, minus that step.
 
 Run as a script, it prints its port on stdout and serves until stdin closes.
-:func:`start_on_free_port` starts the other servers the benchmarks compare it with.
+:func:`start_on_free_port` starts the other servers the benchmarks compare it with
+(:func:`start_s3rver` one of them).
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ def start_s3_server(port: int = 0) -> BaseWSGIServer:
     server = make_server("127.0.0.1", port, create_backend_app("s3"), threaded=True)
     threading.Thread(target=server.serve_forever, name="s3-server", daemon=True).start()
     return server
+
+
+S3RVER_KEY = "S3RVER"
+"""s3rver's access key and secret."""
+
+
+def start_s3rver(executable: str, folder: str) -> tuple[subprocess.Popen[bytes], int]:
+    """s3rver (``npm install s3rver@3.7.1``) serving ``folder`` on a free port of 127.0.0.1."""
+    # Its continuation tokens use a cipher OpenSSL 3 keeps in its legacy provider.
+    return start_on_free_port([executable, "-d", folder, "-a", "127.0.0.1", "--silent"],
+                              env={"NODE_OPTIONS": "--openssl-legacy-provider"})
 
 
 def start_on_free_port(argv: list[str], *, env: Mapping[str, str] | None = None,
